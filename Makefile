@@ -1,0 +1,30 @@
+# Two commands do all the set-up on a fresh clone:
+#   make demo   - virtual environment, install, train the demo run, analyse it, write its report
+#   make test   - the same set-up, then the test suite
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+DEMO   := checkpoints/demo
+
+.PHONY: demo test install clean-venv
+
+install: $(STAMP)
+
+# torch first, pinned to the CPU build (a bare 'torch' could pull a multi-GB CUDA build).
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "torch==2.13.0"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(PY) -m training.train --preset demo --out $(DEMO) --resume
+	@echo "demo run: $(DEMO) (metrics.jsonl, summary.json, checkpoints/)"
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+clean-venv:
+	rm -rf $(VENV)

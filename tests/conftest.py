@@ -1,0 +1,35 @@
+"""Shared fixtures: every generator seeded before each test; one `ci` run per session."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from training.presets import get_preset
+from training.train import train
+
+
+@pytest.fixture(autouse=True)
+def seed_everything():
+    random.seed(0)
+    np.random.seed(0)
+    torch.manual_seed(0)
+    yield
+
+
+@pytest.fixture(scope="session")
+def ci_run(tmp_path_factory):
+    """The `ci` preset trained once for the whole session (about a minute on 2 cores)."""
+    out = tmp_path_factory.mktemp("runs") / "ci"
+    train(get_preset("ci"), out, device="cpu", progress=False)
+    return out
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("runs") / "tiny"
+    train(get_preset("tiny"), out, device="cpu", progress=False)
+    return out

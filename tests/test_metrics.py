@@ -1,0 +1,107 @@
+"""Metrics against hand-computed values: oracle models built by hand, brute-force loops."""
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from training.config import TaskConfig
+from training.metrics import EvalSet, candidate_metrics, compute_tau, evaluate, plateau_span
+from training.task import Task
+
+NEG = -1e4
+
+
+class LookupModel(nn.Module):
+    """Predicts the targets of a task from a table; ``use_z`` decides whether the selector is read.
+
+    Without z it is uniform over the K candidates' first characters (distinct by construction)
+    and then certain of the rest of the candidate it has started: exactly the marginal.
+    """
+
+    def __init__(self, task: Task, use_z: bool):
+        super().__init__()
+        self.task, self.use_z = task, use_z
+        self.dummy = nn.Parameter(torch.zeros(()))
+        self.group_of = {tuple(b): g for g, b in enumerate(task.b_tokens.tolist())}
+        self.selector_of = {tuple(z): j for j, z in enumerate(task.z_tokens.tolist())}
+
+    def forward(self, tokens):
+        lay, vocab = self.task.layout, len(self.task.vocab)
+        logits = torch.full((*tokens.shape, vocab), NEG)
+        a0, a1 = lay.a_span
+        for n, row in enumerate(tokens.tolist()):
+            g = self.group_of[tuple(row[slice(*lay.b_span)])]
+            cands = self.task.a_tokens[g]
+            if self.use_z:
+                cands = cands[[self.selector_of[tuple(row[slice(*lay.z_span)])]]]
+            for pos in range(a0 - 1, a1 - 1):
+                typed = row[a0:pos + 1]
+                for cand in cands.tolist():
+                    if cand[: len(typed)] == typed:
+                        logits[n, pos, cand[len(typed)]] = 0.0
+        return logits
+
+
+@pytest.fixture
+def task():
+    return Task.generate(TaskConfig(n_b=12, K=5, seed=1))
+
+
+def test_marginal_model_sits_exactly_at_log_k(task):
+    evalset = EvalSet.build(task, n_eval_groups=6, n_tracked_groups=4, seed=0)
+    m = evaluate(LookupModel(task, use_z=False), task, evalset)
+    assert m["candidate_loss"] == pytest.approx(math.log(5), abs=1e-6)
+    assert m["set_loss"] == pytest.approx(0.0, abs=1e-6)
+    assert m["delta_z"] == pytest.approx(0.0, abs=1e-6)
+    assert m["seq_nll"] == pytest.approx(m["set_loss"] + m["candidate_loss"], abs=1e-6)
+    assert m["first_token_loss"] == pytest.approx(math.log(5), abs=1e-6)
+
+
+def test_model_that_reads_z_is_at_zero(task):
+    evalset = EvalSet.build(task, n_eval_groups=6, n_tracked_groups=4, seed=0)
+    m = evaluate(LookupModel(task, use_z=True), task, evalset)
+    assert m["candidate_loss"] == pytest.approx(0.0, abs=1e-6)
+    assert m["candidate_acc"] == 1.0 and m["accuracy"] == 1.0
+    assert m["group_acc"] == [1.0] * 4
+    assert m["delta_z"] > 100  # the shuffled selector points at a candidate given ~zero probability
+
+
+def test_candidate_metrics_match_brute_force():
+    G, K = 3, 4
+    scores = torch.randn(G, K, K) * 3 - 5
+    shift = torch.randint(1, K, (G, K))
+    got = candidate_metrics(scores, shift)
+    cand, setl, nll, shuffled, acc = [], [], [], [], []
+    for g in range(G):
+        for j in range(K):
+            row = scores[g, j].tolist()
+            norm = math.log(sum(math.exp(s) for s in row))
+            cand.append(norm - row[j])
+            setl.append(-norm)
+            nll.append(-row[j])
+            acc.append(max(range(K), key=lambda k: row[k]) == j)
+            jp = (j + shift[g, j].item()) % K
+            assert jp != j
+            other = scores[g, jp].tolist()
+            shuffled.append(math.log(sum(math.exp(s) for s in other)) - other[j])
+    mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
+    assert got["candidate_loss"] == pytest.approx(mean(cand), abs=1e-5)
+    assert got["set_loss"] == pytest.approx(mean(setl), abs=1e-5)
+    assert got["seq_nll"] == pytest.approx(mean(nll), abs=1e-5)
+    assert got["seq_nll"] == pytest.approx(got["set_loss"] + got["candidate_loss"], abs=1e-5)
+    assert got["delta_z"] == pytest.approx(mean(shuffled) - mean(cand), abs=1e-5)
+    assert got["candidate_acc"] == pytest.approx(mean(acc))
+
+
+def test_tau_and_plateau_from_records():
+    lk = math.log(10)
+    recs = [{"step": s, "candidate_loss": c * lk, "delta_z": dz * lk, "accuracy": a}
+            for s, c, dz, a in [(0, 1.4, 0, 0), (10, 1.05, 0.01, 0), (20, 0.98, 0.02, 0), (30, 0.95, 0.05, 0.1),
+                                (40, 0.6, 0.3, 0.3), (50, 0.45, 0.6, 0.6), (60, 0.05, 0.9, 0.99)]]
+    assert compute_tau(recs, lk) == 50
+    assert compute_tau(recs, lk, threshold=0.7) == 40
+    assert compute_tau(recs, lk, direction="forward") == 50
+    assert plateau_span(recs, lk, 50) == (10, 30)
+    assert compute_tau(recs[:3], lk) is None

@@ -1,0 +1,143 @@
+"""Training loop: determinism, exact resume, checkpoints that load into plain TransformerLens,
+the `ci` preset's plateau and drop, and the CLI's one-line errors."""
+
+import json
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+from training import run as rd
+from training.metrics import compute_tau
+from training.presets import get_preset
+from training.run import Run, RunError
+from training.train import main, train
+
+
+def _strip_wall(records):
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in records]
+
+
+def test_ci_preset_shows_plateau_then_drop(ci_run):
+    run = Run(ci_run)
+    summary = run.summary()
+    records = run.metrics()
+    log_k = run.log_k
+    tau = summary["tau"]
+    assert tau is not None, "the ci run never left the plateau"
+    assert tau == compute_tau(records, log_k)  # recomputable from metrics.jsonl
+    first, last = summary["plateau_span"]
+    # A plateau: candidate loss within 10% of log K with z unused, for a good share of tau ...
+    assert (last - first) >= 0.3 * tau
+    on_plateau = [r for r in records if first <= r["step"] <= last]
+    assert all(abs(r["candidate_loss"] - log_k) <= 0.1 * log_k for r in on_plateau)
+    # ... then the drop, with z in use.
+    final = records[-1]
+    assert final["candidate_loss"] < 0.5 * log_k
+    assert final["delta_z"] > 0.5 * log_k
+    # Dense: many checkpoints before tau.
+    assert sum(s < tau for s in run.steps()) >= 100
+
+
+def test_same_seed_same_numbers(tmp_path):
+    cfg = get_preset("ci").replace(max_steps=60)
+    a = train(cfg, tmp_path / "a", device="cpu", progress=False)
+    b = train(cfg, tmp_path / "b", device="cpu", progress=False)
+    assert _strip_wall(Run(tmp_path / "a").metrics()) == _strip_wall(Run(tmp_path / "b").metrics())
+    assert a["final"]["loss"] == b["final"]["loss"]
+    wa = load_file(tmp_path / "a" / rd.CHECKPOINT_DIR / rd.checkpoint_name(60))
+    wb = load_file(tmp_path / "b" / rd.CHECKPOINT_DIR / rd.checkpoint_name(60))
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_kill_and_resume_is_bit_identical(tmp_path, tiny_run):
+    cfg = get_preset("tiny")
+    # Killed after step 23: the last checkpoint is at 20, so the resume replays 20 -> 23 exactly.
+    train(cfg, tmp_path / "r", device="cpu", progress=False, stop_at_step=23)
+    assert not (tmp_path / "r" / rd.SUMMARY_FILE).exists()
+    with open(tmp_path / "r" / rd.METRICS_FILE, "a") as f:
+        f.write('{"step": 999, "torn')  # a line cut by the kill
+    train(cfg, tmp_path / "r", resume=True, device="cpu", progress=False)
+    final = cfg.train.max_steps
+    ref = load_file(tiny_run / rd.CHECKPOINT_DIR / rd.checkpoint_name(final))
+    got = load_file(tmp_path / "r" / rd.CHECKPOINT_DIR / rd.checkpoint_name(final))
+    assert ref.keys() == got.keys()
+    assert all(torch.equal(ref[k], got[k]) for k in ref)
+    assert _strip_wall(Run(tmp_path / "r").metrics()) == _strip_wall(Run(tiny_run).metrics())
+    # Resuming a finished run is a no-op that returns its summary.
+    again = train(cfg, tmp_path / "r", resume=True, device="cpu", progress=False)
+    assert again["final_step"] == final
+
+
+def test_checkpoint_loads_into_plain_transformer_lens(tiny_run):
+    run = Run(tiny_run)
+    cfg = json.loads((tiny_run / rd.CONFIG_FILE).read_text())
+    step = run.steps()[-1]
+    plain = HookedTransformer(HookedTransformerConfig(**cfg["hooked_transformer_config"]))
+    plain.load_state_dict(load_file(tiny_run / rd.CHECKPOINT_DIR / rd.checkpoint_name(step)), strict=False)
+    ours = run.load_model(step)
+    tokens = run.task().tokens[:8, : run.layout.input_len]
+    assert torch.equal(plain(tokens), ours(tokens))
+    assert cfg["vocab"][:2] == ["<BOS>", "<SEP>"] and cfg["layout"]["first_target_pred_pos"] == 10
+
+
+def test_series_api(tiny_run):
+    run = Run(tiny_run)
+    steps = run.steps()
+    assert steps[0] == 0 and steps == sorted(steps)
+    loaded = [s for s, _ in run.models(steps[:2])]
+    assert loaded == steps[:2]
+    assert len(run.task().records()) == run.config.task.D
+    with pytest.raises(RunError, match="no checkpoint at step 7 "):
+        run.checkpoint_path(7)
+
+
+def test_truncated_and_foreign_files_give_one_line(tmp_path, tiny_run):
+    src = tiny_run / rd.CHECKPOINT_DIR / rd.checkpoint_name(0)
+    cut = tmp_path / "cut.safetensors"
+    cut.write_bytes(src.read_bytes()[: src.stat().st_size // 2])
+    with pytest.raises(RunError, match=r"cut\.safetensors: not a readable safetensors checkpoint") as info:
+        rd.load_checkpoint(cut)
+    assert "\n" not in str(info.value)
+    foreign = tmp_path / "foreign.safetensors"
+    save_file({"w": torch.zeros(2)}, foreign)
+    with pytest.raises(RunError, match="not a checkpoint of this toolkit"):
+        rd.load_checkpoint(foreign)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / rd.CONFIG_FILE).write_text("{not json")
+    with pytest.raises(RunError, match="config.json: not valid JSON"):
+        Run(tmp_path / "broken")
+    with pytest.raises(RunError, match="no such run directory"):
+        Run(tmp_path / "nowhere")
+
+
+def test_forward_direction_trains_and_has_no_candidates(tmp_path):
+    cfg = get_preset("tiny").replace(direction="forward", max_steps=10)
+    summary = train(cfg, tmp_path / "f", device="cpu", progress=False)
+    rec = Run(tmp_path / "f").metrics()[-1]
+    assert rec["candidate_loss"] is None and rec["delta_z"] is None
+    assert 0 < rec["loss"] < 10 and summary["direction"] == "forward"
+
+
+def test_cli_errors_are_one_line_with_exit_2(tmp_path, capsys):
+    out = tmp_path / "c"
+    assert main(["--preset", "tiny", "--out", str(out), "--no-progress", "--max-steps", "5"]) == 0
+    assert "tau = " in capsys.readouterr().out
+    cases = [
+        (["--preset", "tiny", "--out", str(out), "--no-progress"], "already holds a run"),
+        (["--preset", "tiny", "--out", str(out), "--resume", "--lr", "0.5", "--no-progress"], "different configuration"),
+        (["--preset", "tiny", "--K", "2000", "--out", str(tmp_path / "d")], "K=2000 is larger"),
+        (["--preset", "tiny", "--batch-size", "9999", "--out", str(tmp_path / "e")], "larger than the data set"),
+        (["--preset", "tiny", "--device", "tpu", "--out", str(tmp_path / "g")], "--device must be"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_log_spaced_early_checkpoints(tiny_run):
+    steps = Run(tiny_run).steps()
+    assert {1, 2, 3} <= set(steps) and math.gcd(*[s for s in steps if s >= 5]) == 5

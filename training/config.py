@@ -1,0 +1,213 @@
+"""Configuration dataclasses for the task, the model and the training loop, and the presets.
+
+Every field has a docstring; every config round-trips through ``to_dict``/``from_dict``
+(plain JSON types only), which is how a run directory's ``config.json`` is written and read.
+Nothing here is derived at import time: values that depend on others (``D``, ``log K``,
+the context length) are properties or are computed where they are used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any, TypeVar
+
+DIRECTIONS: tuple[str, ...] = ("backward", "forward")
+
+T = TypeVar("T", bound="_DictMixin")
+
+
+class ConfigError(ValueError):
+    """A configuration or request that cannot be satisfied; its message is one line."""
+
+
+class _DictMixin:
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)  # type: ignore[call-overload]
+
+    @classmethod
+    def from_dict(cls: type[T], d: dict[str, Any]) -> T:
+        known = {f.name for f in fields(cls)}  # type: ignore[arg-type]
+        unknown = sorted(set(d) - known)
+        if unknown:
+            raise ConfigError(f"{cls.__name__}: unknown field(s) {', '.join(unknown)}")
+        # JSON has no tuples: every sequence-valued field of these configs is a tuple.
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+@dataclass(frozen=True)
+class TaskConfig(_DictMixin):
+    """The (B, z) -> A wind tunnel."""
+
+    n_b: int = 1000
+    """Number of base strings B (groups)."""
+    K: int = 10
+    """Targets per base string; the selector z picks one of them. H(A | B) = log K."""
+    b_len: int = 6
+    """Characters in a base string B."""
+    z_len: int = 2
+    """Characters in a selector z. The K selectors are shared by all groups."""
+    a_len: int = 4
+    """Characters in a target string A. All A are globally unique, so A -> B is a function."""
+    alphabet: str = "abcdefghijklmnopqrstuvwxyz0123456789"
+    """The characters B, z and A are drawn from."""
+    direction: str = "backward"
+    """``backward``: (B, z) -> A, the paper's task. ``forward``: A -> B."""
+    distinct_first_char: bool = True
+    """The K targets of a group start with K different characters (as in the paper's code)."""
+    seed: int = 0
+    """Seed of the data set (strings and their pairing); independent of the training seed."""
+
+    @property
+    def D(self) -> int:
+        """Number of examples, n_b * K."""
+        return self.n_b * self.K
+
+    @property
+    def log_k(self) -> float:
+        """Plateau height per example: log K nats."""
+        return math.log(self.K)
+
+    def validate(self) -> None:
+        """Fail with one line when the request is impossible."""
+        n_chars = len(self.alphabet)
+        if len(set(self.alphabet)) != n_chars:
+            raise ConfigError(f"alphabet {self.alphabet!r} repeats a character")
+        if self.direction not in DIRECTIONS:
+            raise ConfigError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
+        for name in ("n_b", "K", "b_len", "z_len", "a_len"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.K > n_chars**self.z_len:
+            raise ConfigError(
+                f"K={self.K} is larger than the {n_chars ** self.z_len} distinct selectors "
+                f"of {self.z_len} characters"
+            )
+        if self.n_b > n_chars**self.b_len:
+            raise ConfigError(
+                f"n_b={self.n_b} is larger than the {n_chars ** self.b_len} distinct base strings "
+                f"of {self.b_len} characters"
+            )
+        if self.distinct_first_char and self.K > n_chars:
+            raise ConfigError(
+                f"K={self.K} targets cannot start with distinct characters: the alphabet has {n_chars}"
+            )
+        if self.D > n_chars**self.a_len // 2:
+            raise ConfigError(
+                f"D={self.D} unique targets need more than half of the {n_chars ** self.a_len} "
+                f"strings of {self.a_len} characters; lower n_b or K, or raise a_len"
+            )
+
+
+@dataclass(frozen=True)
+class ModelConfig(_DictMixin):
+    """A decoder-only HookedTransformer; mapped onto HookedTransformerConfig in ``training.model``."""
+
+    n_layers: int = 4
+    """Transformer blocks."""
+    d_model: int = 128
+    """Residual stream width."""
+    n_heads: int = 4
+    """Attention heads per layer."""
+    d_head: int = 32
+    """Width of each head."""
+    d_mlp: int = 512
+    """Hidden width of each MLP."""
+    act_fn: str = "gelu"
+    """MLP nonlinearity (a TransformerLens name)."""
+    normalization_type: str | None = "LN"
+    """``LN``, ``LNPre`` or ``None``."""
+    positional_embedding_type: str = "standard"
+    """Learned absolute positions (``standard``) or ``rotary``."""
+    seed: int = 0
+    """Seed of the weight initialisation."""
+
+
+@dataclass(frozen=True)
+class TrainConfig(_DictMixin):
+    """The optimiser, the schedule and what is written during training."""
+
+    seed: int = 0
+    """Seed of minibatch order and of the evaluation subsets."""
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.01
+    """AdamW weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    batch_size: int = 128
+    """Examples per step; minibatches are drawn by shuffling the data set each epoch."""
+    max_steps: int = 6000
+    """Steps to train at most."""
+    warmup_steps: int = 0
+    """Linear learning-rate warmup (0: none)."""
+    grad_clip: float | None = None
+    """Clip the global gradient norm to this value (None: no clipping)."""
+    eval_every: int = 50
+    """Evaluate every this many steps (plus the log-spaced early steps)."""
+    ckpt_every: int = 10
+    """Write a checkpoint every this many steps (plus the log-spaced early steps)."""
+    early_log_points: int = 12
+    """Extra log-spaced checkpoint and evaluation steps between 1 and the first interval."""
+    eval_groups: int = 32
+    """Groups whose K x K candidate scores give candidate loss, set loss and delta_z."""
+    tracked_groups: int = 200
+    """Groups whose per-group exact-match accuracy is logged (``group_acc``)."""
+    eval_batch_size: int = 2048
+    """Sequences per forward pass during evaluation (memory, not numerics)."""
+    stop_after_tau: float | None = None
+    """Stop at step ``stop_after_tau * tau`` once tau is known (None: run to max_steps)."""
+    threads: int | None = None
+    """torch intra-op threads (None: torch's default)."""
+
+    def validate(self) -> None:
+        for name in ("batch_size", "max_steps", "eval_every", "ckpt_every", "eval_groups", "tracked_groups"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.lr <= 0:
+            raise ConfigError(f"lr must be positive, got {self.lr}")
+
+
+@dataclass(frozen=True)
+class RunConfig(_DictMixin):
+    """Everything that defines a run: same RunConfig, same numbers (on the same device)."""
+
+    task: TaskConfig = field(default_factory=TaskConfig)
+    """The data set."""
+    model: ModelConfig = field(default_factory=ModelConfig)
+    """The architecture."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    """The optimiser and schedule."""
+    preset: str | None = None
+    """Name of the preset this run started from, for the record."""
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        unknown = sorted(set(d) - {f.name for f in fields(cls)})
+        if unknown:
+            raise ConfigError(f"RunConfig: unknown field(s) {', '.join(unknown)}")
+        return cls(
+            task=TaskConfig.from_dict(d.get("task", {})),
+            model=ModelConfig.from_dict(d.get("model", {})),
+            train=TrainConfig.from_dict(d.get("train", {})),
+            preset=d.get("preset"),
+        )
+
+    def validate(self) -> RunConfig:
+        self.task.validate()
+        self.train.validate()
+        return self
+
+    def replace(self, **overrides: Any) -> RunConfig:
+        """Apply flat overrides (``K=3``, ``lr=3e-3``) to whichever sub-config has that field."""
+        parts = {"task": self.task, "model": self.model, "train": self.train}
+        for key, value in overrides.items():
+            owners = [name for name, part in parts.items() if key in {f.name for f in fields(part)}]
+            if key == "seed":  # one seed moves the data order and the init; the data set stays
+                owners = ["model", "train"]
+            if not owners:
+                raise ConfigError(f"no config field named {key!r}")
+            for owner in owners:
+                parts[owner] = dataclasses.replace(parts[owner], **{key: value})
+        return RunConfig(**parts, preset=self.preset)

@@ -1,0 +1,172 @@
+"""Evaluation metrics, and tau / plateau detection from ``metrics.jsonl`` records.
+
+All scores are natural-log probabilities of the target tokens under teacher forcing.
+
+For an example (B_g, z_j) with correct target A_gj, score every candidate A_gk of its
+group: ``s_k = sum_t log p(A_gk[t] | B_g, z_j, A_gk[<t])``. Then
+
+* ``seq_nll``        = -s_j, the training objective summed over the target tokens;
+* ``candidate_loss`` = -log softmax(s)_j: log K when the K candidates are equally likely
+  (z ignored), 0 when z picks the right one;
+* ``set_loss``       = -logsumexp(s): 0 once all probability sits on the group's K targets
+  (the marginal is learned), large when the model knows nothing;
+* so ``seq_nll = set_loss + candidate_loss`` exactly, example by example;
+* ``delta_z``        = candidate loss of the correct target with z replaced by another
+  selector of the task (a fixed derangement: never the true one) minus the candidate loss
+  with the true z. ~0 while z is ignored, large (positive) once z is used.
+  It needs no extra forward pass: the prefix (B_g, z_j') is another example of group g.
+* ``exact match``: greedy decoding reproduces the target iff, under teacher forcing, the
+  argmax at every target position is the correct token.
+
+The forward task (A -> B) has no candidates and no selector: its candidate fields are None
+and its tau is defined on exact-match accuracy (first evaluated step above 50%).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from torch import nn
+
+from training.layout import Layout
+from training.task import Task
+
+
+@torch.inference_mode()
+def target_logprobs(
+    model: nn.Module, seqs: Int[Tensor, "N seq"], layout: Layout, batch_size: int = 2048
+) -> tuple[Float[Tensor, "N T"], Bool[Tensor, " N"]]:
+    """Log-probability of each target token, and whether greedy decoding gets all of them."""
+    positions = torch.tensor(layout.target_pred_positions)
+    device = next(model.parameters()).device
+    logps, exact = [], []
+    for chunk in seqs.split(batch_size):
+        chunk = chunk.to(device)
+        logits = model(chunk[:, : layout.input_len])[:, positions]  # [n, T, vocab]
+        target = chunk[:, positions + 1]
+        logp = logits.float().log_softmax(-1)
+        logps.append(logp.gather(-1, target[..., None])[..., 0].cpu())
+        exact.append((logits.argmax(-1) == target).all(-1).cpu())
+    return torch.cat(logps), torch.cat(exact)
+
+
+@dataclass
+class EvalSet:
+    """The fixed, seeded examples every evaluation of a run looks at."""
+
+    candidate_seqs: Int[Tensor, "N seq"] | None
+    """Backward: all (group, selector, candidate) sequences of the eval groups, flattened."""
+    shift: Int[Tensor, "G K"] | None
+    """Backward: the replacement selector of (g, j) is (j + shift) mod K, shift in [1, K-1]."""
+    eval_seqs: Int[Tensor, "E seq"]
+    """The true sequences of the eval groups."""
+    tracked_groups: Int[Tensor, " Gt"]
+    tracked_seqs: Int[Tensor, "Et seq"]
+
+    @classmethod
+    def build(cls, task: Task, n_eval_groups: int, n_tracked_groups: int, seed: int) -> EvalSet:
+        gen = torch.Generator().manual_seed(seed + 1_000_003)  # not the training data order
+        n_b, K = task.cfg.n_b, task.cfg.K
+        eval_groups = torch.randperm(n_b, generator=gen)[: min(n_eval_groups, n_b)].sort().values
+        tracked = torch.randperm(n_b, generator=gen)[: min(n_tracked_groups, n_b)].sort().values
+        backward = task.cfg.direction == "backward" and K > 1
+        shift = torch.randint(1, max(K, 2), (len(eval_groups), K), generator=gen) if backward else None
+        cand = task.candidate_sequences(eval_groups).flatten(0, 2) if backward else None
+        return cls(cand, shift, task.tokens[task.example_ids(eval_groups).flatten()], tracked,
+                   task.tokens[task.example_ids(tracked).flatten()])
+
+
+def evaluate(model: nn.Module, task: Task, evalset: EvalSet, batch_size: int = 2048) -> dict:
+    """All logged metrics of one model on the evaluation set (plain floats and lists)."""
+    layout, K = task.layout, task.cfg.K
+    out: dict = {}
+    if evalset.candidate_seqs is not None:
+        logp, exact = target_logprobs(model, evalset.candidate_seqs, layout, batch_size)
+        G = evalset.shift.shape[0]
+        scores = logp.sum(-1).view(G, K, K)  # [group, selector j (prefix), candidate k]
+        out.update(candidate_metrics(scores, evalset.shift))
+        diag = torch.arange(K)
+        true_logp = logp.view(G, K, K, -1)[:, diag, diag]  # [G, K, T]
+        out["accuracy"] = exact.view(G, K, K)[:, diag, diag].float().mean().item()
+    else:
+        true_logp, exact = target_logprobs(model, evalset.eval_seqs, layout, batch_size)
+        out.update(candidate_loss=None, candidate_acc=None, set_loss=None, delta_z=None,
+                   seq_nll=-true_logp.sum(-1).mean().item())
+        out["accuracy"] = exact.float().mean().item()
+    out["loss"] = -true_logp.mean().item()
+    out["first_token_loss"] = -true_logp[..., 0].mean().item()
+    _, tracked_exact = target_logprobs(model, evalset.tracked_seqs, layout, batch_size)
+    out["group_acc"] = [round(x, 4) for x in tracked_exact.view(-1, K).float().mean(-1).tolist()]
+    return out
+
+
+def candidate_metrics(scores: Float[Tensor, "G K K"], shift: Int[Tensor, "G K"]) -> dict:
+    """Candidate loss / accuracy, set loss, delta_z and seq NLL from a [group, prefix j, candidate k] score tensor."""
+    G, K, _ = scores.shape
+    diag = torch.arange(K)
+    log_norm = scores.logsumexp(-1)  # [G, K]: log of the total probability on the K candidates
+    correct = scores[:, diag, diag]  # [G, K]
+    cand_loss = log_norm - correct
+    # z replaced: prefix j' = (j + shift) mod K, still scoring the correct target j.
+    j_prime = (diag[None, :] + shift) % K
+    rows = scores[torch.arange(G)[:, None], j_prime]  # [G, K(j), K(k)]
+    cand_loss_shuffled = rows.logsumexp(-1) - rows.gather(-1, diag.expand(G, K)[..., None])[..., 0]
+    return {
+        "candidate_loss": cand_loss.mean().item(),
+        "candidate_acc": (scores.argmax(-1) == diag).float().mean().item(),
+        "set_loss": (-log_norm).mean().item(),
+        "seq_nll": (-correct).mean().item(),
+        "delta_z": (cand_loss_shuffled - cand_loss).mean().item(),
+    }
+
+
+def compute_tau(records: list[dict], log_k: float, direction: str = "backward",
+                threshold: float = 0.5) -> int | None:
+    """tau: first evaluated step with candidate_loss < threshold * log K (backward), or with
+    exact-match accuracy > threshold (forward: no candidates). None if it never happens."""
+    for r in records:
+        if direction == "backward":
+            if r.get("candidate_loss") is not None and log_k > 0 and r["candidate_loss"] < threshold * log_k:
+                return r["step"]
+        elif r.get("accuracy") is not None and r["accuracy"] > threshold:
+            return r["step"]
+    return None
+
+
+def plateau_span(records: list[dict], log_k: float, tau: int | None,
+                 rel_tol: float = 0.1, dz_tol: float = 0.1) -> tuple[int, int] | None:
+    """First and last evaluated step before tau with |candidate_loss - log K| <= rel_tol log K
+    and delta_z < dz_tol log K (None if no step qualifies, or backward-only fields are absent)."""
+    steps = [
+        r["step"] for r in records
+        if r.get("candidate_loss") is not None and r.get("delta_z") is not None
+        and (tau is None or r["step"] < tau)
+        and abs(r["candidate_loss"] - log_k) <= rel_tol * log_k and r["delta_z"] < dz_tol * log_k
+    ]
+    return (steps[0], steps[-1]) if steps else None
+
+
+def summarize(records: list[dict], log_k: float, direction: str) -> dict:
+    """The contents of ``summary.json`` (without run bookkeeping)."""
+    tau = compute_tau(records, log_k, direction)
+    span = plateau_span(records, log_k, tau)
+    on_plateau = [r for r in records if span and span[0] <= r["step"] <= span[1]]
+    final = {k: v for k, v in records[-1].items() if k != "group_acc"} if records else {}
+    return {
+        "log_k": log_k,
+        "tau": tau,
+        "tau_by_threshold": {str(t): compute_tau(records, log_k, direction, t) for t in (0.3, 0.5, 0.7)},
+        "plateau_span": list(span) if span else None,
+        "plateau_fraction_of_tau": (span[1] - span[0]) / tau if span and tau else None,
+        "plateau_median_set_loss": _median([r["set_loss"] for r in on_plateau]) if on_plateau else None,
+        "final": final,
+    }
+
+
+def _median(xs: list[float]) -> float:
+    xs = sorted(xs)
+    n = len(xs)
+    return xs[n // 2] if n % 2 else 0.5 * (xs[n // 2 - 1] + xs[n // 2])

@@ -1,0 +1,43 @@
+"""Named starting points. Each preset is a full RunConfig; CLI flags override single fields."""
+
+from __future__ import annotations
+
+from training.config import ConfigError, ModelConfig, RunConfig, TaskConfig, TrainConfig
+
+PAPER_MODEL = ModelConfig(n_layers=4, d_model=128, n_heads=4, d_head=32, d_mlp=512)
+
+PRESETS: dict[str, RunConfig] = {
+    # The paper's configuration (its code: n_b 1000, K 10, batch 128, lr 1e-3, no warmup).
+    "paper": RunConfig(
+        task=TaskConfig(n_b=1000, K=10),
+        model=PAPER_MODEL,
+        train=TrainConfig(max_steps=6000, eval_every=50, ckpt_every=10),
+        preset="paper",
+    ),
+    "demo": RunConfig(
+        task=TaskConfig(n_b=1000, K=10),
+        model=ModelConfig(n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256),
+        train=TrainConfig(max_steps=6000, eval_every=50, ckpt_every=10),
+        preset="demo",
+    ),
+    "ci": RunConfig(
+        task=TaskConfig(n_b=300, K=10),
+        model=ModelConfig(n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256),
+        train=TrainConfig(max_steps=3000, eval_every=25, ckpt_every=10),
+        preset="ci",
+    ),
+    # A few steps of a tiny model: for unit tests of the machinery, not of the science.
+    "tiny": RunConfig(
+        task=TaskConfig(n_b=40, K=4),
+        model=ModelConfig(n_layers=1, d_model=32, n_heads=2, d_head=16, d_mlp=64),
+        train=TrainConfig(batch_size=32, max_steps=40, eval_every=10, ckpt_every=5, eval_groups=8,
+                          tracked_groups=10, early_log_points=3),
+        preset="tiny",
+    ),
+}
+
+
+def get_preset(name: str) -> RunConfig:
+    if name not in PRESETS:
+        raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
+    return PRESETS[name]

@@ -1,0 +1,214 @@
+"""The run directory: file names, atomic writes, checkpoints, resume state, and the Run API.
+
+Layout of a run directory (names are the constants below)::
+
+    config.json        RunConfig, the HookedTransformerConfig kwargs, vocabulary, token layout
+    dataset.jsonl      every example: b, z, a, group, selector
+    metrics.jsonl      one JSON object per evaluation
+    summary.json       tau, plateau span, final metrics (written at the end)
+    checkpoints/step_0000120.safetensors   model weights, step in name and metadata
+    resume.pt          latest optimiser / data-order / RNG state (tensors only: weights_only=True)
+
+Every file is written atomically (temporary file in the same folder, then ``os.replace``),
+so a crash never leaves half a file behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, safe_open, save_file
+from transformer_lens import HookedTransformer
+
+from training.config import RunConfig
+from training.layout import Layout
+from training.model import build_hooked_transformer
+from training.task import Task
+
+CONFIG_FILE = "config.json"
+DATASET_FILE = "dataset.jsonl"
+METRICS_FILE = "metrics.jsonl"
+SUMMARY_FILE = "summary.json"
+CHECKPOINT_DIR = "checkpoints"
+RESUME_FILE = "resume.pt"
+CHECKPOINT_FORMAT = "synass-lens-checkpoint-v1"
+_CKPT_RE = re.compile(r"^step_(\d+)\.safetensors$")
+
+
+class RunError(Exception):
+    """A run directory or file that cannot be used; the message is one line naming the file."""
+
+
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:07d}.safetensors"
+
+
+def atomic_write(path: Path, write: Any) -> None:
+    """Call ``write(tmp_path)`` and move the result onto ``path`` in one rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+
+
+def write_text_atomic(path: Path, text: str) -> None:
+    atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def write_json_atomic(path: Path, obj: Any) -> None:
+    write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
+
+
+def save_checkpoint(path: Path, state_dict: dict[str, torch.Tensor], step: int) -> None:
+    tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
+    meta = {"format": CHECKPOINT_FORMAT, "step": str(step)}
+    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
+
+
+def read_checkpoint_metadata(path: Path) -> dict[str, str]:
+    path = Path(path)
+    if not path.is_file():
+        raise RunError(f"{path}: no such checkpoint file")
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+    except (SafetensorError, OSError, ValueError) as e:
+        raise RunError(f"{path}: not a readable safetensors checkpoint ({_one_line(e)})") from None
+    if meta.get("format") != CHECKPOINT_FORMAT:
+        raise RunError(f"{path}: a safetensors file, but not a checkpoint of this toolkit")
+    return meta
+
+
+def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], int]:
+    """Weights and step of one checkpoint; any problem is a one-line RunError naming the file."""
+    meta = read_checkpoint_metadata(path)
+    try:
+        return load_file(str(path)), int(meta["step"])
+    except (SafetensorError, OSError, ValueError, KeyError) as e:
+        raise RunError(f"{path}: not a readable safetensors checkpoint ({_one_line(e)})") from None
+
+
+def save_resume_state(path: Path, state: dict[str, Any]) -> None:
+    atomic_write(path, lambda tmp: torch.save(state, tmp))
+
+
+def load_resume_state(path: Path) -> dict[str, Any]:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
+        raise RunError(f"{path}: cannot read the resume state ({_one_line(e)})") from None
+
+
+def read_json(path: Path) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise RunError(f"{path}: no such file")
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise RunError(f"{path}: not valid JSON ({_one_line(e)})") from None
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    """Records of a JSON-lines file; a torn last line (a run killed mid-write) is dropped."""
+    path = Path(path)
+    if not path.is_file():
+        raise RunError(f"{path}: no such file")
+    lines = path.read_text().splitlines()
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            if i == len(lines) - 1:
+                break
+            raise RunError(f"{path}: line {i + 1} is not valid JSON") from None
+    return out
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+class Run:
+    """A run directory, read-only: config, dataset, metrics, and the checkpoint series."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise RunError(f"{self.path}: no such run directory")
+        raw = read_json(self.path / CONFIG_FILE)
+        try:
+            self.config = RunConfig.from_dict(raw["run"])
+            self.hooked_config: dict[str, Any] = raw["hooked_transformer_config"]
+            self.vocab: list[str] = raw["vocab"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise RunError(f"{self.path / CONFIG_FILE}: not a run config of this toolkit ({_one_line(e)})") from None
+        self.layout = Layout.for_task(self.config.task)
+        self._task: Task | None = None
+
+    @classmethod
+    def of_checkpoint(cls, path: str | os.PathLike) -> tuple[Run, int]:
+        """The run a checkpoint file belongs to, and its step."""
+        path = Path(path)
+        meta = read_checkpoint_metadata(path)
+        return cls(path.parent.parent), int(meta["step"])
+
+    @property
+    def log_k(self) -> float:
+        return self.config.task.log_k
+
+    def steps(self) -> list[int]:
+        """Steps with a checkpoint, ascending."""
+        folder = self.path / CHECKPOINT_DIR
+        if not folder.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _CKPT_RE.match(p.name)))
+
+    def checkpoint_path(self, step: int) -> Path:
+        path = self.path / CHECKPOINT_DIR / checkpoint_name(step)
+        if not path.is_file():
+            have = self.steps()
+            span = f"{have[0]}..{have[-1]}, {len(have)} checkpoints" if have else "none"
+            raise RunError(f"{self.path}: no checkpoint at step {step} (steps: {span})")
+        return path
+
+    def load_model(self, step: int, device: str | torch.device = "cpu") -> HookedTransformer:
+        """The model at ``step``, in eval mode."""
+        state, _ = load_checkpoint(self.checkpoint_path(step))
+        model = build_hooked_transformer(self.hooked_config, device=device)
+        model.load_state_dict(state, strict=False)
+        return model.eval()
+
+    def models(self, steps: list[int] | None = None, device: str = "cpu") -> Iterator[tuple[int, HookedTransformer]]:
+        """Lazily load the series, one model at a time."""
+        for step in self.steps() if steps is None else steps:
+            yield step, self.load_model(step, device)
+
+    def metrics(self) -> list[dict]:
+        return read_jsonl(self.path / METRICS_FILE)
+
+    def summary(self) -> dict | None:
+        path = self.path / SUMMARY_FILE
+        return read_json(path) if path.exists() else None
+
+    def task(self) -> Task:
+        if self._task is None:
+            self._task = Task.from_records(self.config.task, read_jsonl(self.path / DATASET_FILE))
+        return self._task

@@ -1,0 +1,148 @@
+"""The wind tunnel: n_b base strings B, K shared selectors z, K unique targets A per B.
+
+``Task.generate(cfg)`` is deterministic in ``cfg.seed``. Examples are ordered by group then
+selector, so example ``g * K + j`` is (B_g, z_j) -> A_gj. Both directions share the same
+strings; only the token layout (``training.layout``) differs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from jaxtyping import Int
+from torch import Tensor
+
+from training.config import TaskConfig
+from training.layout import BOS, SEP, SPECIAL_TOKENS, Layout, vocabulary
+
+
+def _distinct_codes(rng: np.random.Generator, n: int, space: int) -> np.ndarray:
+    """``n`` distinct integers in ``[0, space)``, in random order."""
+    if space <= 1_000_000:
+        return rng.permutation(space)[:n]
+    codes = np.empty(0, dtype=np.int64)
+    while len(codes) < n:
+        draw = rng.integers(0, space, size=2 * (n - len(codes)) + 16)
+        merged = np.concatenate([codes, draw])
+        _, first = np.unique(merged, return_index=True)
+        codes = merged[np.sort(first)]
+    return codes[:n]
+
+
+def _digits(codes: np.ndarray, base: int, length: int) -> np.ndarray:
+    """Integer codes to their base-``base`` digits, most significant first."""
+    powers = base ** np.arange(length - 1, -1, -1, dtype=np.int64)
+    return (codes[..., None] // powers) % base
+
+
+def _unique_targets(rng: np.random.Generator, cfg: TaskConfig) -> np.ndarray:
+    """Digit array [n_b, K, a_len] of globally unique targets (distinct first digits per group if asked)."""
+    n_chars = len(cfg.alphabet)
+    if cfg.distinct_first_char:
+        first = np.argsort(rng.random((cfg.n_b, n_chars)), axis=1)[:, : cfg.K]
+        tail_space = n_chars ** (cfg.a_len - 1)
+        tails = rng.integers(0, tail_space, size=(cfg.n_b, cfg.K))
+        while True:  # redraw the tails of repeated targets until every target is unique
+            codes = (first * tail_space + tails).ravel()
+            _, first_idx = np.unique(codes, return_index=True)
+            repeated = np.ones(codes.size, dtype=bool)
+            repeated[first_idx] = False
+            if not repeated.any():
+                break
+            tails.ravel()[repeated] = rng.integers(0, tail_space, size=int(repeated.sum()))
+        codes = codes.reshape(cfg.n_b, cfg.K)
+    else:
+        codes = _distinct_codes(rng, cfg.D, n_chars**cfg.a_len).reshape(cfg.n_b, cfg.K)
+    return _digits(codes, n_chars, cfg.a_len)
+
+
+@dataclass
+class Task:
+    """A generated data set and its token tensors."""
+
+    cfg: TaskConfig
+    layout: Layout
+    vocab: list[str]
+    b_tokens: Int[Tensor, "n_b b_len"]
+    z_tokens: Int[Tensor, "K z_len"]
+    a_tokens: Int[Tensor, "n_b K a_len"]
+    tokens: Int[Tensor, "D seq"]
+    """Every example as a full token sequence, example index = group * K + selector."""
+    group: Int[Tensor, " D"]
+    selector: Int[Tensor, " D"]
+
+    @classmethod
+    def generate(cls, cfg: TaskConfig) -> Task:
+        cfg.validate()
+        rng = np.random.default_rng(cfg.seed)
+        n_chars = len(cfg.alphabet)
+        b = _digits(_distinct_codes(rng, cfg.n_b, n_chars**cfg.b_len), n_chars, cfg.b_len)
+        z = _digits(_distinct_codes(rng, cfg.K, n_chars**cfg.z_len), n_chars, cfg.z_len)
+        a = _unique_targets(rng, cfg)
+        offset = len(SPECIAL_TOKENS)  # the alphabet's ids follow the special tokens'
+        return cls.from_token_arrays(cfg, b + offset, z + offset, a + offset)
+
+    @classmethod
+    def from_records(cls, cfg: TaskConfig, records: list[dict]) -> Task:
+        """Rebuild from ``dataset.jsonl`` records (b, z, a, group, selector)."""
+        vocab = vocabulary(cfg.alphabet)
+        index = {ch: i for i, ch in enumerate(vocab)}
+        b = np.zeros((cfg.n_b, cfg.b_len), dtype=np.int64)
+        z = np.zeros((cfg.K, cfg.z_len), dtype=np.int64)
+        a = np.zeros((cfg.n_b, cfg.K, cfg.a_len), dtype=np.int64)
+        for r in records:
+            g, j = r["group"], r["selector"]
+            b[g] = [index[c] for c in r["b"]]
+            z[j] = [index[c] for c in r["z"]]
+            a[g, j] = [index[c] for c in r["a"]]
+        return cls.from_token_arrays(cfg, b, z, a)
+
+    @classmethod
+    def from_token_arrays(cls, cfg: TaskConfig, b: np.ndarray, z: np.ndarray, a: np.ndarray) -> Task:
+        layout = Layout.for_task(cfg)
+        vocab = vocabulary(cfg.alphabet)
+        b_t, z_t, a_t = (torch.as_tensor(x, dtype=torch.long) for x in (b, z, a))
+        D = cfg.n_b * cfg.K
+        group = torch.arange(cfg.n_b).repeat_interleave(cfg.K)
+        selector = torch.arange(cfg.K).repeat(cfg.n_b)
+        tokens = torch.empty(D, layout.seq_len, dtype=torch.long)
+        tokens[:, 0] = vocab.index(BOS)
+        tokens[:, layout.sep_positions] = vocab.index(SEP)
+        tokens[:, slice(*layout.b_span)] = b_t[group]
+        tokens[:, slice(*layout.a_span)] = a_t[group, selector]
+        if layout.z_span is not None:
+            tokens[:, slice(*layout.z_span)] = z_t[selector]
+        return cls(cfg, layout, vocab, b_t, z_t, a_t, tokens, group, selector)
+
+    def records(self) -> list[dict]:
+        """One dict per example, for ``dataset.jsonl``."""
+        b = ["".join(self.vocab[t] for t in row) for row in self.b_tokens.tolist()]
+        z = ["".join(self.vocab[t] for t in row) for row in self.z_tokens.tolist()]
+        a = [["".join(self.vocab[t] for t in row) for row in grp] for grp in self.a_tokens.tolist()]
+        return [
+            {"b": b[g], "z": z[j], "a": a[g][j], "group": g, "selector": j}
+            for g, j in zip(self.group.tolist(), self.selector.tolist())
+        ]
+
+    def decode(self, tokens: Int[Tensor, " seq"]) -> list[str]:
+        return [self.vocab[t] for t in tokens.tolist()]
+
+    def example_ids(self, groups: Int[Tensor, " G"]) -> Int[Tensor, "G K"]:
+        """Example indices of the given groups, one row per group in selector order."""
+        return groups[:, None] * self.cfg.K + torch.arange(self.cfg.K)
+
+    def candidate_sequences(
+        self, groups: Int[Tensor, " G"]
+    ) -> Int[Tensor, "G K K seq"]:
+        """For each group g, selector j (prefix B_g, z_j) and candidate k: the sequence ending in A_gk.
+
+        Only meaningful backward; the diagonal j == k holds the true examples.
+        """
+        K = self.cfg.K
+        start, stop = self.layout.a_span
+        seqs = self.tokens[self.example_ids(groups)][:, :, None, :].repeat(1, 1, K, 1)  # [G, j, k, seq]
+        seqs[..., start:stop] = self.a_tokens[groups][:, None, :, :]  # candidate k's target
+        return seqs
+

@@ -1,0 +1,241 @@
+"""The training loop, as one function in step order, and ``python -m training.train``.
+
+A run is fully determined by its RunConfig: same config and seed, same numbers on the CPU.
+A killed run resumes from its latest checkpoint with the exact optimiser state, data order
+and RNG state, so the weights after N + M steps equal those of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+import torch
+from tqdm.auto import tqdm
+
+from training import run as rd
+from training.config import DIRECTIONS, ConfigError, RunConfig
+from training.metrics import EvalSet, compute_tau, evaluate, summarize
+from training.model import build_hooked_transformer, hooked_config_dict
+from training.presets import PRESETS, get_preset
+from training.schedule import scheduled_steps
+from training.task import Task
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available")
+    if name not in ("cpu", "cuda"):
+        raise ConfigError(f"--device must be auto, cpu or cuda, got {name!r}")
+    return torch.device(name)
+
+
+def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str = "auto",
+          progress: bool = True, stop_at_step: int | None = None) -> dict:
+    """Train one run into ``out_dir`` and return its summary.
+
+    ``stop_at_step`` abandons the run right after that step's evaluation, as a kill would
+    (no checkpoint, no summary, unless they were due anyway): it exists to test resuming.
+    """
+    cfg.validate()
+    tc = cfg.train
+    out = Path(out_dir)
+    dev = resolve_device(device)
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+
+    # --- The run directory: a fresh one, or the one we resume. -----------------------------
+    task = Task.generate(cfg.task)
+    if task.cfg.D < tc.batch_size:
+        raise ConfigError(f"batch_size={tc.batch_size} is larger than the data set (D={task.cfg.D})")
+    hooked_cfg = hooked_config_dict(cfg.model, task.layout, len(task.vocab))
+    config_doc = {"run": cfg.to_dict(), "hooked_transformer_config": hooked_cfg,
+                  "vocab": task.vocab, "layout": task.layout.to_dict()}
+    existing = out / rd.CONFIG_FILE
+    if existing.exists():
+        if not resume:
+            raise ConfigError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
+        stored = rd.read_json(existing)
+        if stored.get("run") != json.loads(json.dumps(cfg.to_dict())):
+            raise ConfigError(f"{existing}: --resume with a different configuration than the stored run")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        rd.write_text_atomic(out / rd.DATASET_FILE, "".join(json.dumps(r) + "\n" for r in task.records()))
+        rd.write_json_atomic(existing, config_doc)
+
+    # --- Model, optimiser, fixed evaluation set, data order. --------------------------------
+    model = build_hooked_transformer(hooked_cfg, seed=cfg.model.seed, device=dev)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=tc.betas)
+    evalset = EvalSet.build(task, tc.eval_groups, tc.tracked_groups, tc.seed)
+    data_gen = torch.Generator().manual_seed(tc.seed)  # minibatch order only
+    perm, cursor, step, wall_s = torch.randperm(task.cfg.D, generator=data_gen), 0, 0, 0.0
+    tokens = task.tokens.to(dev)
+    tgt_pos = torch.tensor(task.layout.target_pred_positions, device=dev)
+    log_k = task.cfg.log_k
+
+    # --- Resume: weights, optimiser, data order, RNGs, and metrics up to the saved step. ----
+    resume_path = out / rd.RESUME_FILE
+    records: list[dict] = []
+    if resume and resume_path.exists():
+        state = rd.load_resume_state(resume_path)
+        step = int(state["step"])
+        weights, _ = rd.load_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(step))
+        model.load_state_dict(weights, strict=False)
+        optimizer.load_state_dict(state["optimizer"])
+        data_gen.set_state(state["data_gen"])
+        perm, cursor, wall_s = state["perm"], int(state["cursor"]), float(state["wall_s"])
+        torch.set_rng_state(state["torch_rng"])
+        records = [r for r in rd.read_jsonl(out / rd.METRICS_FILE) if r["step"] <= step]
+        summary_path = out / rd.SUMMARY_FILE
+        if step >= tc.max_steps or (summary_path.exists() and rd.read_json(summary_path).get("complete")):
+            log.info("%s is already complete at step %d", out, step)
+            return rd.read_json(summary_path) if summary_path.exists() else finish(out, records, log_k, cfg, step)
+    # Metrics past the resume point (from the killed process) are dropped, never duplicated.
+    rd.write_text_atomic(out / rd.METRICS_FILE, "".join(json.dumps(r) + "\n" for r in records))
+
+    eval_steps = scheduled_steps(tc.eval_every, tc.max_steps, tc.early_log_points)
+    ckpt_steps = scheduled_steps(tc.ckpt_every, tc.max_steps, tc.early_log_points)
+    tau = compute_tau(records, log_k, cfg.task.direction)
+    bar = tqdm(total=tc.max_steps, initial=step, disable=not progress, desc=out.name, dynamic_ncols=True)
+    metrics_file = open(out / rd.METRICS_FILE, "a")
+    t0 = time.perf_counter() - wall_s
+    try:
+        while True:
+            # 1. Evaluate on the fixed evaluation set (no training RNG is touched).
+            stop = False
+            if step in eval_steps:
+                model.eval()
+                record = {"step": step, "tokens_seen": step * tc.batch_size * task.layout.target_len,
+                          **evaluate(model, task, evalset, tc.eval_batch_size),
+                          "wall_s": round(time.perf_counter() - t0, 3)}
+                model.train()
+                records.append(record)
+                metrics_file.write(json.dumps(record) + "\n")
+                metrics_file.flush()
+                tau = tau if tau is not None else compute_tau([record], log_k, cfg.task.direction)
+                stop = tc.stop_after_tau is not None and tau is not None and step >= tc.stop_after_tau * tau
+                bar.set_postfix(_bar_fields(record, log_k), refresh=False)
+            # 2. Checkpoint (weights + the state needed to resume exactly from here).
+            if step in ckpt_steps or stop:
+                rd.save_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(step), model.state_dict(), step)
+                rd.save_resume_state(resume_path, {
+                    "step": step, "optimizer": optimizer.state_dict(), "data_gen": data_gen.get_state(),
+                    "perm": perm, "cursor": cursor, "wall_s": time.perf_counter() - t0,
+                    "torch_rng": torch.get_rng_state()})
+            if step >= tc.max_steps or stop:
+                break
+            if step == stop_at_step:
+                return {"stopped_at": step}
+
+            # 3. Next minibatch: walk a fresh permutation each epoch, dropping the ragged tail.
+            if cursor + tc.batch_size > task.cfg.D:
+                perm, cursor = torch.randperm(task.cfg.D, generator=data_gen), 0
+            batch = tokens[perm[cursor: cursor + tc.batch_size].to(dev)]
+            cursor += tc.batch_size
+
+            # 4. Loss on the target tokens only: logits at p predict the token at p + 1.
+            logits = model(batch[:, : task.layout.input_len])[:, tgt_pos]
+            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[:, tgt_pos + 1].flatten())
+
+            # 5. Update (linear warmup if asked; clipping if asked).
+            if tc.warmup_steps:
+                for group in optimizer.param_groups:
+                    group["lr"] = tc.lr * min(1.0, (step + 1) / tc.warmup_steps)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if tc.grad_clip is not None:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+            optimizer.step()
+            step += 1
+            bar.update(1)
+    finally:
+        metrics_file.close()
+        bar.close()
+    return finish(out, records, log_k, cfg, step)
+
+
+def finish(out: Path, records: list[dict], log_k: float, cfg: RunConfig, step: int) -> dict:
+    summary = {**summarize(records, log_k, cfg.task.direction), "final_step": step, "complete": True,
+               "D": cfg.task.D, "K": cfg.task.K, "direction": cfg.task.direction}
+    rd.write_json_atomic(out / rd.SUMMARY_FILE, summary)
+    return summary
+
+
+def _bar_fields(record: dict, log_k: float) -> dict:
+    if record.get("candidate_loss") is None:
+        return {"loss": f"{record['loss']:.3f}", "acc": f"{record['accuracy']:.2f}"}
+    return {"cand/logK": f"{record['candidate_loss'] / log_k:.3f}", "dz": f"{record['delta_z']:.3f}"}
+
+
+def default_run_name(cfg: RunConfig) -> str:
+    t, tr = cfg.task, cfg.train
+    return (f"{cfg.preset or 'custom'}_{t.direction}_K{t.K}_nb{t.n_b}_lr{tr.lr:g}_bs{tr.batch_size}"
+            f"_seed{tr.seed}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m training.train",
+        description="Train a HookedTransformer on the (B, z) -> A task, writing dense checkpoints, "
+                    "metrics.jsonl and summary.json into a run directory.")
+    p.add_argument("--preset", default="demo", choices=sorted(PRESETS), help="starting configuration (default: demo)")
+    p.add_argument("--K", type=int, help="targets per base string (plateau height log K)")
+    p.add_argument("--n-b", type=int, help="number of base strings; D = n_b * K")
+    p.add_argument("--seed", type=int, help="seed of the initialisation and the data order")
+    p.add_argument("--data-seed", type=int, help="seed of the data set itself")
+    p.add_argument("--direction", choices=DIRECTIONS, help="backward: (B, z) -> A; forward: A -> B")
+    p.add_argument("--lr", type=float, help="AdamW learning rate")
+    p.add_argument("--batch-size", type=int, help="examples per step")
+    p.add_argument("--max-steps", type=int, help="steps to train at most")
+    p.add_argument("--stop-after-tau", type=float, help="stop at this multiple of tau once tau is seen")
+    p.add_argument("--threads", type=int, help="torch intra-op threads")
+    p.add_argument("--out", type=Path, help="run directory (default: checkpoints/<name from the options>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--device", default="auto", help="auto (a GPU when present), cpu or cuda")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    cfg = get_preset(args.preset)
+    overrides = {name: getattr(args, attr) for name, attr in [
+        ("K", "K"), ("n_b", "n_b"), ("seed", "seed"), ("direction", "direction"), ("lr", "lr"),
+        ("batch_size", "batch_size"), ("max_steps", "max_steps"), ("stop_after_tau", "stop_after_tau"),
+        ("threads", "threads")] if getattr(args, attr) is not None}
+    cfg = cfg.replace(**overrides)
+    if args.data_seed is not None:
+        cfg = RunConfig(task=cfg.task.__class__(**{**cfg.task.to_dict(), "seed": args.data_seed}),
+                        model=cfg.model, train=cfg.train, preset=cfg.preset)
+    return cfg.validate()
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = config_from_args(args)
+        out = args.out or Path("checkpoints") / default_run_name(cfg)
+        summary = train(cfg, out, resume=args.resume, device=args.device, progress=not args.no_progress)
+    except (ConfigError, rd.RunError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: resume with --resume --out {out}", file=sys.stderr)
+        return 130
+    tau = summary.get("tau")
+    span = summary.get("plateau_span")
+    print(f"tau = {tau if tau is not None else 'not reached'} steps (log K = {summary['log_k']:.3f}); "
+          f"plateau span {span}; run in {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
