@@ -1,0 +1,259 @@
+"""Head ablation: which heads the model needs to use z.
+
+Method: replace one head's output (``hook_z`` of its layer, ``[batch, pos, head, d_head]``,
+i.e. the head's contribution before ``W_O``) on every position, and score the eval set again:
+
+* ``zero`` ablation sets it to 0;
+* ``mean`` ablation sets it to its mean over the evaluation examples (the true sequences of the
+  eval groups, under the unablated model), separately at each position.
+
+The heads are ablated one at a time (:func:`ablate_each_head`) or as a given set at once
+(:func:`ablate_heads`). All ablated copies are scored in shared, vectorised forward passes: the
+candidate sequences are repeated once per ablation and a per-row mask says which heads each
+row ablates.
+
+Metric: candidate loss and delta_z exactly as ``training.metrics`` defines them (the same
+``EvalSet``, ``target_logprobs`` and ``candidate_metrics``). Sign: ``d_candidate_loss`` =
+ablated minus unablated; positive means the head helped pick the right candidate. A head the
+model needs to read z pushes the candidate loss back up to log K when ablated (the model falls
+back to the marginal: :func:`falls_back_to_marginal`), and ``d_delta_z`` goes negative.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from transformer_lens import HookedTransformer
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.utilities import get_act_name
+
+from interp.attention import head_table
+from interp.cli import CliError, add_ckpt_args, format_table, resolve_ckpt, run_cli, write_json
+from training.layout import Layout
+from training.metrics import EvalSet, candidate_metrics, target_logprobs
+from training.task import Task
+
+KINDS: tuple[str, ...] = ("zero", "mean")
+DEFAULT_GROUPS = 8
+"""Eval groups scored by default (each contributes K x K candidate sequences per ablation)."""
+
+
+@dataclass
+class HeadAblation:
+    """Each head ablated on its own: metrics of the ablated model, ``[n_layers, n_heads]``."""
+
+    kind: str
+    n_groups: int
+    base: dict[str, float]
+    """``candidate_metrics`` of the unablated model on the same eval set."""
+    candidate_loss: Float[Tensor, "n_layers n_heads"]
+    delta_z: Float[Tensor, "n_layers n_heads"]
+    d_candidate_loss: Float[Tensor, "n_layers n_heads"]
+    """Ablated minus unablated candidate loss (positive: the head helped)."""
+    d_delta_z: Float[Tensor, "n_layers n_heads"]
+    """Ablated minus unablated delta_z (negative: the model uses z less without the head)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "n_groups": self.n_groups, "base": self.base,
+                **{k: getattr(self, k).tolist() for k in ("candidate_loss", "delta_z", "d_candidate_loss", "d_delta_z")}}
+
+
+@dataclass
+class SetAblation:
+    """A set of heads ablated together."""
+
+    kind: str
+    n_groups: int
+    heads: list[tuple[int, int]]
+    base: dict[str, float]
+    ablated: dict[str, float]
+    """``candidate_metrics`` with all of ``heads`` ablated."""
+
+    @property
+    def candidate_loss(self) -> float:
+        return self.ablated["candidate_loss"]
+
+    @property
+    def delta_z(self) -> float:
+        return self.ablated["delta_z"]
+
+    @property
+    def d_candidate_loss(self) -> float:
+        return self.ablated["candidate_loss"] - self.base["candidate_loss"]
+
+    @property
+    def d_delta_z(self) -> float:
+        return self.ablated["delta_z"] - self.base["delta_z"]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "n_groups": self.n_groups, "heads": [list(h) for h in self.heads],
+                "base": self.base, "ablated": self.ablated,
+                "d_candidate_loss": self.d_candidate_loss, "d_delta_z": self.d_delta_z}
+
+
+def build_evalset(task: Task, n_groups: int = DEFAULT_GROUPS, seed: int = 0) -> EvalSet:
+    """The eval set the ablations are scored on (``training.metrics.EvalSet``, seeded)."""
+    if task.cfg.direction != "backward" or task.cfg.K < 2:
+        raise ValueError("head ablation scores candidates: it needs the backward task with K >= 2")
+    if n_groups < 1:
+        raise ValueError(f"the number of eval groups must be at least 1, got {n_groups}")
+    return EvalSet.build(task, n_eval_groups=n_groups, n_tracked_groups=1, seed=seed)
+
+
+@torch.inference_mode()
+def mean_head_outputs(
+    model: HookedTransformer, seqs: Int[Tensor, "N seq"], layout: Layout, batch_size: int = 2048
+) -> Float[Tensor, "n_layers pos n_heads d_head"]:
+    """Mean of every head's ``hook_z`` over the sequences, at each input position."""
+    names = [get_act_name("z", layer) for layer in range(model.cfg.n_layers)]
+    wanted = set(names)
+    device = next(model.parameters()).device
+    total: Tensor | None = None
+    for chunk in seqs.split(batch_size):
+        _, cache = model.run_with_cache(chunk[:, : layout.input_len].to(device), names_filter=lambda n: n in wanted)
+        part = torch.stack([cache[n].float().sum(0) for n in names])
+        total = part if total is None else total + part
+    assert total is not None
+    return total / len(seqs)
+
+
+def _ablation_hooks(
+    row_mask: Bool[Tensor, "B n_layers n_heads"], replacement: Float[Tensor, "n_layers pos n_heads d_head"] | None
+) -> list[tuple[str, Callable]]:
+    """One ``hook_z`` hook per layer replacing the masked (row, head) outputs (``None``: by zero)."""
+
+    def make(layer: int) -> Callable:
+        def hook(z: Float[Tensor, "B pos n_heads d_head"], hook: HookPoint) -> Float[Tensor, "B pos n_heads d_head"]:
+            mask = row_mask[:, layer, None, :, None].to(z.device)  # [B, 1, H, 1]
+            if replacement is None:
+                return z.masked_fill(mask, 0.0)
+            return torch.where(mask, replacement[layer, : z.shape[1]].to(z), z)
+
+        return hook
+
+    return [(get_act_name("z", layer), make(layer)) for layer in range(row_mask.shape[1]) if row_mask[:, layer].any()]
+
+
+def ablation_scores(
+    model: HookedTransformer,
+    task: Task,
+    evalset: EvalSet,
+    masks: Bool[Tensor, "C n_layers n_heads"],
+    kind: str = "zero",
+    max_rows: int = 4096,
+) -> Float[Tensor, "C G K K"]:
+    """Candidate scores ``[ablation, group, prefix j, candidate k]`` (as ``training.metrics.evaluate``
+    builds them) for each ablation mask, all copies scored in shared batches of ``max_rows``."""
+    if kind not in KINDS:
+        raise ValueError(f"ablation kind must be one of {KINDS}, got {kind!r}")
+    layout, K = task.layout, task.cfg.K
+    cand, shift = evalset.candidate_seqs, evalset.shift
+    if cand is None or shift is None:
+        raise ValueError("head ablation scores candidates: it needs the backward task with K >= 2")
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    if tuple(masks.shape[1:]) != (L, H):
+        raise ValueError(f"ablation masks have shape {tuple(masks.shape)}, the model has {L} layers x {H} heads")
+    replacement = mean_head_outputs(model, evalset.eval_seqs, layout) if kind == "mean" else None
+    C, N = masks.shape[0], cand.shape[0]
+    flat = torch.arange(C * N)
+    logps = []
+    for rows in flat.split(max_rows):  # batches of (ablation copy, candidate sequence) rows
+        hooks = _ablation_hooks(masks[rows // N], replacement)
+        with model.hooks(fwd_hooks=hooks):
+            logp, _ = target_logprobs(model, cand[rows % N], layout, batch_size=len(rows))
+        logps.append(logp)
+    return torch.cat(logps).sum(-1).view(C, shift.shape[0], K, K)
+
+
+def ablation_metrics(
+    model: HookedTransformer,
+    task: Task,
+    evalset: EvalSet,
+    masks: Bool[Tensor, "C n_layers n_heads"],
+    kind: str = "zero",
+) -> list[dict[str, float]]:
+    """``training.metrics.candidate_metrics`` for each ablation mask (an all-False mask: unablated)."""
+    scores = ablation_scores(model, task, evalset, masks, kind)
+    assert evalset.shift is not None
+    return [candidate_metrics(s, evalset.shift) for s in scores]
+
+
+def ablate_each_head(
+    model: HookedTransformer, task: Task, kind: str = "zero", n_groups: int = DEFAULT_GROUPS, seed: int = 0
+) -> HeadAblation:
+    """Every head ablated on its own; candidate loss and delta_z of each ablated model."""
+    evalset = build_evalset(task, n_groups, seed)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    masks = torch.cat([torch.zeros(1, L * H, dtype=torch.bool), torch.eye(L * H, dtype=torch.bool)]).view(-1, L, H)
+    base, *each = ablation_metrics(model, task, evalset, masks, kind)
+    cl = torch.tensor([m["candidate_loss"] for m in each]).view(L, H)
+    dz = torch.tensor([m["delta_z"] for m in each]).view(L, H)
+    return HeadAblation(kind, len(evalset.shift), base, cl, dz,
+                        cl - base["candidate_loss"], dz - base["delta_z"])
+
+
+def ablate_heads(
+    model: HookedTransformer,
+    task: Task,
+    heads: list[tuple[int, int]],
+    kind: str = "zero",
+    n_groups: int = DEFAULT_GROUPS,
+    seed: int = 0,
+) -> SetAblation:
+    """The given (layer, head) pairs ablated all at once."""
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    mask = torch.zeros(2, L, H, dtype=torch.bool)
+    for layer, head in heads:
+        if not (0 <= layer < L and 0 <= head < H):
+            raise ValueError(f"no head L{layer}H{head}: the model has {L} layers x {H} heads")
+        mask[1, layer, head] = True
+    evalset = build_evalset(task, n_groups, seed)
+    base, ablated = ablation_metrics(model, task, evalset, mask, kind)
+    return SetAblation(kind, len(evalset.shift), [(int(a), int(b)) for a, b in heads], base, ablated)
+
+
+def falls_back_to_marginal(result: HeadAblation, layer: int, head: int, log_k: float, tol: float = 0.25) -> bool:
+    """Whether ablating (layer, head) leaves the candidate loss within ``tol * log K`` of log K."""
+    return abs(float(result.candidate_loss[layer, head]) - log_k) <= tol * log_k
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m interp.ablate", description=__doc__.splitlines()[0])
+    add_ckpt_args(parser)
+    parser.add_argument("--kind", choices=KINDS, default="zero", help="zero or mean ablation (default zero)")
+    parser.add_argument("--groups", type=int, default=DEFAULT_GROUPS,
+                        help=f"eval groups to score (default {DEFAULT_GROUPS}); --n-examples is not used")
+
+    def body(args: argparse.Namespace) -> None:
+        run, step = resolve_ckpt(args.ckpt, args.step)
+        if args.groups < 1:
+            raise CliError(f"--groups must be at least 1, got {args.groups}")
+        model = run.load_model(step, device=args.device)
+        res = ablate_each_head(model, run.task(), args.kind, args.groups, args.seed)
+        log_k = run.log_k
+        print(f"{run.path} step {step}: {args.kind} ablation of each head, {res.n_groups} eval groups; "
+              f"unablated candidate loss {res.base['candidate_loss']:.3f} (log K {log_k:.3f}), "
+              f"delta_z {res.base['delta_z']:.3f}")
+        print("\nchange in candidate loss (ablated - unablated)")
+        print(format_table(*head_table(res.d_candidate_loss)))
+        i = int(res.d_candidate_loss.flatten().argmax())
+        layer, head = divmod(i, model.cfg.n_heads)
+        back = falls_back_to_marginal(res, layer, head, log_k)
+        print(f"\nlargest effect: L{layer}H{head}, candidate loss {float(res.candidate_loss[layer, head]):.3f}; "
+              f"falls back to the marginal (within 0.25 log K of log K): {'yes' if back else 'no'}")
+        falls_back = [[falls_back_to_marginal(res, la, h, log_k) for h in range(model.cfg.n_heads)]
+                      for la in range(model.cfg.n_layers)]
+        write_json(args.json, {"run": str(run.path), "step": step, "seed": args.seed, "log_k": log_k,
+                               **res.to_dict(), "falls_back_to_marginal": falls_back})
+
+    return run_cli(body, argv, parser)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,166 @@
+"""Attribution patching: a first-order, three-pass approximation of :mod:`interp.patch`.
+
+Method. One clean forward (caching the activations), one corrupted forward (keeping them in
+the autograd graph) and one backward of the metric on the corrupted run give, for every
+activation entry, the clean-minus-corrupted difference and the metric's gradient. Patching a
+component (a set of entries, given by the same :class:`interp.patch.PatchSpec` masks as exact
+patching) is approximated by the first-order Taylor term::
+
+    patched - corrupt  ~=  sum over pairs, entries in the component, features of
+                           (clean_act - corrupt_act) * d metric / d corrupt_act
+
+Every component set of every layer comes from those three passes, however many there are.
+
+Metric and sign: as in :mod:`interp.patch` — the mean logit difference (clean first target
+token minus corrupted one) at the prediction position; results are returned in the same
+:class:`interp.patch.PatchResult`, ``raw = corrupt + approximate effect`` and
+``normalised = approximate effect / (clean - corrupt)`` (1 = clean, 0 = corrupted; NaN when
+``|clean - corrupt| < 1e-6``), same shapes, so the two can be compared directly
+(:func:`agreement`).
+
+When to trust it. Exact only where the metric is linear in the patched activation; otherwise
+its error is second order in the clean-corrupted difference. It is good for small
+differences (a single position, one head whose output changes a little) and as a cheap screen
+of many components; it can be badly wrong where a patch moves an activation far, through
+LayerNorm, softmax attention or the MLP non-linearity (notably ``resid_pre`` at the z
+positions, whose clean and corrupted embeddings differ completely, and any patch that
+saturates an attention pattern). Check the top components with exact patching.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float
+from scipy.stats import rankdata
+from torch import Tensor
+from transformer_lens import HookedTransformer
+from transformer_lens.utilities import get_act_name
+
+from interp.inputs import PromptPairs, logit_diff
+from interp.patch import PatchResult, PatchSpec, normalise, patch_spec
+
+
+def site_contributions(
+    model: HookedTransformer, pairs: PromptPairs, act_names: Iterable[str]
+) -> tuple[float, float, dict[str, Float[Tensor, "layer ..."]]]:
+    """Clean and corrupted metrics and, per hook kind, ``(clean - corrupt) * grad`` summed over
+    pairs and features: one entry per ``[layer, *site]`` (site = ``pos`` or ``pos head``).
+
+    Three passes in all: clean forward, corrupted forward, one backward.
+    """
+    device = model.cfg.device
+    act_names = sorted(set(act_names))
+    names = {get_act_name(a, layer): (a, layer) for a in act_names for layer in range(model.cfg.n_layers)}
+    with torch.no_grad():
+        clean_logits, clean_cache = model.run_with_cache(pairs.clean.to(device), names_filter=lambda n: n in names)
+        clean_metric = logit_diff(clean_logits, pairs).item()
+    saved: dict[str, Tensor] = {}
+
+    def save(act: Tensor, hook) -> None:
+        saved[hook.name] = act
+
+    with torch.enable_grad():
+        corrupt_logits = model.run_with_hooks(pairs.corrupt.to(device), fwd_hooks=[(n, save) for n in names])
+        metric = logit_diff(corrupt_logits, pairs)
+        order = list(names)
+        grads = torch.autograd.grad(metric, [saved[n] for n in order], allow_unused=True)
+    out: dict[str, Tensor] = {}
+    for a in act_names:
+        per_layer = []
+        for layer in range(model.cfg.n_layers):
+            name = get_act_name(a, layer)
+            g = grads[order.index(name)]
+            delta = clean_cache[name] - saved[name].detach()
+            c = torch.zeros_like(delta) if g is None else delta * g
+            per_layer.append(c.sum(dim=(0, -1)))  # over pairs and features -> [*site]
+        out[a] = torch.stack(per_layer).float()
+    return clean_metric, metric.item(), out
+
+
+def _contract(masks: Bool[Tensor, "P layer ..."], contrib: Float[Tensor, "layer ..."]) -> Float[Tensor, " P"]:
+    """Sum each patch's entries: ``effect[p] = sum(masks[p] * contrib)``."""
+    return masks.flatten(1).to(contrib.dtype) @ contrib.flatten()
+
+
+def attribution_sweep(
+    model: HookedTransformer, pairs: PromptPairs, specs: Iterable[PatchSpec]
+) -> dict[str, PatchResult]:
+    """Attribution patching of several component sets from one forward/backward; keyed by target."""
+    specs = list(specs)
+    clean, corrupt, contrib = site_contributions(model, pairs, [s.act_name for s in specs])
+    out = {}
+    for s in specs:
+        effect = _contract(s.masks.to(contrib[s.act_name].device), contrib[s.act_name]).reshape(s.shape).cpu()
+        raw = corrupt + effect
+        out[s.target] = PatchResult(s.target, s.axes, raw, normalise(raw, clean, corrupt), clean, corrupt,
+                                    "attribution", pairs.corrupt.shape[0])
+    return out
+
+
+def attribute_all(model: HookedTransformer, pairs: PromptPairs, targets: Iterable[str]) -> dict[str, PatchResult]:
+    """Attribution patching of the named component sets (see ``interp.patch.TARGETS``), one backward."""
+    n_pos = pairs.corrupt.shape[1]
+    return attribution_sweep(model, pairs, [patch_spec(model, t, n_pos) for t in targets])
+
+
+def attribute(model: HookedTransformer, pairs: PromptPairs, target: str) -> PatchResult:
+    """Attribution patching of one component set, same shape and normalisation as ``interp.patch.patch``."""
+    return attribute_all(model, pairs, [target])[target]
+
+
+def attribute_head_out_all_pos(model: HookedTransformer, pairs: PromptPairs) -> PatchResult:
+    """[layer, head]."""
+    return attribute(model, pairs, "heads")
+
+
+def attribute_head_out_by_pos(model: HookedTransformer, pairs: PromptPairs) -> PatchResult:
+    """[layer, pos, head]."""
+    return attribute(model, pairs, "heads_by_pos")
+
+
+def attribute_resid_pre(model: HookedTransformer, pairs: PromptPairs) -> PatchResult:
+    """[layer, pos]."""
+    return attribute(model, pairs, "resid")
+
+
+def attribute_attn_out(model: HookedTransformer, pairs: PromptPairs, by_pos: bool = True) -> PatchResult:
+    """[layer, pos] (``by_pos``) or [layer]."""
+    return attribute(model, pairs, "attn" if by_pos else "attn_layer")
+
+
+def attribute_mlp_out(model: HookedTransformer, pairs: PromptPairs, by_pos: bool = True) -> PatchResult:
+    """[layer, pos] (``by_pos``) or [layer]."""
+    return attribute(model, pairs, "mlp" if by_pos else "mlp_layer")
+
+
+def _spearman(a: np.ndarray, b: np.ndarray) -> float:
+    """Rank correlation (average ranks for ties); NaN if either side is constant or too short."""
+    if a.size < 2:
+        return float("nan")
+    ra, rb = rankdata(a), rankdata(b)
+    if ra.std() == 0 or rb.std() == 0:
+        return float("nan")
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def agreement(exact: PatchResult, approx: PatchResult) -> dict[str, float]:
+    """How well attribution reproduces exact patching, over all components.
+
+    ``spearman``: rank correlation of the effects (``raw - corrupt``; the normalisation is one
+    shared scale, so it does not change ranks; components that cannot matter, e.g. positions before
+    z, are exactly 0 in both and, as ties, raise it); ``max_abs_err``: largest |difference| of the raw
+    patched metric, in logits; ``max_abs_err_normalised``: the same on the normalised scale (NaN
+    when the normalisation is undefined).
+    """
+    if exact.raw.shape != approx.raw.shape:
+        raise ValueError(f"shapes differ: {tuple(exact.raw.shape)} vs {tuple(approx.raw.shape)}")
+    e = exact.effect.detach().double().cpu().numpy().ravel()
+    a = approx.effect.detach().double().cpu().numpy().ravel()
+    raw_err = (exact.raw.double() - approx.raw.double()).abs().max().item() if e.size else 0.0
+    norm_err = (exact.normalised.double() - approx.normalised.double()).abs()
+    norm = norm_err.max().item() if norm_err.numel() and not norm_err.isnan().any() else math.nan
+    return {"spearman": _spearman(e, a), "max_abs_err": raw_err, "max_abs_err_normalised": norm}

@@ -1,0 +1,150 @@
+"""A hand-built HookedTransformer with one known selector-routing head, for known-answer tests.
+
+The task (:func:`handbuilt_task`): n_b = 4 groups, K = 4, B of 2, z of 2 and A of 2 characters,
+so a sequence is ``<BOS> b b <SEP> z z <SEP> a a``. Target k of group g is ``A_gk = (c_k, d_g)``:
+the first target character depends on the selector only (c_k is shared by all groups, distinct
+within a group) and the second on the group only, so all targets are unique. The two characters of
+selector z_j (``x_j``, ``y_j``) are used by no other string.
+
+The model (:func:`selector_copy_model`): 2 layers x 2 heads, no LayerNorm, MLPs zeroed, every
+weight set by hand on named residual dimensions (``DIMS``):
+
+* embeddings: z characters write the one-hot "selector j" direction ``sel_in[j]``; BOS writes a
+  flag; every alphabet token writes a small token-id pattern nobody reads; positions are one-hot;
+* **L0H1** (:data:`SELECTOR_HEAD`): query = "I am the first-target-prediction position" (a
+  positional one-hot), key = "I am a z position", score 40 (after the 1/sqrt(d_head) scale), so
+  at that position it puts ~1/2 on each z position and ~0 elsewhere; at other positions its query
+  is 0, i.e. uniform causal attention. OV copies ``sel_in`` to ``sel_out``;
+* L0H0 attends to BOS and copies the BOS flag to a "prior" direction; L1H0 attends to BOS and
+  writes where the unembedding never reads; L1H1 (the "group head") attends to the first B
+  character, which is d_g, and copies its token id;
+* unembedding: ``logit[c_k] = ALPHA * sel_out[k] + BETA * prior`` and ``logit[d_g] = GAMMA *
+  (token id of d_g)``; nothing else is read. So greedy decoding gets both target tokens right.
+
+Hence at the first-target position logit[c_j] - logit[c_k] = ALPHA for the true selector j, so
+the candidate loss is ~(K - 1) exp(-ALPHA) ~ 0 and delta_z ~ ALPHA. Every other target
+prediction reads only z (through L0H1's uniform attention) and BOS, never the candidate's own
+tokens, so it adds the same score to all K candidates and cancels in the candidate loss. With L0H1
+zero- or mean-ablated the K candidates' first tokens get equal logits: candidate loss = log K
+exactly (the marginal). Ablating any other head leaves the candidate loss unchanged (zero-ablating
+L0H0 or L1H1 only moves the set loss).
+"""
+
+from __future__ import annotations
+
+import torch
+from transformer_lens import HookedTransformer
+
+from training.config import ModelConfig, TaskConfig
+from training.layout import BOS, SPECIAL_TOKENS
+from training.model import build_hooked_transformer, hooked_config_dict
+from training.task import Task
+
+SELECTOR_HEAD: tuple[int, int] = (0, 1)
+"""(layer, head) of the one head that routes the selector."""
+BOS_HEAD: tuple[int, int] = (0, 0)
+"""A layer-0 head that attends to BOS (changes the set loss when zero-ablated, never the candidates)."""
+ALPHA = 10.0
+"""Logit margin of the correct first target token when the selector head is intact."""
+BETA = 5.0
+"""Logit given to every candidate first token through the BOS head."""
+GAMMA = 12.0
+"""Logit of the group's second target character d_g (from the group head L1H1), at every position."""
+SCORE = 40.0
+"""Attention score (after scaling) of the keys a head is built to attend to; all others get 0."""
+
+N_B, K = 4, 4
+ALPHABET = "abcdefghijklmnop"
+D_MODEL, N_HEADS, D_HEAD = 48, 2, 8
+N_TOKEN_ID = 8
+
+
+def handbuilt_task() -> Task:
+    """The task described in the module docstring (targets (c_k, d_g), selectors (x_j, y_j))."""
+    cfg = TaskConfig(n_b=N_B, K=K, b_len=2, z_len=2, a_len=2, alphabet=ALPHABET, seed=0)
+    cfg.validate()
+    off = len(SPECIAL_TOKENS)
+    g, j = torch.arange(N_B), torch.arange(K)
+    c = off + j  # a b c d: first target characters, one per selector
+    d = off + K + g  # e f g h: second target characters, one per group
+    b = torch.stack([off + K + g, off + g], -1)  # B_g = (d_g, c_g): distinct, never read
+    z = torch.stack([off + 2 * K + j, off + 3 * K + j], -1)  # i j k l / m n o p: only in z
+    a = torch.stack(torch.broadcast_tensors(c[None, :], d[:, None]), -1)  # [n_b, K, 2]
+    return Task.from_token_arrays(cfg, b.numpy(), z.numpy(), a.numpy())
+
+
+def _dims(n_ctx: int) -> dict[str, slice]:
+    names = [("sel_in", K), ("sel_out", K), ("bos", 1), ("prior", 1), ("pos", n_ctx),
+             ("tok_id", N_TOKEN_ID), ("l1h0_out", 1), ("l1h1_out", N_TOKEN_ID)]
+    out, start = {}, 0
+    for name, width in names:
+        out[name] = slice(start, start + width)
+        start += width
+    assert start <= D_MODEL
+    return out
+
+
+@torch.no_grad()
+def selector_copy_model(task: Task | None = None) -> HookedTransformer:
+    """The hand-built model of the module docstring, for ``handbuilt_task()`` (the default)."""
+    task = handbuilt_task() if task is None else task
+    lay, vocab = task.layout, task.vocab
+    if task.z_tokens.shape[0] != K or lay.seq_len != 9 or len(vocab) != len(SPECIAL_TOKENS) + len(ALPHABET):
+        raise ValueError("selector_copy_model is built for handbuilt_task()")
+    mcfg = ModelConfig(n_layers=2, d_model=D_MODEL, n_heads=N_HEADS, d_head=D_HEAD, d_mlp=16,
+                       act_fn="relu", normalization_type=None)
+    model = build_hooked_transformer(hooked_config_dict(mcfg, lay, len(vocab)), seed=0)
+    for p in model.parameters():
+        p.zero_()
+    dims = _dims(lay.seq_len)
+    sel_in, sel_out, pos = (torch.arange(D_MODEL)[dims[n]] for n in ("sel_in", "sel_out", "pos"))
+    bos_d, prior_d = dims["bos"].start, dims["prior"].start
+    tok_id = torch.arange(D_MODEL)[dims["tok_id"]]
+    q_scale = SCORE * D_HEAD**0.5  # undo TransformerLens' 1/sqrt(d_head) on the scores
+
+    # Embeddings.
+    model.W_E[vocab.index(BOS), bos_d] = 1.0
+    for t in range(len(SPECIAL_TOKENS), len(vocab)):
+        model.W_E[t, tok_id[t % N_TOKEN_ID]] = 1.0
+    for jj, row in enumerate(task.z_tokens.tolist()):
+        for t in row:
+            model.W_E[t, sel_in[jj]] = 1.0
+    model.W_pos[torch.arange(lay.seq_len), pos] = 1.0
+
+    def attend(layer: int, head: int, query_pos: list[int], key_pos: list[int]) -> None:
+        """Queries at ``query_pos`` score ``SCORE`` on keys at ``key_pos`` and 0 elsewhere."""
+        model.blocks[layer].attn.W_Q[head, pos[query_pos], 0] = q_scale
+        model.blocks[layer].attn.W_K[head, pos[key_pos], 0] = 1.0
+
+    every = list(range(lay.seq_len))
+    z_pos = list(range(*lay.z_span))
+    # L0H1, the selector head: first-target position -> z positions; OV: sel_in -> sel_out.
+    L, H = SELECTOR_HEAD
+    attend(L, H, [lay.first_target_pred_pos], z_pos)
+    model.blocks[L].attn.W_V[H, sel_in, torch.arange(K)] = 1.0
+    model.blocks[L].attn.W_O[H, torch.arange(K), sel_out] = 1.0
+    # L0H0: every position -> BOS; OV: bos flag -> prior.
+    L, H = BOS_HEAD
+    attend(L, H, every, [0])
+    model.blocks[L].attn.W_V[H, bos_d, 0] = 1.0
+    model.blocks[L].attn.W_O[H, 0, prior_d] = 1.0
+    # Layer 1: H0 -> BOS, writing where the unembedding does not read; H1 -> first B character.
+    attend(1, 0, every, [0])
+    model.blocks[1].attn.W_V[0, bos_d, 0] = 1.0
+    model.blocks[1].attn.W_O[0, 0, dims["l1h0_out"].start] = 1.0
+    attend(1, 1, every, [lay.b_span[0]])
+    model.blocks[1].attn.W_V[1, tok_id, torch.arange(N_TOKEN_ID)] = 1.0
+    model.blocks[1].attn.W_O[1, torch.arange(N_TOKEN_ID), torch.arange(D_MODEL)[dims["l1h1_out"]]] = 1.0
+
+    # Unembedding: candidate first tokens c_k read sel_out[k] and the prior.
+    first = task.a_tokens[0, :, 0]  # c_k, the same in every group
+    if not bool((task.a_tokens[:, :, 0] == first).all()):
+        raise ValueError("the first target character must depend on the selector only")
+    model.W_U[sel_out, first] = ALPHA
+    model.W_U[prior_d, first] = BETA
+    # ... and the second target characters d_g read the token id L1H1 copied from B_g[0] = d_g.
+    second = task.a_tokens[:, 0, 1]
+    if not bool((task.a_tokens[:, :, 1] == second[:, None]).all() & (task.b_tokens[:, 0] == second).all()):
+        raise ValueError("the second target character must be the group's first B character")
+    model.W_U[torch.arange(D_MODEL)[dims["l1h1_out"]][second % N_TOKEN_ID], second] = GAMMA
+    return model.eval()
