@@ -32,7 +32,8 @@ def test_ci_preset_shows_plateau_then_drop(ci_run):
     # A plateau: candidate loss within 10% of log K with z unused, for a good share of tau ...
     assert (last - first) >= 0.3 * tau
     on_plateau = [r for r in records if first <= r["step"] <= last]
-    assert all(abs(r["candidate_loss"] - log_k) <= 0.1 * log_k for r in on_plateau)
+    inside = [abs(r["candidate_loss"] - log_k) <= 0.1 * log_k and r["delta_z"] < 0.1 * log_k for r in on_plateau]
+    assert sum(inside) >= 0.75 * len(inside)  # the span's end points qualify by definition; most between do
     # ... then the drop, with z in use.
     final = records[-1]
     assert final["candidate_loss"] < 0.5 * log_k
