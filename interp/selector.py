@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 
-def pick_selector_head(to_z_first: list[list[float]], patch_normalised: list[list[float]]) -> tuple[tuple[int, int], list[list[float]]]:
+def pick_selector_head(to_z_first: list[list[float]], patch_normalised: list[list[float | None]]) -> tuple[tuple[int, int], list[list[float]]]:
     """The (layer, head) with the highest attention-to-z x positive patching effect, and all scores."""
     attn = np.asarray(to_z_first, dtype=float)
     effect = np.nan_to_num(np.asarray(patch_normalised, dtype=float), nan=0.0).clip(min=0.0)
