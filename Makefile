@@ -21,7 +21,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) -m training.train --preset demo --out $(DEMO) --resume
-	@echo "demo run: $(DEMO) (metrics.jsonl, summary.json, checkpoints/)"
+	$(PY) -m interp.analyze --run $(DEMO) --every 2
+	$(PY) -m interp.report --run $(DEMO)
+	@echo "demo run: $(DEMO) (metrics.jsonl, summary.json, checkpoints/, analysis/)"
+	@echo "report:   $(DEMO)/report.html (open it in a browser; it needs no network)"
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -33,3 +33,12 @@ def tiny_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("runs") / "tiny"
     train(get_preset("tiny"), out, device="cpu", progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def ci_analysed(ci_run):
+    """The session's `ci` run with its analysis cache (every 10th checkpoint, 6 exact steps)."""
+    from interp.analyze import analyze_run
+
+    analyze_run(ci_run, every=10, n_exact=6, progress=False)
+    return ci_run

@@ -35,6 +35,14 @@ from training.layout import Layout
 from training.task import Task
 
 
+def target_cross_entropy(
+    logits: Float[Tensor, "N in_len vocab"], tokens: Int[Tensor, "N seq"], layout: Layout
+) -> Float[Tensor, ""]:
+    """The training objective: mean cross-entropy over the target tokens only."""
+    pos = torch.tensor(layout.target_pred_positions, device=logits.device)
+    return torch.nn.functional.cross_entropy(logits[:, pos].flatten(0, 1).float(), tokens[:, pos + 1].flatten())
+
+
 @torch.inference_mode()
 def target_logprobs(
     model: nn.Module, seqs: Int[Tensor, "N seq"], layout: Layout, batch_size: int = 2048

@@ -19,7 +19,7 @@ from tqdm.auto import tqdm
 
 from training import run as rd
 from training.config import DIRECTIONS, ConfigError, RunConfig
-from training.metrics import EvalSet, compute_tau, evaluate, summarize
+from training.metrics import EvalSet, compute_tau, evaluate, summarize, target_cross_entropy
 from training.model import build_hooked_transformer, hooked_config_dict
 from training.presets import PRESETS, get_preset
 from training.schedule import scheduled_steps
@@ -78,7 +78,6 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     data_gen = torch.Generator().manual_seed(tc.seed)  # minibatch order only
     perm, cursor, step, wall_s = torch.randperm(task.cfg.D, generator=data_gen), 0, 0, 0.0
     tokens = task.tokens.to(dev)
-    tgt_pos = torch.tensor(task.layout.target_pred_positions, device=dev)
     log_k = task.cfg.log_k
 
     # --- Resume: weights, optimiser, data order, RNGs, and metrics up to the saved step. ----
@@ -142,8 +141,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
             cursor += tc.batch_size
 
             # 4. Loss on the target tokens only: logits at p predict the token at p + 1.
-            logits = model(batch[:, : task.layout.input_len])[:, tgt_pos]
-            loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[:, tgt_pos + 1].flatten())
+            loss = target_cross_entropy(model(batch[:, : task.layout.input_len]), batch, task.layout)
 
             # 5. Update (linear warmup if asked; clipping if asked).
             if tc.warmup_steps:

@@ -1,0 +1,439 @@
+"""Figures of a run and its analysis: results in, ``(plotly Figure, one-sentence caption)`` out.
+
+Every function here is pure: it takes already loaded records (``Run.metrics()``,
+``interp.analyze.load_analysis``, ``selector.json``) and returns a ``(figure, caption)`` pair;
+nothing is read from disk, nothing is shown. Each figure has a title and axis labels; the
+caption says, in one sentence, what the reader should see. Landmarks are drawn as labelled
+vertical lines: ``tau`` (first step with candidate loss < 0.5 log K), ``tau/2`` and ``t_form``
+(the selector head's formation step, ``interp.selector``). Time-series figures have a
+``linear x`` / ``log x`` toggle (step 0 is not drawn on the log axis).
+
+Collective snap (:func:`snap_statistics`), from the per-group exact-match accuracies
+``group_acc`` of the tracked groups in ``metrics.jsonl``:
+
+* ``share_above_at_half_tau``: the share of tracked groups with accuracy >= ``hi`` (80%) at the
+  last evaluated step <= tau/2 (the paper: none);
+* a group *snaps* at its first evaluated step with accuracy >= ``hi``; its snap window is that
+  step minus the last evaluated step before it with accuracy < ``lo`` (20%). Groups that never
+  reach ``hi`` (or, never below ``lo`` before) have no window;
+* ``snap_window_tau``: the median snap window over the groups that have one, divided by tau;
+* ``snap_spread_tau``: (latest snap step - earliest snap step) / tau over the snapped groups,
+  i.e. how narrow the window is in which the whole data set switches on (the paper: ~0.5 tau).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+SNAP_HI = 0.8
+"""Group accuracy that counts as snapped."""
+SNAP_LO = 0.2
+"""Group accuracy that counts as not yet started."""
+
+SELECTOR_COLOR = "#d62728"
+OTHER_COLOR = "rgba(120, 120, 120, 0.55)"
+HEAD_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+"""Line colours of the non-selector heads (no red: red is the selector head's)."""
+LANDMARK_STYLE = {"tau": ("#444444", "solid"), "tau/2": ("#444444", "dot"), "t_form": ("#2ca02c", "dash")}
+FIGURE_HEIGHT = 460
+
+Captioned = tuple[go.Figure, str]
+
+
+# ---- helpers ------------------------------------------------------------------------------
+
+
+def head_label(layer: int, head: int) -> str:
+    return f"L{layer}H{head}"
+
+
+def _landmarks(tau: int | None, t_form: int | None) -> list[tuple[str, float]]:
+    marks: list[tuple[str, float]] = []
+    if tau is not None:
+        marks += [("tau/2", tau / 2), ("tau", float(tau))]
+    if t_form is not None:
+        marks.append(("t_form", float(t_form)))
+    return marks
+
+
+def _add_landmarks(fig: go.Figure, tau: int | None, t_form: int | None, rows: Sequence[int] = (1,)) -> None:
+    """Vertical lines at tau/2, tau and t_form (labelled on the first row only)."""
+    names = {"tau/2": "τ/2", "tau": "τ", "t_form": "t_form"}
+    for name, x in _landmarks(tau, t_form):
+        color, dash = LANDMARK_STYLE[name]
+        for i, row in enumerate(rows):
+            label = ({"text": names[name], "textposition": "end", "textangle": 0, "yanchor": "bottom",
+                      "font": {"size": 12, "color": color}} if i == 0 else None)
+            kw: dict[str, Any] = {"row": row, "col": 1} if len(rows) > 1 or row != 1 else {}
+            fig.add_vline(x=x, line={"color": color, "dash": dash, "width": 1.2}, label=label, **kw)
+
+
+def _log_x_toggle(fig: go.Figure, n_xaxes: int = 1) -> None:
+    """Buttons that switch every x axis between a linear and a log scale."""
+    keys = ["xaxis"] + [f"xaxis{i}" for i in range(2, n_xaxes + 1)]
+    buttons = [{"label": f"{kind} x", "method": "relayout", "args": [{f"{k}.type": kind for k in keys}]}
+               for kind in ("linear", "log")]
+    fig.update_layout(updatemenus=[{"type": "buttons", "direction": "right", "buttons": buttons,
+                                    "x": 1.0, "xanchor": "right", "y": 1.12, "yanchor": "bottom",
+                                    "showactive": True, "pad": {"r": 0, "t": 0}}])
+
+
+def _array(nested: Any) -> np.ndarray:
+    """A nested list from the cache (JSON null = NaN) as a float array."""
+    return np.array(nested, dtype=float)
+
+
+def _nan_to_none(a: np.ndarray) -> list:
+    """A float array as nested lists with NaN as None (plotly leaves those cells empty)."""
+    return np.where(np.isnan(a), None, a).tolist()
+
+
+def _fmt(x: float | int | None, fmt: str = "{:.2f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def _layout(fig: go.Figure, title: str, x_title: str, y_title: str, height: int = FIGURE_HEIGHT) -> go.Figure:
+    fig.update_layout(title={"text": title, "x": 0.0, "xanchor": "left"}, height=height, template="plotly_white",
+                      legend={"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0},
+                      margin={"l": 70, "r": 30, "t": 80, "b": 55}, hovermode="closest")
+    fig.update_xaxes(title_text=x_title)
+    fig.update_yaxes(title_text=y_title)
+    return fig
+
+
+def _head_grid(records: list[dict[str, Any]], field: str) -> tuple[list[int], np.ndarray]:
+    """Steps and a [steps, layer, head] array of one per-head field of the analysis records."""
+    steps = [int(r["step"]) for r in records]
+    return steps, np.stack([_array(r[field]) for r in records]) if records else np.zeros((0, 0, 0))
+
+
+# ---- training curves ----------------------------------------------------------------------
+
+
+def loss_curves(records: list[dict[str, Any]], log_k: float, tau: int | None = None,
+                t_form: int | None = None) -> Captioned:
+    """Candidate loss / log K, training loss and set loss (top), delta_z (bottom), over steps."""
+    rec = [r for r in records if r.get("candidate_loss") is not None]
+    steps = [int(r["step"]) for r in rec]
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.62, 0.38],
+                        specs=[[{"secondary_y": True}], [{}]])
+    fig.add_trace(go.Scatter(x=steps, y=[r["candidate_loss"] / log_k for r in rec], name="candidate loss / log K",
+                             mode="lines", line={"color": "#1f77b4", "width": 2.5}), row=1, col=1)
+    fig.add_trace(go.Scatter(x=steps, y=[r.get("loss") for r in rec], name="training loss (nats/token)",
+                             mode="lines", line={"color": "#ff7f0e", "width": 1.5}), row=1, col=1, secondary_y=True)
+    fig.add_trace(go.Scatter(x=steps, y=[r.get("set_loss") for r in rec], name="set loss (nats)",
+                             mode="lines", line={"color": "#9467bd", "width": 1.5, "dash": "dash"}),
+                  row=1, col=1, secondary_y=True)
+    fig.add_trace(go.Scatter(x=steps, y=[r.get("delta_z") for r in rec], name="Δz (nats)", mode="lines",
+                             line={"color": "#2ca02c", "width": 2}), row=2, col=1)
+    fig.add_hline(y=1.0, line={"color": "#1f77b4", "dash": "dot", "width": 1},
+                  label={"text": "log K", "textposition": "end", "font": {"size": 11, "color": "#1f77b4"}}, row=1, col=1)
+    _add_landmarks(fig, tau, t_form, rows=(1, 2))
+    _layout(fig, f"Loss across training (K = {np.exp(log_k):.0f}, log K = {log_k:.3f})", "", "", height=560)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    fig.update_yaxes(title_text="candidate loss / log K", row=1, col=1, secondary_y=False, rangemode="tozero")
+    fig.update_yaxes(title_text="nats", row=1, col=1, secondary_y=True, rangemode="tozero", showgrid=False,
+                     tickmode="auto")
+    fig.update_yaxes(title_text="Δz (nats)", row=2, col=1)
+    _log_x_toggle(fig, 2)
+    caption = ("The candidate loss sits at log K (the dotted line at 1) while Δz stays near 0 - the model has "
+               "learned the marginal and ignores z - and a falling set loss shows it is a learned plateau, not a "
+               f"model that knows nothing, until the drop at τ = {_fmt(tau, '{}')}.")
+    return fig, caption
+
+
+# ---- attention to z -----------------------------------------------------------------------
+
+
+def attention_heatmap(records: list[dict[str, Any]], head: Sequence[int] | None = None, tau: int | None = None,
+                      t_form: int | None = None, field: str = "to_z_first") -> Captioned:
+    """Attention to z of every head (rows) at every analysed step (columns)."""
+    steps, grid = _head_grid(records, field)
+    n_layers, n_heads = grid.shape[1:] if grid.size else (0, 0)
+    labels = [head_label(l, h) for l in range(n_layers) for h in range(n_heads)]
+    z = grid.reshape(len(steps), -1).T if grid.size else np.zeros((0, 0))
+    sel = f"{head_label(*head)}" if head is not None else None
+    y = [f"{lab} ★" if lab == sel else lab for lab in labels]
+    fig = go.Figure(go.Heatmap(x=steps, y=y, z=_nan_to_none(z), colorscale="Viridis", zmin=0, zmax=1,
+                               colorbar={"title": {"text": "attn to z"}}, name="attention to z",
+                               hovertemplate="step %{x}<br>%{y}<br>attention to z %{z:.3f}<extra></extra>"))
+    if sel is not None:
+        row = labels.index(sel)
+        fig.add_shape(type="rect", xref="paper", x0=0, x1=1, yref="y", y0=row - 0.5, y1=row + 0.5,
+                      line={"color": SELECTOR_COLOR, "width": 2.5})
+    _add_landmarks(fig, tau, t_form)
+    _layout(fig, "Attention to z from the first target prediction position, per head", "step", "head")
+    fig.update_yaxes(autorange="reversed", type="category")
+    caption = (f"Each row is a head's attention from the last <SEP> to the selector z; the selector head "
+               f"{sel or '(none)'} (★, boxed) brightens during the plateau, before τ = {_fmt(tau, '{}')}.")
+    return fig, caption
+
+
+def attention_lines(records: list[dict[str, Any]], head: Sequence[int] | None = None, tau: int | None = None,
+                    t_form: int | None = None, field: str = "to_z_first") -> Captioned:
+    """Attention to z over steps, one line per head, the selector head highlighted."""
+    steps, grid = _head_grid(records, field)
+    fig = go.Figure()
+    sel = tuple(head) if head is not None else None
+    n_layers, n_heads = grid.shape[1:] if grid.size else (0, 0)
+    for i, (l, h) in enumerate((l, h) for l in range(n_layers) for h in range(n_heads)):
+        is_sel = (l, h) == sel
+        fig.add_trace(go.Scatter(
+            x=steps, y=_nan_to_none(grid[:, l, h]), mode="lines", name=head_label(l, h) + (" (selector)" if is_sel else ""),
+            line={"color": SELECTOR_COLOR if is_sel else HEAD_COLORS[i % len(HEAD_COLORS)], "width": 3.5 if is_sel else 1.3},
+            opacity=1.0 if is_sel else 0.7))
+    _add_landmarks(fig, tau, t_form)
+    _layout(fig, "Attention to z over training, per head", "step", "attention to z (first target position)")
+    fig.update_yaxes(range=[0, 1])
+    _log_x_toggle(fig)
+    caption = (f"The selector head's attention to z (thick red) rises from the plateau onwards and has gone halfway "
+               f"by t_form = {_fmt(t_form, '{}')}, ahead of the loss drop at τ = {_fmt(tau, '{}')}.")
+    return fig, caption
+
+
+# ---- activation patching ------------------------------------------------------------------
+
+
+def _patch_values(rec: dict[str, Any], value: str) -> np.ndarray:
+    r = rec["heads"]
+    if value == "normalised":
+        return _array(r["normalised"])
+    return _array(r["raw"]) - r["corrupt_metric"]
+
+
+def patching_slider(records: list[dict[str, Any]], head: Sequence[int] | None = None,
+                    value: str = "effect") -> Captioned:
+    """The layers x heads patching map at each analysed step, with a step slider (plotly frames).
+
+    ``value``: ``"effect"`` (patched - corrupt metric, in logits: comparable across steps) or
+    ``"normalised"`` (1 = restores the clean answer; NaN where the clean-corrupt gap vanishes).
+    """
+    if value not in ("effect", "normalised"):
+        raise ValueError(f"value must be 'effect' or 'normalised', got {value!r}")
+    if not records:
+        raise ValueError("no patching records to plot")
+    method = records[0]["heads"].get("method", "exact")
+    steps = [int(r["step"]) for r in records]
+    maps = [_patch_values(r, value) for r in records]
+    norm = [_array(r["heads"]["normalised"]) for r in records]
+    n_layers, n_heads = maps[0].shape
+    finite = np.abs(np.stack(maps))[np.isfinite(np.stack(maps))]
+    lim = max(float(finite.max()) if finite.size else 1.0, 1.0 if value == "normalised" else 1e-6)  # one colour scale
+    x = [f"H{h}" for h in range(n_heads)]
+    y = [f"L{l}" for l in range(n_layers)]
+
+    def heatmap(i: int) -> go.Heatmap:
+        text = [[("★ " if head is not None and (l, h) == tuple(head) else "") + _fmt(None if np.isnan(v) else v)
+                 for h, v in enumerate(row)] for l, row in enumerate(maps[i])]
+        return go.Heatmap(z=_nan_to_none(maps[i]), x=x, y=y, zmin=-lim, zmax=lim, colorscale="RdBu", zmid=0,
+                          text=text, texttemplate="%{text}", customdata=_nan_to_none(norm[i]), name="patching",
+                          colorbar={"title": {"text": "logits" if value == "effect" else "normalised"}},
+                          hovertemplate="%{y}%{x}<br>" + value + " %{z:.3f}<br>normalised %{customdata:.2f}<extra></extra>")
+
+    def title(i: int) -> str:
+        h = records[i]["heads"]
+        return (f"Head-output patching ({method}), step {steps[i]}: clean - corrupt gap "
+                f"{h['clean_metric'] - h['corrupt_metric']:.3f} logits")
+
+    last = len(records) - 1
+    fig = go.Figure(data=[heatmap(last)],
+                    frames=[go.Frame(data=[heatmap(i)], name=str(s), layout={"title": {"text": title(i)}})
+                            for i, s in enumerate(steps)])
+    slider = {"active": last, "currentvalue": {"prefix": "step "}, "pad": {"t": 50},
+              "steps": [{"label": str(s), "method": "animate",
+                         "args": [[str(s)], {"mode": "immediate", "frame": {"duration": 0, "redraw": True},
+                                             "transition": {"duration": 0}}]} for s in steps]}
+    _layout(fig, title(last), "head", "layer", height=380 + 40 * n_layers)
+    fig.update_layout(sliders=[slider])
+    fig.update_yaxes(autorange="reversed")
+    what = "logits restored (patched - corrupt)" if value == "effect" else "normalised effect (1 = fully restored)"
+    caption = (f"Drag the slider through the {len(steps)} analysed steps: each cell is a head's {what} when its clean "
+               f"output is patched into the corrupted-z run; heads only start to carry z after the plateau.")
+    return fig, caption
+
+
+def selector_patching_lines(exact: list[dict[str, Any]], attribution: list[dict[str, Any]], head: Sequence[int],
+                            tau: int | None = None, t_form: int | None = None) -> Captioned:
+    """The selector head's patching effect over steps: exact where run, attribution everywhere."""
+    l, h = int(head[0]), int(head[1])
+    fig = go.Figure()
+    styles = {"attribution": {"mode": "lines", "line": {"color": "#1f77b4", "width": 2}},
+              "exact": {"mode": "lines+markers", "line": {"color": SELECTOR_COLOR, "width": 2}, "marker": {"size": 8}}}
+    for name, recs, style in (("attribution (first order)", attribution, styles["attribution"]),
+                              ("exact patching", exact, styles["exact"])):
+        if recs:
+            fig.add_trace(go.Scatter(x=[int(r["step"]) for r in recs],
+                                     y=[float(_patch_values(r, "effect")[l, h]) for r in recs],
+                                     name=f"{head_label(l, h)} effect, {name}", **style))
+    gap_src = attribution or exact
+    fig.add_trace(go.Scatter(x=[int(r["step"]) for r in gap_src],
+                             y=[r["heads"]["clean_metric"] - r["heads"]["corrupt_metric"] for r in gap_src],
+                             name="clean - corrupt gap (full restoration)", mode="lines",
+                             line={"color": "#7f7f7f", "dash": "dash", "width": 1.5}))
+    _add_landmarks(fig, tau, t_form)
+    _layout(fig, f"Patching effect of the selector head {head_label(l, h)} over training", "step",
+            "logit difference restored (patched - corrupt)")
+    _log_x_toggle(fig)
+    caption = (f"Patching {head_label(l, h)}'s clean output into the corrupted-z run restores a growing share of the "
+               f"clean-corrupt gap (dashed); the attribution line follows the exact points where both exist.")
+    return fig, caption
+
+
+# ---- ablation -----------------------------------------------------------------------------
+
+
+def ablation_lines(records: list[dict[str, Any]], log_k: float, head: Sequence[int] | None = None,
+                   tau: int | None = None, t_form: int | None = None) -> Captioned:
+    """Candidate loss with each head zero- or mean-ablated, over steps, with the unablated loss and log K."""
+    steps = [int(r["step"]) for r in records]
+    fig = go.Figure()
+    if records:
+        fig.add_trace(go.Scatter(x=steps, y=[r["zero"]["base"]["candidate_loss"] for r in records], mode="lines+markers",
+                                 name="no ablation", line={"color": "black", "width": 2.5}))
+        n_layers, n_heads = _array(records[0]["zero"]["candidate_loss"]).shape
+        sel = tuple(head) if head is not None else None
+        for kind, dash in (("zero", "solid"), ("mean", "dash")):
+            grid = np.stack([_array(r[kind]["candidate_loss"]) for r in records])
+            legend_shown = False  # the other heads share one legend entry per ablation kind
+            for l in range(n_layers):
+                for h in range(n_heads):
+                    is_sel = (l, h) == sel
+                    name = (f"{head_label(l, h)} {kind}-ablated (selector)" if is_sel
+                            else f"other heads, {kind}-ablated")
+                    fig.add_trace(go.Scatter(
+                        x=steps, y=_nan_to_none(grid[:, l, h]), mode="lines", name=name,
+                        legendgroup=f"selector-{kind}" if is_sel else f"other-{kind}",
+                        showlegend=is_sel or not legend_shown,
+                        hovertemplate=f"{head_label(l, h)} {kind}-ablated<br>step %{{x}}<br>%{{y:.3f}}<extra></extra>",
+                        line={"color": SELECTOR_COLOR if is_sel else OTHER_COLOR, "dash": dash,
+                              "width": 3 if is_sel else 1.2}))
+                    legend_shown = legend_shown or not is_sel
+    fig.add_hline(y=log_k, line={"color": "#1f77b4", "dash": "dot", "width": 1},
+                  label={"text": "log K", "textposition": "end", "font": {"size": 11, "color": "#1f77b4"}})
+    _add_landmarks(fig, tau, t_form)
+    _layout(fig, "Candidate loss with one head ablated (zero: solid, mean: dashed)", "step", "candidate loss (nats)")
+    fig.update_yaxes(rangemode="tozero")
+    _log_x_toggle(fig)
+    caption = ("Once the loss has dropped, ablating the selector head (red) alone sends the candidate loss back up "
+               "towards log K (dotted) while ablating any other head costs little.")
+    return fig, caption
+
+
+# ---- collective snap ----------------------------------------------------------------------
+
+
+def _group_records(records: list[dict[str, Any]]) -> tuple[list[int], np.ndarray]:
+    rec = [r for r in records if r.get("group_acc")]
+    if not rec:
+        return [], np.zeros((0, 0))
+    return [int(r["step"]) for r in rec], np.array([r["group_acc"] for r in rec], dtype=float)
+
+
+def snap_statistics(records: list[dict[str, Any]], tau: int | None, hi: float = SNAP_HI,
+                    lo: float = SNAP_LO) -> dict[str, Any]:
+    """Collective-snap statistics of the tracked groups (definitions in the module docstring)."""
+    steps, acc = _group_records(records)
+    n_groups = int(acc.shape[1]) if acc.size else 0
+    out: dict[str, Any] = {"hi": hi, "lo": lo, "tau": tau, "n_groups": n_groups, "half_tau_step": None,
+                           "share_above_at_half_tau": None, "snap_steps": [None] * n_groups,
+                           "windows": [None] * n_groups, "n_snapped": 0, "n_windows": 0,
+                           "snap_window_steps": None, "snap_window_tau": None, "snap_spread_tau": None}
+    if not n_groups:
+        return out
+    if tau is not None:
+        before = [i for i, s in enumerate(steps) if s <= tau / 2]
+        if before:
+            out["half_tau_step"] = steps[before[-1]]
+            out["share_above_at_half_tau"] = float(np.mean(acc[before[-1]] >= hi))
+    for g in range(n_groups):
+        reached = np.flatnonzero(acc[:, g] >= hi)
+        if not reached.size:
+            continue
+        i_hi = int(reached[0])
+        out["snap_steps"][g] = steps[i_hi]
+        low = np.flatnonzero(acc[:i_hi, g] < lo)
+        if low.size:
+            out["windows"][g] = steps[i_hi] - steps[int(low[-1])]
+    snapped = [s for s in out["snap_steps"] if s is not None]
+    windows = [w for w in out["windows"] if w is not None]
+    out["n_snapped"], out["n_windows"] = len(snapped), len(windows)
+    if windows:
+        out["snap_window_steps"] = float(np.median(windows))
+    if tau:
+        if windows:
+            out["snap_window_tau"] = out["snap_window_steps"] / tau
+        if snapped:
+            out["snap_spread_tau"] = (max(snapped) - min(snapped)) / tau
+    return out
+
+
+def snap_raster(records: list[dict[str, Any]], tau: int | None = None, t_form: int | None = None,
+                hi: float = SNAP_HI, lo: float = SNAP_LO) -> Captioned:
+    """Per-group accuracy (groups x steps, groups ordered by snap step) and the share of groups >= hi."""
+    steps, acc = _group_records(records)
+    stats = snap_statistics(records, tau, hi, lo)
+    n_groups = acc.shape[1] if acc.size else 0
+    big = max(steps[-1], 1) * 10 if steps else 1
+    order = sorted(range(n_groups), key=lambda g: (stats["snap_steps"][g] if stats["snap_steps"][g] is not None else big,
+                                                  -float(acc[-1, g]), g))
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.07, row_heights=[0.72, 0.28])
+    fig.add_trace(go.Heatmap(x=steps, y=[f"g{g}" for g in order], z=acc[:, order].T.tolist() if n_groups else [],
+                             colorscale="Viridis", zmin=0, zmax=1, name="group accuracy",
+                             colorbar={"title": {"text": "accuracy"}, "len": 0.7, "y": 0.64},
+                             hovertemplate="step %{x}<br>group %{y}<br>accuracy %{z:.2f}<extra></extra>"), row=1, col=1)
+    fig.add_trace(go.Scatter(x=steps, y=(acc >= hi).mean(1).tolist() if n_groups else [], mode="lines",
+                             name=f"share of groups ≥ {hi:.0%}", line={"color": SELECTOR_COLOR, "width": 2}), row=2, col=1)
+    fig.add_trace(go.Scatter(x=steps, y=acc.mean(1).tolist() if n_groups else [], mode="lines",
+                             name="mean group accuracy", line={"color": "#1f77b4", "width": 1.5, "dash": "dash"}),
+                  row=2, col=1)
+    _add_landmarks(fig, tau, t_form, rows=(1, 2))
+    _layout(fig, f"Collective snap: exact-match accuracy of {n_groups} tracked groups", "", "", height=620)
+    fig.update_layout(legend={"y": 0.27, "yanchor": "top"})
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    fig.update_yaxes(title_text="group (ordered by snap step)", showticklabels=False, row=1, col=1)
+    fig.update_yaxes(title_text="share", range=[0, 1.02], row=2, col=1)
+    if stats["n_snapped"]:
+        snapped = (f"{stats['n_snapped']}/{n_groups} groups snap, with a median snap window of "
+                   f"{_fmt(stats['snap_window_tau'])} τ and all snap steps within {_fmt(stats['snap_spread_tau'])} τ")
+    else:
+        snapped = f"none of the {n_groups} groups has reached {hi:.0%} by the last evaluated step"
+    caption = (f"At τ/2 {_fmt(stats['share_above_at_half_tau'], '{:.0%}')} of the groups are above {hi:.0%} accuracy "
+               f"and {snapped}: a collective snap shows as one vertical edge in the raster.")
+    return fig, caption
+
+
+# ---- all of them --------------------------------------------------------------------------
+
+
+def all_figures(metrics: list[dict[str, Any]], analysis: dict[str, Any], log_k: float,
+                tau: int | None = None) -> list[tuple[str, str, go.Figure, str]]:
+    """Every figure of a run: ``[(key, heading, figure, caption), ...]`` in reading order.
+
+    ``analysis`` is :func:`interp.analyze.load_analysis`'s result; its selector summary gives the
+    selector head, t_form (and tau, unless given).
+    """
+    sel = analysis.get("selector") or {}
+    head = sel.get("head")
+    tau = tau if tau is not None else sel.get("tau")
+    t_form = sel.get("t_form")
+    out: list[tuple[str, str, go.Figure, str]] = [("loss", "Plateau and drop", *loss_curves(metrics, log_k, tau, t_form))]
+    if analysis.get("attention"):
+        out.append(("attention_heatmap", "Attention to z: heads x steps",
+                    *attention_heatmap(analysis["attention"], head, tau, t_form)))
+        out.append(("attention_lines", "Attention to z: one line per head",
+                    *attention_lines(analysis["attention"], head, tau, t_form)))
+    patches = analysis.get("patch") or analysis.get("attribution") or []
+    if patches:
+        out.append(("patching_slider", "Activation patching over time", *patching_slider(patches, head)))
+    if head is not None and (analysis.get("patch") or analysis.get("attribution")):
+        out.append(("selector_patching", "The selector head's patching effect",
+                    *selector_patching_lines(analysis.get("patch", []), analysis.get("attribution", []), head, tau, t_form)))
+    if analysis.get("ablation"):
+        out.append(("ablation", "Head ablation over time", *ablation_lines(analysis["ablation"], log_k, head, tau, t_form)))
+    out.append(("snap", "Collective snap", *snap_raster(metrics, tau, t_form)))
+    return out

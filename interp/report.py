@@ -1,0 +1,275 @@
+"""A run's report: ONE self-contained HTML file that opens from disk with no network.
+
+    python -m interp.report --run checkpoints/demo [--examples 2] [--analyze] [--out FILE]
+
+It holds a summary table (tau, t_form, lead fraction with their brackets, the selector head,
+the set loss on the plateau, the collective-snap statistics), every figure of
+:mod:`interp.figures` with a heading and a one-sentence caption, and CircuitsVis attention
+patterns of layer 0 and of the selector head's layer on a few examples at four moments: the
+plateau start, tau/2, tau and the end of training (each the nearest checkpoint).
+
+Self-contained: plotly.js is inlined once (with the first figure), the CircuitsVis bundle once
+(taken from its *local* rendering, ``RenderedHTML.local_src``; its ``str()`` and, when online,
+its ``_repr_html_`` point to a CDN); no script, style or image is loaded from anywhere else.
+
+The report reads the analysis cache (``RUN/analysis/``, written by ``python -m interp.analyze``).
+Without it the command fails with a one-line error saying which command to run, unless
+``--analyze`` is given: then it runs the analysis first (``--every`` N-th checkpoint, with a
+progress bar).
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import re
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import circuitsvis as cv
+from circuitsvis.utils.render import RenderedHTML
+
+from interp.analyze import SELECTOR_FILE, analysis_dir, analyze_run, load_analysis
+from interp.attention import attention_patterns, sample_examples
+from interp.cli import run_cli
+from interp.figures import all_figures, head_label, snap_statistics
+from training.run import Run, RunError
+
+REPORT_FILE = "report.html"
+MOMENTS: tuple[str, ...] = ("plateau start", "tau/2", "tau", "end")
+"""The moments at which attention patterns are shown (each at the nearest checkpoint)."""
+
+_CV_DIV = re.compile(r'<div id="(circuits-vis-[^"]+)"')
+_CV_SCRIPT_OPEN = '<script crossorigin type="module">'
+_CV_RENDER = "CircuitsVis.render("
+_SOURCE_MAP = re.compile(r"^//# sourceMappingURL=.*$", re.MULTILINE)
+
+CSS = """
+body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 0; color: #222;
+       background: #fafafa; }
+main { max-width: 1250px; margin: 0 auto; padding: 24px 32px 64px; background: #fff; }
+h1 { margin-bottom: 4px; } h2 { margin-top: 40px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
+.sub { color: #666; margin-top: 0; }
+p.caption { color: #444; font-style: italic; margin: 4px 0 24px; max-width: 1000px; }
+table.summary { border-collapse: collapse; margin: 12px 0; }
+table.summary td, table.summary th { border: 1px solid #ddd; padding: 5px 10px; text-align: left; vertical-align: top; }
+table.summary th { background: #f3f3f3; width: 280px; }
+.figure { margin: 8px 0; }
+.moment { margin: 24px 0 8px; }
+.cv-row { display: flex; flex-wrap: wrap; gap: 24px; align-items: flex-start; }
+.cv-cell { flex: 1 1 520px; min-width: 420px; border: 1px solid #eee; padding: 6px 10px 6px 28px; }
+.cv-cell h4 { margin: 4px 0; font-weight: 600; }
+code { background: #f3f3f3; padding: 1px 4px; }
+.note { color: #666; font-size: 0.92em; }
+"""
+
+
+# ---- the pieces ---------------------------------------------------------------------------
+
+
+def nearest(steps: Sequence[int], target: float | int) -> int:
+    """The checkpoint step nearest ``target`` (the earlier one on a tie)."""
+    if not steps:
+        raise RunError("the run has no checkpoints")
+    return min(steps, key=lambda s: (abs(s - target), s))
+
+
+def moment_steps(steps: Sequence[int], plateau_start: int | None, tau: int | None) -> dict[str, int]:
+    """``{moment: checkpoint step}`` for the moments that exist (no tau: no tau/2, no tau)."""
+    targets: dict[str, float | None] = {"plateau start": plateau_start, "tau/2": tau / 2 if tau else None,
+                                        "tau": tau, "end": steps[-1] if steps else None}
+    return {name: nearest(steps, t) for name, t in targets.items() if t is not None}
+
+
+def attention_views(run: Run, step: int, layers: Sequence[int], examples: Sequence[int],
+                    selector_head: Sequence[int] | None = None) -> list[tuple[int, int, RenderedHTML]]:
+    """CircuitsVis attention views of the model at ``step``: ``[(example, layer, rendered), ...]``.
+
+    Tokens are the characters of B, z and A (``<BOS>`` / ``<SEP>`` as such). Display
+    ``rendered.local_src`` (self-contained); ``str(rendered)`` loads the library from a CDN.
+    """
+    task = run.task()
+    tokens = task.tokens[list(examples)]
+    patterns = attention_patterns(run.load_model(step), tokens, task.layout)  # [N, L, H, q, k]
+    sel = tuple(selector_head) if selector_head is not None else None
+    out = []
+    for n, ex in enumerate(examples):
+        words = task.decode(tokens[n, : task.layout.input_len])
+        for layer in layers:
+            names = [head_label(layer, h) + (" (selector)" if (layer, h) == sel else "")
+                     for h in range(patterns.shape[2])]
+            out.append((int(ex), int(layer), cv.attention.attention_heads(
+                attention=patterns[n, layer], tokens=words, attention_head_names=names)))
+    return out
+
+
+def split_circuitsvis(rendered: RenderedHTML) -> tuple[str, str, str]:
+    """``(library_js, element_id, render_call_js)`` of a CircuitsVis *local* rendering.
+
+    The library is the inlined bundle (the same in every rendering), so a page needs it once.
+    """
+    src = rendered.local_src
+    m = _CV_DIV.search(src)
+    start = src.find(_CV_SCRIPT_OPEN)
+    if m is None or start < 0 or _CV_RENDER not in src:
+        raise RunError("unexpected CircuitsVis output (circuitsvis version changed?)")
+    body = src[start + len(_CV_SCRIPT_OPEN): src.rindex("</script>")]
+    cut = body.rindex(_CV_RENDER)
+    library = _SOURCE_MAP.sub("", body[:cut])
+    call = body[cut:].strip().replace("</", "<\\/")
+    return library, m.group(1), call
+
+
+def _f(x: Any, fmt: str = "{:.3f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def _bracket(b: Sequence[float | int] | None, fmt: str = "{}") -> str:
+    return "" if not b else f" (bracket {fmt.format(b[0])} .. {fmt.format(b[1])})"
+
+
+def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, Any],
+                 snap: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary table as ``(name, value)`` text pairs."""
+    summary = run.summary() or {}
+    sel = selector
+    span = summary.get("plateau_span")
+    set0 = next((r.get("set_loss") for r in metrics if r.get("set_loss") is not None), None)
+    abl = (sel.get("ablation") or {}).get("end")
+    agree = [a["spearman"] for a in sel.get("agreement") or [] if a.get("spearman") is not None]
+    rows = [
+        ("log K", f"{run.log_k:.3f} (K = {run.config.task.K})"),
+        ("tau (first step with candidate loss < 0.5 log K)", _f(sel.get("tau"), "{}") + _bracket(sel.get("tau_bracket"))),
+        ("tau at thresholds 0.3 / 0.5 / 0.7 log K",
+         " / ".join(_f(v, "{}") for v in (summary.get("tau_by_threshold") or {}).values()) or "n/a"),
+        ("plateau (candidate loss within 10% of log K, Δz < 0.1 log K)", f"steps {span[0]} .. {span[1]}" if span else "none"),
+        ("set loss on the plateau (median)", f"{_f(summary.get('plateau_median_set_loss'))} nats "
+                                             f"(step 0: {_f(set0)}; 0 = all mass on the K candidates)"),
+        ("selector head", f"{sel.get('label')} (rule: {sel.get('rule')})"),
+        ("its attention to z", f"{_f(sel.get('start_value'))} at the plateau start -> {_f(sel.get('final_value'))} at the end"),
+        ("t_form (attention to z halfway up)", _f(sel.get("t_form"), "{}") + _bracket(sel.get("t_form_bracket"))),
+        ("lead fraction (tau - t_form) / tau", _f(sel.get("lead_fraction")) + _bracket(sel.get("lead_bracket"), "{:.3f}")
+         + " (paper: about 0.5)"),
+        ("selector head ablated at the end (candidate loss)",
+         f"{_f(abl['base_candidate_loss'])} -> zero {_f(abl['zero_candidate_loss'])}, mean {_f(abl['mean_candidate_loss'])} "
+         f"(falls back to the marginal: {sel.get('falls_back_to_marginal')})" if abl else "n/a"),
+        (f"groups >= {snap['hi']:.0%} accurate at tau/2", f"{_f(snap['share_above_at_half_tau'], '{:.0%}')} of "
+         f"{snap['n_groups']} tracked groups (at step {_f(snap['half_tau_step'], '{}')}; paper: none)"),
+        ("snapped groups", f"{snap['n_snapped']} / {snap['n_groups']} reach {snap['hi']:.0%}"),
+        ("snap window (median over groups) / tau", f"{_f(snap['snap_window_tau'])} ({snap['n_windows']} groups; "
+         f"first step >= {snap['hi']:.0%} minus the last step < {snap['lo']:.0%} before it)"),
+        ("spread of snap steps / tau", f"{_f(snap['snap_spread_tau'])} (latest - earliest snap step; paper: about 0.5)"),
+        ("attribution vs exact patching (heads)",
+         f"Spearman median {sorted(agree)[len(agree) // 2]:.3f}, min {min(agree):.3f} over {len(agree)} steps" if agree else "n/a"),
+        ("analysed checkpoints", f"{sel.get('analysed_steps')} of {len(run.steps())}"),
+    ]
+    return rows
+
+
+def _table(rows: list[tuple[str, str]]) -> str:
+    body = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f'<table class="summary">\n{body}\n</table>'
+
+
+# ---- the page -----------------------------------------------------------------------------
+
+
+def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str:
+    """The report of an analysed run as one HTML string."""
+    run = Run(run_dir)
+    analysis = load_analysis(run.path)
+    sel = analysis["selector"]
+    if sel is None:
+        raise RunError(f"{run.path}: no analysis cache ({analysis_dir(run.path) / SELECTOR_FILE}); "
+                       f"run `python -m interp.analyze --run {run.path}` first (or pass --analyze)")
+    metrics = run.metrics()
+    tau = sel.get("tau")
+    snap = snap_statistics(metrics, tau)
+    cfg = run.config
+    parts = [f"<h1>Run report: {html.escape(run.path.name)}</h1>",
+             f'<p class="sub">{html.escape(str(run.path.resolve()))} - preset {html.escape(str(cfg.preset))}, '
+             f"{html.escape(cfg.task.direction)} task, K = {cfg.task.K}, n_b = {cfg.task.n_b}, D = {cfg.task.D}; "
+             f"{cfg.model.n_layers} layers x {cfg.model.n_heads} heads, d_model {cfg.model.d_model}; "
+             f"{len(run.steps())} checkpoints up to step {run.steps()[-1] if run.steps() else 'n/a'}</p>",
+             "<h2>Summary</h2>", _table(summary_rows(run, metrics, sel, snap))]
+    plotly_config = {"displaylogo": False, "responsive": True}
+    for i, (key, heading, fig, caption) in enumerate(all_figures(metrics, analysis, run.log_k, tau)):
+        div = fig.to_html(full_html=False, include_plotlyjs=(i == 0), config=plotly_config, auto_play=False,
+                          div_id=f"fig-{key}", default_width="100%")
+        parts += [f"<h2>{html.escape(heading)}</h2>", f'<div class="figure">{div}</div>',
+                  f'<p class="caption">{html.escape(caption)}</p>']
+    parts += _attention_section(run, sel, n_examples, seed)
+    parts.append('<p class="note">Written by <code>python -m interp.report</code>; definitions: '
+                 "<code>interp.selector</code> (selector head, t_form, lead fraction), "
+                 "<code>interp.figures</code> (snap statistics), <code>training.metrics</code> (tau, plateau).</p>")
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>Report: {html.escape(run.path.name)}</title><style>{CSS}</style></head>\n"
+            "<body><main>\n" + "\n".join(parts) + "\n</main></body></html>\n")
+
+
+def _attention_section(run: Run, sel: dict[str, Any], n_examples: int, seed: int) -> list[str]:
+    head = sel.get("head")
+    layers = sorted({0, int(head[0])}) if head else [0]
+    tau = sel.get("tau")
+    moments = moment_steps(run.steps(), sel.get("plateau_start"), tau)
+    targets = {"plateau start": sel.get("plateau_start"), "tau/2": tau / 2 if tau else None, "tau": tau,
+               "end": run.steps()[-1]}
+    examples = sample_examples(run.task(), n_examples, seed).tolist()
+    parts = ["<h2>Attention patterns (CircuitsVis)</h2>",
+             f'<p class="caption">Layer {" and layer ".join(map(str, layers))} on {len(examples)} examples '
+             f"(tokens: &lt;BOS&gt; B &lt;SEP&gt; z &lt;SEP&gt; A) at four moments; click a head to enlarge it. The selector head "
+             f"{html.escape(str(sel.get('label')))} should look at z from the last &lt;SEP&gt; once it has formed.</p>"]
+    library_done = False
+    for name, step in moments.items():
+        views = attention_views(run, step, layers, examples, head)
+        parts.append(f'<h3 class="moment">{html.escape(name)} (step {_f(targets[name], "{:g}")}): nearest checkpoint, '
+                     f'step {step}</h3><div class="cv-row">')
+        for ex, layer, rendered in views:
+            library, elem_id, call = split_circuitsvis(rendered)
+            if not library_done:
+                parts.insert(1, f"<script>{library}</script>")
+                library_done = True
+            parts.append(f'<div class="cv-cell"><h4>example {ex}, layer {layer}</h4>'
+                         f'<div class="cv-view" id="{elem_id}"></div><script>{call}</script></div>')
+        parts.append("</div>")
+    return parts
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None, n_examples: int = 2, seed: int = 0) -> Path:
+    """Write the report (default ``RUN/report.html``) and return its path."""
+    path = Path(out) if out is not None else Path(run_dir) / REPORT_FILE
+    text = build_report(run_dir, n_examples, seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m interp.report", description=__doc__.splitlines()[0])
+    p.add_argument("--run", required=True, type=Path, help="run directory (analysed by python -m interp.analyze)")
+    p.add_argument("--out", type=Path, help=f"output file (default RUN/{REPORT_FILE})")
+    p.add_argument("--examples", type=int, default=2, help="examples shown as attention patterns (default 2)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the example sample (default 0)")
+    p.add_argument("--analyze", action="store_true", help="run the analysis first if its cache is missing")
+    p.add_argument("--every", type=int, default=1, help="with --analyze: analyse every N-th checkpoint (default 1)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body(args: argparse.Namespace) -> None:
+        if args.examples < 1:
+            raise RunError(f"--examples must be at least 1, got {args.examples}")
+        run = Run(args.run)
+        if args.analyze and not (analysis_dir(run.path) / SELECTOR_FILE).exists():
+            print(f"no analysis cache in {analysis_dir(run.path)}: analysing every {args.every}. checkpoint first",
+                  file=sys.stderr)
+            analyze_run(run.path, every=max(args.every, 1), progress=True)
+        print(f"report: {write_report(run.path, args.out, args.examples, args.seed)}")
+
+    return run_cli(body, argv, build_parser())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""The notebooks run top to bottom, without an error, on the session's analysed `ci` run.
+
+Each notebook is executed with nbclient in a ``python3`` kernel of *this* interpreter (a kernel spec
+written to a temporary JUPYTER_PATH, so a user-level ``python3`` spec cannot swap in another Python),
+with ``SYNASS_RUN_DIR`` pointing at the run. The committed notebooks carry no outputs.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
+NOTEBOOKS = ("01_plateau_and_snap.ipynb", "02_selector_head.ipynb", "03_patching_and_ablation.ipynb")
+CELL_TIMEOUT_S = 300
+
+
+@pytest.fixture(scope="module")
+def kernel_env(ci_analysed, tmp_path_factory):
+    spec_dir = tmp_path_factory.mktemp("jupyter") / "kernels" / "python3"
+    spec_dir.mkdir(parents=True)
+    (spec_dir / "kernel.json").write_text(json.dumps({
+        "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+        "display_name": "Python 3 (test venv)", "language": "python"}))
+    mp = pytest.MonkeyPatch()
+    mp.setenv("JUPYTER_PATH", str(spec_dir.parent.parent))
+    mp.setenv("SYNASS_RUN_DIR", str(ci_analysed))
+    yield ci_analysed
+    mp.undo()
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_is_committed_without_outputs(name):
+    nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and code[0].source.splitlines()[-1].startswith("RUN_DIR = ")
+    assert 'os.environ.get("SYNASS_RUN_DIR"' in code[0].source
+    assert all(c.outputs == [] and c.execution_count is None for c in code)
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_notebook_runs(name, kernel_env):
+    nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+    start = time.monotonic()
+    NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S,
+                   resources={"metadata": {"path": str(NOTEBOOK_DIR)}}).execute()  # raises on any cell error
+    elapsed = time.monotonic() - start
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+    assert str(kernel_env) in text  # it looked at the run it was pointed at, not a default
+    assert elapsed < 120, f"{name} took {elapsed:.0f} s"
