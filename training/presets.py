@@ -2,29 +2,27 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from training.config import ConfigError, ModelConfig, RunConfig, TaskConfig, TrainConfig
 
 PAPER_MODEL = ModelConfig(n_layers=4, d_model=128, n_heads=4, d_head=32, d_mlp=512)
 
 SMALL_MODEL = ModelConfig(n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256)
 
+# The paper's configuration (its code: n_b 1000, K 10, batch 128, lr 1e-3, AdamW, no warmup;
+# distinct first characters). About 1,400 steps to tau on this CPU.
+PAPER = RunConfig(
+    task=TaskConfig(n_b=1000, K=10),
+    model=PAPER_MODEL,
+    train=TrainConfig(max_steps=5000, eval_every=50, ckpt_every=10, eval_groups=16, tracked_groups=200),
+    preset="paper",
+)
+
 PRESETS: dict[str, RunConfig] = {
-    # The paper's configuration (its code: n_b 1000, K 10, batch 128, lr 1e-3, AdamW, no
-    # warmup; distinct first characters). About 1,400 steps to tau on this CPU.
-    "paper": RunConfig(
-        task=TaskConfig(n_b=1000, K=10),
-        model=PAPER_MODEL,
-        train=TrainConfig(max_steps=5000, eval_every=50, ckpt_every=10, eval_groups=16, tracked_groups=200),
-        preset="paper",
-    ),
-    # The paper's model and data, stopped at 1.5 tau: the plateau, the drop, ~3 minutes.
-    "demo": RunConfig(
-        task=TaskConfig(n_b=1000, K=10),
-        model=PAPER_MODEL,
-        train=TrainConfig(max_steps=5000, eval_every=50, ckpt_every=10, eval_groups=16, tracked_groups=100,
-                          stop_after_tau=1.5),
-        preset="demo",
-    ),
+    "paper": PAPER,
+    # The paper's model and data, stopped at 1.5 tau: the plateau and the drop in one short run.
+    "demo": dataclasses.replace(PAPER.replace(tracked_groups=100, stop_after_tau=1.5), preset="demo"),
     # A 2-layer model on D = 5,000: the same shape (plateau, then the drop) in well under a minute.
     "ci": RunConfig(
         task=TaskConfig(n_b=500, K=10),
