@@ -47,7 +47,6 @@ def plain_loop(cfg: RunConfig, steps: int, fused: bool = False, bf16: bool = Fal
 
 def our_loop(cfg: RunConfig, steps: int, with_eval: bool) -> float:
     """Seconds per step of training.train (with the preset's evaluation/checkpoint schedule, or none)."""
-    tc = cfg.train
     if not with_eval:
         cfg = cfg.replace(eval_every=10**9, ckpt_every=10**9, early_log_points=0)
     cfg = cfg.replace(max_steps=steps)
@@ -55,7 +54,6 @@ def our_loop(cfg: RunConfig, steps: int, with_eval: bool) -> float:
         t0 = time.perf_counter()
         train(cfg, Path(d) / "run", device="cpu", progress=False)
         total = time.perf_counter() - t0
-    del tc
     return total / steps
 
 
