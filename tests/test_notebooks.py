@@ -17,7 +17,7 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
-NOTEBOOKS = ("01_plateau_and_snap.ipynb", "02_selector_head.ipynb", "03_patching_and_ablation.ipynb")
+NOTEBOOKS = tuple(sorted(p.name for p in NOTEBOOK_DIR.glob("*.ipynb")))
 CELL_TIMEOUT_S = 300
 
 
