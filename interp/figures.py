@@ -141,9 +141,10 @@ def loss_curves(records: list[dict[str, Any]], log_k: float, tau: int | None = N
                      tickmode="auto")
     fig.update_yaxes(title_text="Δz (nats)", row=2, col=1)
     _log_x_toggle(fig, 2)
-    caption = ("The candidate loss sits at log K (the dotted line at 1) while Δz stays near 0 - the model has "
-               "learned the marginal and ignores z - and a falling set loss shows it is a learned plateau, not a "
-               f"model that knows nothing, until the drop at τ = {_fmt(tau, '{}')}.")
+    caption = ("The candidate loss sits at log K (the dotted line at 1) while Δz stays near 0 - z is ignored - "
+               f"until the drop at τ = {_fmt(tau, '{}')}; the set loss (dashed) tells which plateau it is: near 0, "
+               "the model has learned the marginal and waits to use z; high, it cannot yet tell the candidates "
+               "from other strings.")
     return fig, caption
 
 
