@@ -20,6 +20,8 @@ from training.metrics import EvalSet, evaluate
 from training.model import build_hooked_transformer, hooked_config_dict
 from training.presets import get_preset
 from training.task import Task
+from training import run as rd
+from training.schedule import scheduled_steps
 from training.train import train
 
 
@@ -57,20 +59,49 @@ def our_loop(cfg: RunConfig, steps: int, with_eval: bool) -> float:
     return total / steps
 
 
+def best_of(rounds: int, fn, *args, **kw) -> float:
+    """The fastest of ``rounds`` calls: load from other processes only ever adds time."""
+    return min(fn(*args, **kw) for _ in range(rounds))
+
+
 def eval_seconds(cfg: RunConfig) -> float:
     task = Task.generate(cfg.task)
     model = build_hooked_transformer(hooked_config_dict(cfg.model, task.layout, len(task.vocab)), seed=0)
     evalset = EvalSet.build(task, cfg.train.eval_groups, cfg.train.tracked_groups, 0)
-    evaluate(model, task, evalset)
-    t0 = time.perf_counter()
-    evaluate(model, task, evalset)
-    return time.perf_counter() - t0
+    evaluate(model, task, evalset)  # warm-up
+
+    def once() -> float:
+        t0 = time.perf_counter()
+        evaluate(model, task, evalset)
+        return time.perf_counter() - t0
+
+    return best_of(3, once)
+
+
+def checkpoint_seconds(cfg: RunConfig) -> float:
+    """One checkpoint: the safetensors weights plus the resume state (optimiser, data order, RNGs)."""
+    task = Task.generate(cfg.task)
+    model = build_hooked_transformer(hooked_config_dict(cfg.model, task.layout, len(task.vocab)), seed=0)
+    opt = torch.optim.AdamW(model.parameters())
+    model(task.tokens[:8, : task.layout.input_len]).sum().backward()
+    opt.step()
+
+    def once() -> float:
+        with tempfile.TemporaryDirectory() as d:
+            t0 = time.perf_counter()
+            rd.save_checkpoint(Path(d) / "w.safetensors", model.state_dict(), 1)
+            rd.save_resume_state(Path(d) / "r.pt", {"optimizer": opt.state_dict(), "perm": torch.randperm(task.cfg.D)})
+            return time.perf_counter() - t0
+
+    return best_of(3, once)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="demo")
-    p.add_argument("--steps", type=int, default=100)
+    p.add_argument("--steps", type=int, default=60, help="steps per timed loop")
+    p.add_argument("--rounds", type=int, default=3, help="each loop is timed this many times; the fastest counts")
+    p.add_argument("--run-steps", type=int, default=2200, help="length of the run the overhead is estimated for")
     args = p.parse_args()
     cfg = get_preset(args.preset)
     task = Task.generate(cfg.task)
@@ -78,29 +109,33 @@ def main() -> None:
     n_params = sum(p.numel() for p in model.parameters())
     tokens_per_step = cfg.train.batch_size * task.layout.input_len
     print(f"preset {args.preset}: {n_params / 1e6:.2f}M parameters, batch {cfg.train.batch_size}, "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads; best of {args.rounds} rounds of {args.steps} steps")
 
-    base = plain_loop(cfg, args.steps)
-    ours_bare = our_loop(cfg, args.steps, with_eval=False)
-    ours_full = our_loop(cfg, args.steps, with_eval=True)
-    ev = eval_seconds(cfg)
+    base = bare = float("inf")
+    for _ in range(args.rounds):  # interleaved, so a burst of load hits both alike
+        base = min(base, plain_loop(cfg, args.steps))
+        bare = min(bare, our_loop(cfg, args.steps, with_eval=False))
     gflops = 6 * n_params * tokens_per_step / base / 1e9
     print(f"plain HookedTransformer loop : {base * 1e3:7.1f} ms/step  ({gflops:.1f} GFLOP/s, 6*N*tokens)")
-    print(f"training.train, no eval/ckpt : {ours_bare * 1e3:7.1f} ms/step  ratio {ours_bare / base:.2f}x")
-    print(f"training.train, preset sched.: {ours_full * 1e3:7.1f} ms/step  ratio {ours_full / base:.2f}x")
-    per_interval = ev / (cfg.train.eval_every * base)
-    print(f"one evaluation               : {ev * 1e3:7.1f} ms = {per_interval:.1%} of the "
-          f"{cfg.train.eval_every} training steps between evaluations")
-    print(f"eval + checkpoint overhead   : {(ours_full - ours_bare) / ours_full:.1%} of training wall time "
-          f"over the first {args.steps} steps (the log-spaced early evaluations weigh most here)")
-    fused = plain_loop(cfg, args.steps, fused=True)
-    print(f"fused AdamW                  : {fused * 1e3:7.1f} ms/step  ratio {fused / base:.2f}x")
-    bf16 = plain_loop(cfg, args.steps, bf16=True)
-    print(f"bf16 autocast                : {bf16 * 1e3:7.1f} ms/step  ratio {bf16 / base:.2f}x")
+    print(f"training.train (no schedule) : {bare * 1e3:7.1f} ms/step  ratio {bare / base:.2f}x "
+          "(includes one evaluation and one checkpoint at each end)")
+
+    tc = cfg.train
+    ev, ck = eval_seconds(cfg), checkpoint_seconds(cfg)
+    n_eval = len(scheduled_steps(tc.eval_every, args.run_steps, tc.early_log_points))
+    n_ckpt = len(scheduled_steps(tc.ckpt_every, args.run_steps, tc.early_log_points))
+    train_s = args.run_steps * base
+    print(f"one evaluation               : {ev * 1e3:7.1f} ms = {ev / base:.1f} training steps")
+    print(f"one checkpoint (+resume)     : {ck * 1e3:7.1f} ms = {ck / base:.2f} training steps")
+    print(f"over a {args.run_steps}-step run      : {n_eval} evaluations = {n_eval * ev / train_s:.1%} and "
+          f"{n_ckpt} checkpoints = {n_ckpt * ck / train_s:.1%} of the training time")
+    for label, kw in [("fused AdamW", {"fused": True}), ("bf16 autocast", {"bf16": True})]:
+        t = best_of(args.rounds, plain_loop, cfg, args.steps, **kw)
+        print(f"{label:<29}: {t * 1e3:7.1f} ms/step  ratio {t / base:.2f}x")
     threads = torch.get_num_threads()
     if threads > 1:
         torch.set_num_threads(1)
-        one = plain_loop(cfg, args.steps)
+        one = best_of(args.rounds, plain_loop, cfg, args.steps)
         torch.set_num_threads(threads)
         print(f"1 thread instead of {threads}        : {one * 1e3:7.1f} ms/step  ratio {one / base:.2f}x")
 

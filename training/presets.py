@@ -15,7 +15,7 @@ SMALL_MODEL = ModelConfig(n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=25
 PAPER = RunConfig(
     task=TaskConfig(n_b=1000, K=10),
     model=PAPER_MODEL,
-    train=TrainConfig(max_steps=5000, eval_every=50, ckpt_every=10, eval_groups=16, tracked_groups=200),
+    train=TrainConfig(max_steps=5000, ckpt_every=10, tracked_groups=200),
     preset="paper",
 )
 
