@@ -168,9 +168,19 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
     return rows
 
 
-def _table(rows: list[tuple[str, str]]) -> str:
+def table_html(rows: list[tuple[str, str]]) -> str:
+    """A two-column (name, value) table."""
     body = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return f'<table class="summary">\n{body}\n</table>'
+
+
+def figure_section(key: str, heading: str, fig: Any, caption: str, include_plotlyjs: bool) -> list[str]:
+    """One figure as HTML parts: heading, the plotly div, caption. Inline plotly.js (``include_plotlyjs``)
+    with the first figure of a page only: the page then needs nothing from the network."""
+    div = fig.to_html(full_html=False, include_plotlyjs=include_plotlyjs, auto_play=False, div_id=f"fig-{key}",
+                      config={"displaylogo": False, "responsive": True}, default_width="100%")
+    return [f"<h2>{html.escape(heading)}</h2>", f'<div class="figure">{div}</div>',
+            f'<p class="caption">{html.escape(caption)}</p>']
 
 
 # ---- the page -----------------------------------------------------------------------------
@@ -193,13 +203,9 @@ def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str
              f"{html.escape(cfg.task.direction)} task, K = {cfg.task.K}, n_b = {cfg.task.n_b}, D = {cfg.task.D}; "
              f"{cfg.model.n_layers} layers x {cfg.model.n_heads} heads, d_model {cfg.model.d_model}; "
              f"{len(run.steps())} checkpoints up to step {run.steps()[-1] if run.steps() else 'n/a'}</p>",
-             "<h2>Summary</h2>", _table(summary_rows(run, metrics, sel, snap))]
-    plotly_config = {"displaylogo": False, "responsive": True}
+             "<h2>Summary</h2>", table_html(summary_rows(run, metrics, sel, snap))]
     for i, (key, heading, fig, caption) in enumerate(all_figures(metrics, analysis, run.log_k, tau)):
-        div = fig.to_html(full_html=False, include_plotlyjs=(i == 0), config=plotly_config, auto_play=False,
-                          div_id=f"fig-{key}", default_width="100%")
-        parts += [f"<h2>{html.escape(heading)}</h2>", f'<div class="figure">{div}</div>',
-                  f'<p class="caption">{html.escape(caption)}</p>']
+        parts += figure_section(key, heading, fig, caption, include_plotlyjs=(i == 0))
     parts += _attention_section(run, sel, n_examples, seed)
     parts.append('<p class="note">Written by <code>python -m interp.report</code>; definitions: '
                  "<code>interp.selector</code> (selector head, t_form, lead fraction), "

@@ -42,3 +42,15 @@ def ci_analysed(ci_run):
 
     analyze_run(ci_run, every=10, n_exact=6, progress=False)
     return ci_run
+
+
+@pytest.fixture(scope="session")
+def tiny_sweep(tmp_path_factory):
+    """The `tiny` sweep (D = 80, 160, 320 x seeds 0, 1; every run past its tau), trained once per
+    session in this process with one torch thread (about 5 s)."""
+    from training.sweep import get_sweep, run_sweep
+
+    out = tmp_path_factory.mktemp("sweeps") / "tiny"
+    outcomes = run_sweep(get_sweep("tiny"), out, executor="serial", threads=1, progress=False)
+    assert all(o["status"] == "done" for o in outcomes), outcomes
+    return out

@@ -17,12 +17,14 @@ import pytest
 from nbclient import NotebookClient
 
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
-NOTEBOOKS = tuple(sorted(p.name for p in NOTEBOOK_DIR.glob("*.ipynb")))
+SWEEP_NOTEBOOKS = ("04_sweeps_and_scaling.ipynb",)
+"""Notebooks that look at a sweep (``SYNASS_SWEEP_DIR``, the session's tiny sweep), not at a run."""
+NOTEBOOKS = tuple(sorted(p.name for p in NOTEBOOK_DIR.glob("*.ipynb") if p.name not in SWEEP_NOTEBOOKS))
 CELL_TIMEOUT_S = 300
 
 
-@pytest.fixture(scope="module")
-def kernel_env(ci_analysed, tmp_path_factory):
+def _kernel_env(tmp_path_factory, variable: str, value: Path) -> pytest.MonkeyPatch:
+    """JUPYTER_PATH with a ``python3`` kernel of this interpreter, and ``variable`` set to ``value``."""
     spec_dir = tmp_path_factory.mktemp("jupyter") / "kernels" / "python3"
     spec_dir.mkdir(parents=True)
     (spec_dir / "kernel.json").write_text(json.dumps({
@@ -30,8 +32,22 @@ def kernel_env(ci_analysed, tmp_path_factory):
         "display_name": "Python 3 (test venv)", "language": "python"}))
     mp = pytest.MonkeyPatch()
     mp.setenv("JUPYTER_PATH", str(spec_dir.parent.parent))
-    mp.setenv("SYNASS_RUN_DIR", str(ci_analysed))
+    mp.setenv(variable, str(value))
+    return mp
+
+
+@pytest.fixture(scope="module")
+def kernel_env(ci_analysed, tmp_path_factory):
+    mp = _kernel_env(tmp_path_factory, "SYNASS_RUN_DIR", ci_analysed)
     yield ci_analysed
+    mp.undo()
+
+
+@pytest.fixture(scope="module")
+def sweep_kernel_env(tiny_sweep, tmp_path_factory):
+    """Notebook 04 looks at a sweep, not a run: SYNASS_SWEEP_DIR points it at the session's tiny sweep."""
+    mp = _kernel_env(tmp_path_factory, "SYNASS_SWEEP_DIR", tiny_sweep)
+    yield tiny_sweep
     mp.undo()
 
 
@@ -57,3 +73,18 @@ def test_notebook_runs(name, kernel_env):
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert str(kernel_env) in text  # it looked at the run it was pointed at, not a default
     assert elapsed < 120, f"{name} took {elapsed:.0f} s"
+
+
+@pytest.mark.parametrize("name", SWEEP_NOTEBOOKS)
+def test_sweep_notebook_is_committed_without_outputs(name):
+    nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+    nbformat.validate(nb)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and code[0].source.splitlines()[-1].startswith("SWEEP_DIR = ")
+    assert 'os.environ.get("SYNASS_SWEEP_DIR"' in code[0].source
+    assert all(c.outputs == [] and c.execution_count is None for c in code)
+
+
+@pytest.mark.parametrize("name", SWEEP_NOTEBOOKS)
+def test_sweep_notebook_runs(name, sweep_kernel_env):
+    test_notebook_runs(name, sweep_kernel_env)

@@ -8,17 +8,21 @@ and RNG state, so the weights after N + M steps equal those of an uninterrupted 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from collections.abc import Callable
+from typing import ParamSpec, TypeVar
 
 import torch
 from tqdm.auto import tqdm
 
 from training import run as rd
-from training.config import DIRECTIONS, ConfigError, RunConfig
+from training.config import DIRECTIONS, ConfigError, RunConfig, TrainConfig
 from training.metrics import EvalSet, compute_tau, evaluate, summarize, target_cross_entropy
 from training.model import build_hooked_transformer, hooked_config_dict
 from training.presets import PRESETS, get_preset
@@ -26,6 +30,8 @@ from training.schedule import scheduled_steps
 from training.task import Task
 
 log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -38,6 +44,26 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def deterministic(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run ``fn`` with torch's deterministic algorithms on (restored afterwards).
+
+    Same seed, same numbers: with more than one thread, the embedding's backward otherwise adds
+    its per-token gradients in a racy order, and the weights drift apart in the last bits.
+    """
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        was_on, was_warn_only = torch.are_deterministic_algorithms_enabled(), \
+            torch.is_deterministic_algorithms_warn_only_enabled()
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.use_deterministic_algorithms(was_on, warn_only=was_warn_only)
+
+    return wrapper
+
+
+@deterministic
 def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str = "auto",
           progress: bool = True, stop_at_step: int | None = None) -> dict:
     """Train one run into ``out_dir`` and return its summary.
@@ -54,22 +80,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
 
     # --- The run directory: a fresh one, or the one we resume. -----------------------------
     task = Task.generate(cfg.task)
-    if task.cfg.D < tc.batch_size:
-        raise ConfigError(f"batch_size={tc.batch_size} is larger than the data set (D={task.cfg.D})")
-    hooked_cfg = hooked_config_dict(cfg.model, task.layout, len(task.vocab))
-    config_doc = {"run": cfg.to_dict(), "hooked_transformer_config": hooked_cfg,
-                  "vocab": task.vocab, "layout": task.layout.to_dict()}
-    existing = out / rd.CONFIG_FILE
-    if existing.exists():
-        if not resume:
-            raise ConfigError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
-        stored = rd.read_json(existing)
-        if stored.get("run") != json.loads(json.dumps(cfg.to_dict())):
-            raise ConfigError(f"{existing}: --resume with a different configuration than the stored run")
-    else:
-        out.mkdir(parents=True, exist_ok=True)
-        rd.write_text_atomic(out / rd.DATASET_FILE, "".join(json.dumps(r) + "\n" for r in task.records()))
-        rd.write_json_atomic(existing, config_doc)
+    hooked_cfg = prepare_run_dir(cfg, task, out, resume)
 
     # --- Model, optimiser, fixed evaluation set, data order. --------------------------------
     model = build_hooked_transformer(hooked_cfg, seed=cfg.model.seed, device=dev)
@@ -81,22 +92,17 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     log_k = task.cfg.log_k
 
     # --- Resume: weights, optimiser, data order, RNGs, and metrics up to the saved step. ----
-    resume_path = out / rd.RESUME_FILE
     records: list[dict] = []
-    if resume and resume_path.exists():
-        state = rd.load_resume_state(resume_path)
-        step = int(state["step"])
-        weights, _ = rd.load_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(step))
-        model.load_state_dict(weights, strict=False)
-        optimizer.load_state_dict(state["optimizer"])
-        data_gen.set_state(state["data_gen"])
-        perm, cursor, wall_s = state["perm"], int(state["cursor"]), float(state["wall_s"])
-        torch.set_rng_state(state["torch_rng"])
-        records = [r for r in rd.read_jsonl(out / rd.METRICS_FILE) if r["step"] <= step]
-        summary_path = out / rd.SUMMARY_FILE
-        if step >= tc.max_steps or (summary_path.exists() and rd.read_json(summary_path).get("complete")):
+    point = load_resume_point(out, tc.max_steps) if resume else None
+    if point is not None:
+        step, perm, cursor, wall_s, records = point.step, point.perm, point.cursor, point.wall_s, point.records
+        model.load_state_dict(point.weights, strict=False)
+        optimizer.load_state_dict(point.optimizer)
+        data_gen.set_state(point.data_gen)
+        torch.set_rng_state(point.torch_rng)
+        if point.complete:
             log.info("%s is already complete at step %d", out, step)
-            return rd.read_json(summary_path) if summary_path.exists() else finish(out, records, log_k, cfg, step)
+            return finish(out, records, log_k, cfg, step, reuse=True)
     # Metrics past the resume point (from the killed process) are dropped, never duplicated.
     rd.write_text_atomic(out / rd.METRICS_FILE, "".join(json.dumps(r) + "\n" for r in records))
 
@@ -111,24 +117,17 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
             # 1. Evaluate on the fixed evaluation set (no training RNG is touched).
             stop = False
             if step in eval_steps:
-                model.eval()
-                record = {"step": step, "tokens_seen": step * tc.batch_size * task.layout.target_len,
-                          **evaluate(model, task, evalset, tc.eval_batch_size),
-                          "wall_s": round(time.perf_counter() - t0, 3)}
-                model.train()
+                record = evaluation_record(model, task, evalset, step, tc, time.perf_counter() - t0)
                 records.append(record)
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
                 tau = tau if tau is not None else compute_tau([record], log_k, cfg.task.direction)
-                stop = tc.stop_after_tau is not None and tau is not None and step >= tc.stop_after_tau * tau
+                stop = stop_due(tc, tau, step)
                 bar.set_postfix(_bar_fields(record, log_k), refresh=False)
             # 2. Checkpoint (weights + the state needed to resume exactly from here).
             if step in ckpt_steps or stop:
-                rd.save_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(step), model.state_dict(), step)
-                rd.save_resume_state(resume_path, {
-                    "step": step, "optimizer": optimizer.state_dict(), "data_gen": data_gen.get_state(),
-                    "perm": perm, "cursor": cursor, "wall_s": time.perf_counter() - t0,
-                    "torch_rng": torch.get_rng_state()})
+                save_checkpoint_and_state(out, step, model.state_dict(), optimizer.state_dict(), data_gen, perm,
+                                          cursor, time.perf_counter() - t0)
             if step >= tc.max_steps or stop:
                 break
             if step == stop_at_step:
@@ -160,10 +159,99 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     return finish(out, records, log_k, cfg, step)
 
 
-def finish(out: Path, records: list[dict], log_k: float, cfg: RunConfig, step: int) -> dict:
+# ---- the pieces of the loop that the seed ensemble (training.ensemble) shares --------------
+
+
+def prepare_run_dir(cfg: RunConfig, task: Task, out: Path, resume: bool) -> dict:
+    """Write a fresh run directory (dataset + config), or check that the stored run has this
+    config when resuming; return the HookedTransformerConfig kwargs of the run."""
+    if task.cfg.D < cfg.train.batch_size:
+        raise ConfigError(f"batch_size={cfg.train.batch_size} is larger than the data set (D={task.cfg.D})")
+    hooked_cfg = hooked_config_dict(cfg.model, task.layout, len(task.vocab))
+    existing = out / rd.CONFIG_FILE
+    if existing.exists():
+        if not resume:
+            raise ConfigError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
+        stored = rd.read_json(existing)
+        if stored.get("run") != json.loads(json.dumps(cfg.to_dict())):
+            raise ConfigError(f"{existing}: --resume with a different configuration than the stored run")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        rd.write_text_atomic(out / rd.DATASET_FILE, "".join(json.dumps(r) + "\n" for r in task.records()))
+        rd.write_json_atomic(existing, {"run": cfg.to_dict(), "hooked_transformer_config": hooked_cfg,
+                                        "vocab": task.vocab, "layout": task.layout.to_dict()})
+    return hooked_cfg
+
+
+@dataclass
+class ResumePoint:
+    """What ``resume.pt`` and the latest checkpoint hold: enough to continue bit for bit."""
+
+    step: int
+    weights: dict[str, torch.Tensor]
+    optimizer: dict
+    """``torch.optim.AdamW.state_dict()`` of the run's parameters (in ``model.parameters()`` order)."""
+    data_gen: torch.Tensor
+    perm: torch.Tensor
+    cursor: int
+    wall_s: float
+    torch_rng: torch.Tensor
+    records: list[dict]
+    """Metrics before ``step`` (the loop evaluates ``step`` again; anything later came from the
+    killed process), or up to and including it when the run is complete."""
+    complete: bool
+    """The run had finished: nothing is left to train."""
+
+
+def load_resume_point(out: Path, max_steps: int) -> ResumePoint | None:
+    """The state to resume the run in ``out`` from, or None when it has none (a fresh start)."""
+    resume_path = out / rd.RESUME_FILE
+    if not resume_path.exists():
+        return None
+    state = rd.load_resume_state(resume_path)
+    step = int(state["step"])
+    weights, _ = rd.load_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(step))
+    summary_path = out / rd.SUMMARY_FILE
+    complete = step >= max_steps or (summary_path.exists() and bool(rd.read_json(summary_path).get("complete")))
+    return ResumePoint(step=step, weights=weights, optimizer=state["optimizer"], data_gen=state["data_gen"],
+                       perm=state["perm"], cursor=int(state["cursor"]), wall_s=float(state["wall_s"]),
+                       torch_rng=state["torch_rng"], complete=complete,
+                       records=[r for r in rd.read_jsonl(out / rd.METRICS_FILE)
+                                if r["step"] < step or (complete and r["step"] == step)])
+
+
+def save_checkpoint_and_state(out: Path, step: int, weights: dict[str, torch.Tensor], optimizer: dict,
+                              data_gen: torch.Generator, perm: torch.Tensor, cursor: int, wall_s: float) -> None:
+    """Checkpoint the weights and write the state needed to resume exactly from here."""
+    rd.save_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(step), weights, step)
+    rd.save_resume_state(out / rd.RESUME_FILE, {
+        "step": step, "optimizer": optimizer, "data_gen": data_gen.get_state(), "perm": perm, "cursor": cursor,
+        "wall_s": wall_s, "torch_rng": torch.get_rng_state()})
+
+
+def evaluation_record(model: torch.nn.Module, task: Task, evalset: EvalSet, step: int, tc: TrainConfig,
+                      wall_s: float) -> dict:
+    """One line of ``metrics.jsonl``: every metric of ``model`` on the fixed evaluation set."""
+    model.eval()
+    record = {"step": step, "tokens_seen": step * tc.batch_size * task.layout.target_len,
+              **evaluate(model, task, evalset, tc.eval_batch_size), "wall_s": round(wall_s, 3)}
+    model.train()
+    return record
+
+
+def stop_due(tc: TrainConfig, tau: int | None, step: int) -> bool:
+    """``stop_after_tau``: stop once the step has reached that multiple of tau (when tau is known)."""
+    return tc.stop_after_tau is not None and tau is not None and step >= tc.stop_after_tau * tau
+
+
+def finish(out: Path, records: list[dict], log_k: float, cfg: RunConfig, step: int, reuse: bool = False) -> dict:
+    """Write and return ``summary.json`` (``reuse``: return the one already written, if any)."""
+    summary_path = out / rd.SUMMARY_FILE
+    if reuse and summary_path.exists():
+        return rd.read_json(summary_path)
     summary = {**summarize(records, log_k, cfg.task.direction), "final_step": step, "complete": True,
                "D": cfg.task.D, "K": cfg.task.K, "direction": cfg.task.direction}
-    rd.write_json_atomic(out / rd.SUMMARY_FILE, summary)
+    rd.write_json_atomic(summary_path, summary)
     return summary
 
 

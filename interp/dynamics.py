@@ -1,0 +1,530 @@
+"""The paper's dynamics from a sweep directory: one row per run, and the fits across runs.
+
+    python -m interp.dynamics --sweep DIR [--csv FILE] [--report] [--n-boot 2000]
+
+The table (``DIR/dynamics.csv`` and printed) has one row per run: its options, tau at the
+thresholds 0.3 / 0.5 / 0.7 log K, tau in tokens, the plateau span, the lead fraction (when
+``python -m interp.analyze`` was run on it) and the collective-snap statistics. The fits, all
+on log-log axes and all over the runs of one *family* (the runs that share every factor -
+direction, preset, D, K, learning rate, batch size - except the one that varies and the seed;
+the largest such family is used):
+
+* scaling law: ``log tau = log c + alpha log D``, least squares over runs; alpha's 95% interval
+  is the 2.5 / 97.5 percentile of a bootstrap that resamples the runs *within each D* (over
+  seeds) and refits. The paper reports alpha = 1.19 (its code's fit: 1.194 [1.137, 1.308]).
+  With a single run per D there is nothing to resample and no interval is given.
+* K-independence: the same fit with K in place of D at fixed D (slope ~0 in the paper).
+* noise: mean tau *in tokens* (step x batch size x target tokens) per batch size, as a ratio to
+  the largest batch (the paper: the smallest batch is 1.8x slower), and mean tau in steps per
+  learning rate as a ratio to the smallest (the paper: monotone, up to 3.6x slower); ``trend``
+  says whether the means rise or fall monotonically with the factor.
+* collective snap, per run from the tracked groups' accuracies (``interp.figures.snap_statistics``):
+  the share of groups >= 80% accurate at tau/2 (the paper: 0 of 200) and the median snap
+  window in units of tau (the paper: about 0.5); totals over the backward runs.
+* directional asymmetry: mean tau(forward A -> B) / mean tau(backward (B, z) -> A) for runs
+  that differ only in direction. The two directions' own taus measure different things
+  (candidate loss below 0.5 log K; exact-match accuracy above 50%), so the ratio is also
+  given on one metric for both: the first step with exact-match accuracy above 50%
+  (``t_acc50``). A forward run that never gets there makes the ratio a lower bound
+  (its final step stands in, marked ``>=``). The paper: 1.7x to 4.4x.
+
+Every fit is repeated with tau at the thresholds 0.3 and 0.7 log K (``sensitivity``), to show
+how much a conclusion depends on where tau is read off. Signs: alpha > 0 means larger data
+sets wait longer; a ratio > 1 means the named condition is slower.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import html
+import io
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from interp.analyze import SELECTOR_FILE, analysis_dir
+from interp.cli import CliError, format_table, run_cli, write_json
+from interp.figures import SNAP_HI, snap_statistics
+from interp.report import CSS, figure_section, table_html
+from training import run as rd
+from training.metrics import compute_tau
+from training.run import Run, RunError
+from training.sweep import MANIFEST_FILE
+
+THRESHOLDS: tuple[float, ...] = (0.3, 0.5, 0.7)
+"""Where tau is read off, in units of log K (0.5 is tau; forward runs: exact-match accuracy)."""
+FACTORS: tuple[str, ...] = ("direction", "preset", "D", "K", "lr", "batch_size")
+"""What defines a configuration, besides the seed: runs equal in all but one form a family."""
+PAPER = {"alpha": 1.19, "alpha_ci": (1.137, 1.308), "k_slope": 0.0, "batch_factor": 1.8, "lr_factor": 3.6,
+         "snap_share": 0.0, "snap_window_tau": 0.5, "direction_ratio": (1.7, 4.4)}
+"""The paper's numbers, printed next to ours."""
+CSV_FILE = "dynamics.csv"
+REPORT_FILE = "sweep_report.html"
+
+
+def tau_key(threshold: float) -> str:
+    return f"tau@{threshold:g}"
+
+
+# ---- loading ------------------------------------------------------------------------------
+
+
+@dataclass
+class Sweep:
+    """A sweep directory read into one row per run (and each backward run's loss curve)."""
+
+    path: Path
+    name: str
+    rows: list[dict[str, Any]]
+    curves: dict[str, tuple[list[int], list[float]]] = field(default_factory=dict)
+    """Backward runs: ``name -> (steps, candidate loss / log K)``."""
+
+
+def run_row(run: Run, name: str) -> dict[str, Any]:
+    """One run's row: its factors, taus, tokens, plateau, lead fraction and snap statistics."""
+    cfg = run.config
+    metrics = run.metrics()
+    summary = run.summary() or {}
+    direction, log_k = cfg.task.direction, run.log_k
+    taus = {t: compute_tau(metrics, log_k, direction, t) for t in THRESHOLDS}
+    tau = taus[0.5]
+    tokens_per_step = cfg.train.batch_size * run.layout.target_len
+    snap = snap_statistics(metrics, tau)
+    span = summary.get("plateau_span")
+    selector = analysis_dir(run.path) / SELECTOR_FILE
+    lead = rd.read_json(selector).get("lead_fraction") if selector.exists() else None
+    return {
+        "name": name, "direction": direction, "preset": cfg.preset, "D": cfg.task.D, "K": cfg.task.K,
+        "n_b": cfg.task.n_b, "lr": cfg.train.lr, "batch_size": cfg.train.batch_size, "seed": cfg.train.seed,
+        "complete": bool(summary.get("complete")), "final_step": metrics[-1]["step"] if metrics else None,
+        "tau": tau, **{tau_key(t): v for t, v in taus.items()},
+        "tokens_per_step": tokens_per_step, "tau_tokens": tau * tokens_per_step if tau is not None else None,
+        "t_acc50": compute_tau(metrics, log_k, "forward", 0.5),
+        "plateau_start": span[0] if span else None, "plateau_end": span[1] if span else None,
+        "lead_fraction": lead,
+        "snap_groups": snap["n_groups"], "snap_share_at_half_tau": snap["share_above_at_half_tau"],
+        "snap_window_tau": snap["snap_window_tau"], "snap_spread_tau": snap["snap_spread_tau"],
+        "snap_snapped": snap["n_snapped"],
+    }
+
+
+def load_sweep(sweep_dir: str | Path) -> Sweep:
+    """Every run of a sweep directory (the points of ``sweep.json``, or every run directory in it)."""
+    path = Path(sweep_dir)
+    if not path.is_dir():
+        raise RunError(f"{path}: no such sweep directory")
+    if (path / MANIFEST_FILE).exists():
+        manifest = rd.read_json(path / MANIFEST_FILE)
+        name, names = manifest.get("sweep", path.name), [p["name"] for p in manifest.get("points", [])]
+    else:
+        name, names = path.name, sorted(p.name for p in path.iterdir() if (p / rd.CONFIG_FILE).exists())
+    sweep = Sweep(path, name, [])
+    for run_name in names:
+        if not (path / run_name / rd.METRICS_FILE).exists():
+            continue  # not started yet
+        run = Run(path / run_name)
+        sweep.rows.append(run_row(run, run_name))
+        tau = sweep.rows[-1]["tau"]
+        if run.config.task.direction == "backward" and tau:
+            rec = [r for r in run.metrics() if r.get("candidate_loss") is not None]
+            sweep.curves[run_name] = ([r["step"] for r in rec], [r["candidate_loss"] / run.log_k for r in rec])
+    if not sweep.rows:
+        raise RunError(f"{path}: no runs with metrics (train them with python -m training.sweep)")
+    sweep.rows.sort(key=lambda r: (r["direction"], str(r["preset"]), r["K"], r["D"], r["lr"], r["batch_size"],
+                                   r["seed"]))
+    return sweep
+
+
+# ---- fits ---------------------------------------------------------------------------------
+
+
+def largest_family(rows: list[dict], factor: str, value: Callable[[dict], float | None]) -> list[dict]:
+    """The runs with a value that share every factor but ``factor`` (and the seed), taking the family
+    with the most distinct ``factor`` values (then the most runs); empty if none has two."""
+    families: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if value(r) is not None:
+            families.setdefault(tuple(r[f] for f in FACTORS if f != factor), []).append(r)
+    best = max(families.values(), key=lambda fam: (len({r[factor] for r in fam}), len(fam)), default=[])
+    return best if len({r[factor] for r in best}) >= 2 else []
+
+
+def fit_loglog(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Least-squares slope and intercept of log y against log x."""
+    slope, intercept = np.polyfit(np.log(x), np.log(y), 1)
+    return float(slope), float(intercept)
+
+
+def power_law(rows: list[dict], factor: str = "D", key: str = "tau", n_boot: int = 2000,
+              seed: int = 0) -> dict[str, Any] | None:
+    """Fit ``key = c * factor^slope`` over the largest family; bootstrap over seeds within each value.
+
+    None when no family has two distinct values of ``factor`` with a tau.
+    """
+    fam = largest_family(rows, factor, lambda r: r[key])
+    if not fam:
+        return None
+    x = np.array([r[factor] for r in fam], dtype=float)
+    y = np.array([r[key] for r in fam], dtype=float)
+    slope, intercept = fit_loglog(x, y)
+    by_value = [np.flatnonzero(x == v) for v in np.unique(x)]
+    ci = None
+    if any(len(idx) > 1 for idx in by_value):
+        rng = np.random.default_rng(seed)
+        boots = np.empty(n_boot)
+        for b in range(n_boot):
+            pick = np.concatenate([rng.choice(idx, size=len(idx)) for idx in by_value])
+            boots[b] = fit_loglog(x[pick], y[pick])[0]
+        ci = [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]
+    return {"factor": factor, "key": key, "slope": slope, "c": math.exp(intercept), "ci": ci, "n_runs": len(fam),
+            "values": sorted({r[factor] for r in fam}), "seeds_per_value": [int(len(i)) for i in by_value],
+            "family": {f: fam[0][f] for f in FACTORS if f != factor}}
+
+
+def factor_effect(rows: list[dict], factor: str, key: str, reference: str) -> dict[str, Any] | None:
+    """Mean ``key`` per value of ``factor`` (over seeds) and its ratio to the ``reference`` value
+    (``"min"`` or ``"max"`` of the factor), over the largest family; ``trend`` is ``rising``,
+    ``falling`` (monotone in the factor) or ``not monotone``."""
+    fam = largest_family(rows, factor, lambda r: r[key])
+    if not fam:
+        return None
+    values = sorted({r[factor] for r in fam})
+    means = [float(np.mean([r[key] for r in fam if r[factor] == v])) for v in values]
+    ref = means[0] if reference == "min" else means[-1]
+    diffs = np.diff(means)
+    trend = "rising" if (diffs > 0).all() else "falling" if (diffs < 0).all() else "not monotone"
+    ratios = [m / ref for m in means]
+    return {"factor": factor, "key": key, "reference": values[0] if reference == "min" else values[-1],
+            "values": [{"value": v, "mean": m, "ratio": q, "n": sum(r[factor] == v for r in fam)}
+                       for v, m, q in zip(values, means, ratios)],
+            "max_ratio": max(ratios), "trend": trend, "family": {f: fam[0][f] for f in FACTORS if f != factor}}
+
+
+def scaling_law(rows: list[dict], threshold: float = 0.5, n_boot: int = 2000, seed: int = 0) -> dict | None:
+    """alpha in tau = c * D^alpha (backward runs)."""
+    return power_law([r for r in rows if r["direction"] == "backward"], "D", tau_key(threshold), n_boot, seed)
+
+
+def k_dependence(rows: list[dict], threshold: float = 0.5, n_boot: int = 2000, seed: int = 0) -> dict | None:
+    """The slope of log tau against log K at fixed D (backward runs)."""
+    return power_law([r for r in rows if r["direction"] == "backward"], "K", tau_key(threshold), n_boot, seed)
+
+
+def _with_tokens(rows: list[dict], threshold: float) -> list[dict]:
+    key = tau_key(threshold)
+    return [{**r, "tokens": r[key] * r["tokens_per_step"] if r[key] is not None else None} for r in rows]
+
+
+def batch_effect(rows: list[dict], threshold: float = 0.5) -> dict | None:
+    """tau in tokens per batch size, as a ratio to the largest batch (backward runs)."""
+    return factor_effect(_with_tokens([r for r in rows if r["direction"] == "backward"], threshold),
+                         "batch_size", "tokens", "max")
+
+
+def lr_effect(rows: list[dict], threshold: float = 0.5) -> dict | None:
+    """tau in steps per learning rate, as a ratio to the smallest (backward runs)."""
+    return factor_effect([r for r in rows if r["direction"] == "backward"], "lr", tau_key(threshold), "min")
+
+
+def direction_ratios(rows: list[dict], key: str = "tau") -> list[dict[str, Any]]:
+    """mean ``key`` forward / mean ``key`` backward for each configuration trained both ways.
+
+    A forward run without ``key`` (never got there) counts with its final step, and the ratio is
+    then a lower bound (``censored``).
+    """
+    pairs: dict[tuple, dict[str, list[dict]]] = {}
+    for r in rows:
+        pairs.setdefault(tuple(r[f] for f in FACTORS if f != "direction"), {}).setdefault(r["direction"], []).append(r)
+    out = []
+    for both in pairs.values():
+        fwd, bwd = both.get("forward", []), [r for r in both.get("backward", []) if r[key] is not None]
+        if not fwd or not bwd:
+            continue
+        censored = any(r[key] is None for r in fwd)
+        f = float(np.mean([r[key] if r[key] is not None else r["final_step"] for r in fwd]))
+        b = float(np.mean([r[key] for r in bwd]))
+        out.append({"D": bwd[0]["D"], "K": bwd[0]["K"], "key": key, "forward": f, "backward": b, "ratio": f / b,
+                    "censored": censored, "n_forward": len(fwd), "n_backward": len(bwd)})
+    return sorted(out, key=lambda d: (d["K"], d["D"]))
+
+
+def snap_summary(rows: list[dict]) -> dict[str, Any] | None:
+    """Collective snap over the backward runs with a tau: groups >= 80% at tau/2, median window / tau."""
+    rs = [r for r in rows if r["direction"] == "backward" and r["tau"] and r["snap_share_at_half_tau"] is not None]
+    if not rs:
+        return None
+    above = sum(round(r["snap_share_at_half_tau"] * r["snap_groups"]) for r in rs)
+    windows = [r["snap_window_tau"] for r in rs if r["snap_window_tau"] is not None]
+    spreads = [r["snap_spread_tau"] for r in rs if r["snap_spread_tau"] is not None]
+    return {"runs": len(rs), "groups_above_at_half_tau": int(above), "groups": int(sum(r["snap_groups"] for r in rs)),
+            "runs_with_none_above": sum(r["snap_share_at_half_tau"] == 0 for r in rs), "hi": SNAP_HI,
+            "median_window_tau": float(np.median(windows)) if windows else None,
+            "median_spread_tau": float(np.median(spreads)) if spreads else None}
+
+
+def analyze_sweep(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Every fit, at tau's threshold 0.5 (``main``) and at 0.3 / 0.7 (``sensitivity``)."""
+    def fits(t: float) -> dict[str, Any]:
+        return {"scaling": scaling_law(rows, t, n_boot, seed), "k": k_dependence(rows, t, n_boot, seed),
+                "batch": batch_effect(rows, t), "lr": lr_effect(rows, t),
+                "direction": direction_ratios(rows, tau_key(t))}
+
+    return {"main": {**fits(0.5), "direction_acc50": direction_ratios(rows, "t_acc50"), "snap": snap_summary(rows)},
+            "sensitivity": {str(t): fits(t) for t in THRESHOLDS if t != 0.5}}
+
+
+# ---- text ---------------------------------------------------------------------------------
+
+
+def _num(x: float | None, fmt: str = "{:.2f}") -> str:
+    return "n/a" if x is None else fmt.format(x)
+
+
+def _fit_text(fit: dict | None) -> str:
+    if fit is None:
+        return "n/a"
+    ci = f" [{fit['ci'][0]:.2f}, {fit['ci'][1]:.2f}]" if fit["ci"] else " (no interval: one run per value)"
+    return f"{fit['slope']:.2f}{ci}"
+
+
+def _effect_text(eff: dict | None, unit: str = "") -> str:
+    if eff is None:
+        return "n/a"
+    parts = ", ".join(f"{v['value']:g}: {v['ratio']:.2f}x" for v in eff["values"])
+    return f"{parts} (vs {eff['reference']:g}{unit}; {eff['trend']})"
+
+
+def _direction_text(ratios: list[dict]) -> str:
+    return "; ".join(f"D={d['D']}: {'>=' if d['censored'] else ''}{d['ratio']:.2f}x" for d in ratios) or "n/a"
+
+
+def summary_lines(result: dict[str, Any]) -> list[tuple[str, str]]:
+    """The fits as ``(what, our value - the paper's)`` pairs, with the threshold sensitivity."""
+    m, sens = result["main"], result["sensitivity"]
+
+    def alt(key: str, text: Callable[[Any], str]) -> str:
+        return " | tau@0.3: " + text(sens["0.3"][key]) + ", tau@0.7: " + text(sens["0.7"][key])
+
+    sc, k, snap = m["scaling"], m["k"], m["snap"]
+    lines = [
+        ("scaling law alpha (tau ~ D^alpha)",
+         (f"{_fit_text(sc)} over D = {', '.join(map(str, sc['values']))} ({sc['n_runs']} runs)" if sc else "n/a")
+         + f" - paper {PAPER['alpha']} [{PAPER['alpha_ci'][0]}, {PAPER['alpha_ci'][1]}]" + alt("scaling", _fit_text)),
+        ("K slope (d log tau / d log K)",
+         (f"{_fit_text(k)} over K = {', '.join(map(str, k['values']))} at D = {k['family']['D']}" if k else "n/a")
+         + " - paper ~0" + alt("k", _fit_text)),
+        ("batch size: tau in tokens", _effect_text(m["batch"]) + f" - paper: smallest batch {PAPER['batch_factor']}x"
+         + alt("batch", _effect_text)),
+        ("learning rate: tau in steps", _effect_text(m["lr"]) + f" - paper: rising, up to {PAPER['lr_factor']}x"
+         + alt("lr", _effect_text)),
+        ("forward / backward (own taus)", _direction_text(m["direction"]) + alt("direction", _direction_text)),
+        ("forward / backward (accuracy > 50%)", _direction_text(m["direction_acc50"])
+         + f" - paper {PAPER['direction_ratio'][0]}x to {PAPER['direction_ratio'][1]}x"),
+        ("snap: groups >= 80% at tau/2",
+         (f"{snap['groups_above_at_half_tau']} of {snap['groups']} tracked groups over {snap['runs']} runs "
+          f"({snap['runs_with_none_above']} runs with none)" if snap else "n/a") + " - paper 0 of 200"),
+        ("snap window / tau (median over runs)",
+         (f"{_num(snap['median_window_tau'])} (spread of snap steps {_num(snap['median_spread_tau'])})" if snap
+          else "n/a") + f" - paper ~{PAPER['snap_window_tau']}"),
+    ]
+    return lines
+
+
+TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
+    ("name", "run"), ("tau", "tau"), (tau_key(0.3), "tau@.3"), (tau_key(0.7), "tau@.7"), ("tau_tokens", "tokens"),
+    ("t_acc50", "acc50"), ("plateau_start", "plat0"), ("plateau_end", "plat1"), ("lead_fraction", "lead"),
+    ("snap_share_at_half_tau", "snap@tau/2"), ("snap_window_tau", "window/tau"), ("final_step", "steps"),
+    ("complete", "done"))
+
+
+def table_text(rows: list[dict]) -> str:
+    """The per-run table as fixed-width text."""
+    def cell(v: Any) -> Any:
+        return "-" if v is None else v
+
+    return format_table([[cell(r[k]) for k, _ in TABLE_COLUMNS] for r in rows], [h for _, h in TABLE_COLUMNS])
+
+
+def table_csv(rows: list[dict]) -> str:
+    buf = io.StringIO()
+    writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+# ---- figures (pure: rows and fits in, (figure, caption) out) ------------------------------
+
+Captioned = tuple[go.Figure, str]
+
+
+def _layout(fig: go.Figure, title: str, x: str, y: str, log: bool = True) -> go.Figure:
+    fig.update_layout(title={"text": title, "x": 0.0, "xanchor": "left"}, height=440, template="plotly_white",
+                      margin={"l": 70, "r": 30, "t": 70, "b": 55}, hovermode="closest")
+    fig.update_xaxes(title_text=x, type="log" if log else "linear")
+    fig.update_yaxes(title_text=y, type="log" if log else "linear")
+    return fig
+
+
+def tau_against(rows: list[dict], fit: dict | None, factor: str, label: str) -> Captioned:
+    """tau of each run (dots) and the power-law fit (line) against ``factor``, log-log."""
+    fam = [r for r in rows if r["direction"] == "backward" and r["tau"] is not None]
+    if fit is not None:
+        fam = [r for r in fam if all(r[f] == v for f, v in fit["family"].items())]
+    fig = go.Figure(go.Scatter(x=[r[factor] for r in fam], y=[r["tau"] for r in fam], mode="markers",
+                               name="runs", text=[r["name"] for r in fam], marker={"size": 9, "opacity": 0.7}))
+    if fit is not None:
+        xs = np.geomspace(min(fit["values"]), max(fit["values"]), 50)
+        fig.add_trace(go.Scatter(x=xs, y=fit["c"] * xs ** fit["slope"], mode="lines",
+                                 name=f"fit: slope {fit['slope']:.2f}", line={"color": "#d62728"}))
+    _layout(fig, f"tau against {label}", label, "tau (steps)")
+    caption = (f"Each dot is a run; the line is the least-squares fit of log tau on log {label}, slope "
+               f"{_fit_text(fit)}.")
+    return fig, caption
+
+
+def noise_figure(batch: dict | None, lr: dict | None) -> Captioned:
+    """Mean tau in tokens against batch size (left) and mean tau in steps against learning rate (right)."""
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("tau in tokens vs batch size", "tau in steps vs learning rate"))
+    for col, eff in ((1, batch), (2, lr)):
+        if eff is not None:
+            fig.add_trace(go.Scatter(x=[v["value"] for v in eff["values"]], y=[v["mean"] for v in eff["values"]],
+                                     mode="lines+markers", name=eff["factor"],
+                                     text=[f"{v['ratio']:.2f}x" for v in eff["values"]]), row=1, col=col)
+    _layout(fig, "Gradient noise and the waiting time", "", "")
+    fig.update_xaxes(title_text="batch size", row=1, col=1)
+    fig.update_xaxes(title_text="learning rate", row=1, col=2)
+    fig.update_yaxes(title_text="tokens at tau", row=1, col=1)
+    fig.update_yaxes(title_text="steps at tau", row=1, col=2)
+    caption = (f"Batch: {_effect_text(batch)}. Learning rate: {_effect_text(lr)}. The paper: smaller batches wait "
+               "longer in tokens, and higher learning rates wait longer: noise holds the model on the plateau.")
+    return fig, caption
+
+
+def direction_figure(ratios: list[dict]) -> Captioned:
+    """Forward and backward waiting times per configuration (bars)."""
+    labels = [f"D={d['D']}" for d in ratios]
+    fig = go.Figure([go.Bar(x=labels, y=[d["backward"] for d in ratios], name="backward (B, z) -> A"),
+                     go.Bar(x=labels, y=[d["forward"] for d in ratios], name="forward A -> B")])
+    _layout(fig, "Directional asymmetry (steps to 50% exact-match accuracy)", "", "steps", log=False)
+    return fig, f"Forward / backward: {_direction_text(ratios)} (the paper: 1.7x to 4.4x)."
+
+
+def snap_figure(rows: list[dict]) -> Captioned:
+    """Per run: the share of groups >= 80% at tau/2, and the median snap window / tau."""
+    rs = [r for r in rows if r["direction"] == "backward" and r["tau"]]
+    fig = make_subplots(rows=1, cols=2, subplot_titles=("groups >= 80% at tau/2", "snap window / tau"))
+    names = [r["name"] for r in rs]
+    fig.add_trace(go.Bar(x=names, y=[r["snap_share_at_half_tau"] for r in rs], name="share at tau/2"), row=1, col=1)
+    fig.add_trace(go.Bar(x=names, y=[r["snap_window_tau"] for r in rs], name="window / tau"), row=1, col=2)
+    _layout(fig, "Collective snap per run", "", "", log=False)
+    fig.update_yaxes(range=[0, 1], row=1, col=1)
+    return fig, ("Left: no group should be accurate at tau/2 (the paper: 0 of 200); right: each group goes from "
+                 "< 20% to >= 80% within a short window (the paper: about 0.5 tau).")
+
+
+def collapse_figure(rows: list[dict], curves: dict[str, tuple[list[int], list[float]]]) -> Captioned:
+    """Candidate loss / log K against step / tau for every backward run: one shape, rescaled."""
+    fig = go.Figure()
+    for r in rows:
+        if r["name"] in curves and r["tau"]:
+            steps, loss = curves[r["name"]]
+            fig.add_trace(go.Scatter(x=[s / r["tau"] for s in steps], y=loss, mode="lines", name=r["name"],
+                                     line={"width": 1.2}, opacity=0.75))
+    _layout(fig, "Every run, time in units of its own tau", "step / tau", "candidate loss / log K", log=False)
+    return fig, ("If one mechanism sets the waiting time, the curves fall onto one another once time is measured "
+                 "in units of tau: a plateau at 1, then the drop through 0.5 at step / tau = 1.")
+
+
+def sweep_figures(sweep: Sweep, result: dict[str, Any]) -> list[tuple[str, str, go.Figure, str]]:
+    """Every figure the sweep has data for: ``[(key, heading, figure, caption), ...]``."""
+    m, rows = result["main"], sweep.rows
+    out: list[tuple[str, str, go.Figure, str]] = []
+    if sweep.curves:
+        out.append(("collapse", "Loss curves, rescaled by tau", *collapse_figure(rows, sweep.curves)))
+    if m["scaling"]:
+        out.append(("scaling", "Scaling law: tau against D", *tau_against(rows, m["scaling"], "D", "D")))
+    if m["k"]:
+        out.append(("k", "tau against K at fixed D", *tau_against(rows, m["k"], "K", "K")))
+    if m["batch"] or m["lr"]:
+        out.append(("noise", "Batch size and learning rate", *noise_figure(m["batch"], m["lr"])))
+    if m["direction_acc50"]:
+        out.append(("direction", "Forward against backward", *direction_figure(m["direction_acc50"])))
+    if m["snap"]:
+        out.append(("snap", "Collective snap", *snap_figure(rows)))
+    return out
+
+
+# ---- report and command line --------------------------------------------------------------
+
+
+def build_sweep_report(sweep: Sweep, result: dict[str, Any]) -> str:
+    """The sweep report: the fits, every figure, the per-run table; one self-contained HTML page."""
+    parts = [f"<h1>Sweep report: {html.escape(sweep.name)}</h1>",
+             f'<p class="sub">{html.escape(str(sweep.path.resolve()))} - {len(sweep.rows)} runs</p>',
+             "<h2>Fits (ours - the paper's)</h2>", table_html(summary_lines(result))]
+    for i, (key, heading, fig, caption) in enumerate(sweep_figures(sweep, result)):
+        parts += figure_section(key, heading, fig, caption, include_plotlyjs=(i == 0))
+    header = "".join(f"<th>{html.escape(h)}</th>" for _, h in TABLE_COLUMNS)
+    body = "\n".join("<tr>" + "".join(f"<td>{html.escape(_cell(r[k]))}</td>" for k, _ in TABLE_COLUMNS) + "</tr>"
+                     for r in sweep.rows)
+    parts += ["<h2>Runs</h2>", f'<table class="summary"><tr>{header}</tr>\n{body}\n</table>',
+              '<p class="note">Written by <code>python -m interp.dynamics</code>; definitions in its module '
+              "docstring; tau: <code>training.metrics.compute_tau</code>.</p>"]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>Sweep: {html.escape(sweep.name)}</title><style>{CSS}</style></head>\n"
+            "<body><main>\n" + "\n".join(parts) + "\n</main></body></html>\n")
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m interp.dynamics", description=__doc__.splitlines()[0])
+    p.add_argument("--sweep", required=True, type=Path, help="a sweep directory (python -m training.sweep --out)")
+    p.add_argument("--csv", type=Path, help=f"where to write the table (default SWEEP/{CSV_FILE})")
+    p.add_argument("--json", type=Path, help="also write the fits as JSON to this file")
+    p.add_argument("--report", action="store_true", help=f"also write SWEEP/{REPORT_FILE}")
+    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples for the intervals (default 2000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body(args: argparse.Namespace) -> None:
+        if args.n_boot < 1:
+            raise CliError(f"--n-boot must be at least 1, got {args.n_boot}")
+        sweep = load_sweep(args.sweep)
+        result = analyze_sweep(sweep.rows, args.n_boot, args.seed)
+        csv_path = args.csv or sweep.path / CSV_FILE
+        csv_path.parent.mkdir(parents=True, exist_ok=True)
+        csv_path.write_text(table_csv(sweep.rows))
+        print(table_text(sweep.rows))
+        print()
+        for what, text in summary_lines(result):
+            print(f"{what}: {text}")
+        print(f"\ntable: {csv_path}")
+        if args.json:
+            write_json(args.json, result)
+            print(f"fits: {args.json}")
+        if args.report:
+            path = sweep.path / REPORT_FILE
+            path.write_text(build_sweep_report(sweep, result), encoding="utf-8")
+            print(f"report: {path}")
+
+    return run_cli(body, argv, build_parser())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,99 @@
+"""Dynamics across a sweep: the fits on synthetic runs with known answers, the table and the
+report on the session's tiny sweep, and the CLI's one-line errors."""
+
+from __future__ import annotations
+
+import csv
+
+import numpy as np
+import pytest
+
+from interp import dynamics
+from interp.dynamics import (analyze_sweep, batch_effect, direction_ratios, k_dependence, load_sweep, lr_effect,
+                             power_law, scaling_law, tau_key)
+from training.run import Run
+
+
+def _row(D=5000, K=10, lr=1e-3, batch_size=128, direction="backward", seed=0, tau=1000, **extra):
+    taus = {tau_key(t): (None if tau is None else round(tau * f)) for t, f in ((0.3, 1.2), (0.5, 1.0), (0.7, 0.85))}
+    return {"name": f"{direction}_K{K}_D{D}_lr{lr}_bs{batch_size}_s{seed}", "direction": direction, "preset": "ci",
+            "D": D, "K": K, "n_b": D // K, "lr": lr, "batch_size": batch_size, "seed": seed, "complete": True,
+            "final_step": 6000, "tau": taus[tau_key(0.5)], **taus, "tokens_per_step": batch_size * 4,
+            "t_acc50": None if tau is None else round(1.3 * tau), "snap_groups": 50, "snap_share_at_half_tau": 0.0,
+            "snap_window_tau": 0.4, "snap_spread_tau": 0.3, **extra}
+
+
+def test_fit_recovers_a_known_exponent_from_noisy_runs():
+    rng = np.random.default_rng(1)
+    alpha = 1.3
+    rows = [_row(D=D, seed=s, tau=2e-2 * D**alpha * np.exp(rng.normal(0, 0.1)))
+            for D in (1000, 2000, 4000, 8000, 16000) for s in range(5)]
+    # Runs at another K (a K grid) must not leak into the D fit: it takes the largest family.
+    rows += [_row(D=5000, K=K, seed=s, tau=3000) for K in (3, 36) for s in range(2)]
+    fit = scaling_law(rows, n_boot=500)
+    assert fit["n_runs"] == 25 and fit["values"] == [1000, 2000, 4000, 8000, 16000] and fit["family"]["K"] == 10
+    assert abs(fit["slope"] - alpha) < 0.08
+    lo, hi = fit["ci"]
+    assert lo < alpha < hi and hi - lo < 0.3
+    # Threshold sensitivity: taus scaled by a constant change c, not the exponent.
+    assert abs(scaling_law(rows, threshold=0.3, n_boot=50)["slope"] - fit["slope"]) < 0.01
+    # One run per value: a slope, but no interval to resample.
+    assert power_law([_row(D=D, tau=D) for D in (100, 200)], "D", "tau")["ci"] is None
+    assert power_law([_row(D=100, tau=5)], "D", "tau") is None
+
+
+def test_k_independence_noise_factors_and_direction():
+    rng = np.random.default_rng(2)
+    k_rows = [_row(D=5040, K=K, seed=s, tau=1000 * np.exp(rng.normal(0, 0.05))) for K in (3, 10, 36) for s in range(3)]
+    k = k_dependence(k_rows, n_boot=300)
+    assert abs(k["slope"]) < 0.1 and k["ci"][0] < 0 < k["ci"][1]
+    # Batch: tau in tokens falls with batch size (smallest batch 1.8x the largest).
+    b_rows = [_row(D=3000, batch_size=b, tau=t) for b, t in ((32, 3600), (64, 1400), (128, 600), (256, 280))]
+    b = batch_effect(b_rows)
+    assert b["reference"] == 256 and b["trend"] == "falling"
+    assert b["values"][0]["ratio"] == pytest.approx(3600 * 32 / (280 * 256), rel=1e-3)
+    # Learning rate: tau rises monotonically, the largest 3x the smallest.
+    lr_rows = [_row(D=3000, lr=lr, tau=t, seed=s) for lr, t in ((3e-4, 500), (1e-3, 700), (3e-3, 1500)) for s in (0, 1)]
+    lr = lr_effect(lr_rows)
+    assert lr["trend"] == "rising" and lr["max_ratio"] == pytest.approx(3.0) and lr["values"][0]["n"] == 2
+    # Direction: matched D, forward 2x slower; a forward run that never got there is a lower bound.
+    d_rows = [_row(D=2000, tau=500), _row(D=2000, direction="forward", tau=1000),
+              _row(D=3000, tau=800), _row(D=3000, direction="forward", tau=None, final_step=6000)]
+    ratios = direction_ratios(d_rows)
+    assert [(d["D"], d["ratio"], d["censored"]) for d in ratios] == [(2000, 2.0, False), (3000, 7.5, True)]
+    result = analyze_sweep(k_rows + b_rows + lr_rows + d_rows, n_boot=50)
+    assert result["main"]["snap"]["groups_above_at_half_tau"] == 0
+    text = "\n".join(f"{a}: {b}" for a, b in dynamics.summary_lines(result))
+    assert "paper 1.19" in text and "D=3000: >=" in text and "tau@0.3" in text
+
+
+def test_table_fits_and_report_on_a_tiny_sweep(tiny_sweep, tmp_path, capsys):
+    sweep = load_sweep(tiny_sweep)
+    assert len(sweep.rows) == 6 and len(sweep.curves) == 6
+    for r in sweep.rows:  # the table's tau is the run's own summary tau
+        run = Run(tiny_sweep / r["name"])
+        assert r["tau"] == run.summary()["tau"] and r["tau_tokens"] == r["tau"] * 32 * run.layout.target_len
+        assert r[tau_key(0.3)] >= r["tau"] >= r[tau_key(0.7)]
+    fit = analyze_sweep(sweep.rows, n_boot=200)["main"]["scaling"]
+    assert fit["values"] == [80, 160, 320] and fit["slope"] > 0.5 and fit["ci"] is not None
+    csv_path = tmp_path / "t.csv"
+    assert dynamics.main(["--sweep", str(tiny_sweep), "--csv", str(csv_path), "--report", "--n-boot", "100"]) == 0
+    printed = capsys.readouterr().out
+    assert "scaling law alpha" in printed and "D160_seed1" in printed
+    with open(csv_path) as f:
+        assert len(list(csv.DictReader(f))) == 6
+    page = (tiny_sweep / dynamics.REPORT_FILE).read_text(encoding="utf-8")
+    assert page.startswith("<!DOCTYPE html>") and "Scaling law" in page
+    # Self-contained: plotly.js inlined once, nothing loaded from elsewhere; one div per figure.
+    assert page.count("* plotly.js v") == 1 and "<script src=" not in page
+    assert page.count('<div id="fig-') == len(dynamics.sweep_figures(sweep, analyze_sweep(sweep.rows, n_boot=10)))
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    for argv, message in [(["--sweep", str(tmp_path / "missing")], "no such sweep directory"),
+                          (["--sweep", str(tmp_path / "empty")], "no runs with metrics"),
+                          (["--sweep", str(tmp_path / "empty"), "--n-boot", "0"], "--n-boot must be")]:
+        assert dynamics.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and message in err, err

@@ -1,0 +1,164 @@
+"""Sweeps: names and points, idempotence and resume, and the same numbers from every executor
+(local pool, submitit's local executor, in-process) and from a seed ensemble."""
+
+from __future__ import annotations
+
+import math
+import shutil
+import sys
+
+import pytest
+import torch
+
+from training import run as rd
+from training.config import ConfigError
+from training.ensemble import train_ensemble
+from training.run import Run
+from training.sweep import SWEEPS, SweepSpec, expand, get_sweep, main, run_name, run_sweep
+from training.train import train
+
+ENSEMBLE_TOL = 1e-5
+"""Ensemble members against solo runs: vmap's batched matmuls may round differently in the last
+float32 bits (on the tiny preset they agree exactly today), so metrics are compared to 1e-5."""
+
+# The tiny preset's machinery, 40 steps, no early stop: two seeds of one configuration.
+TINY_2 = SweepSpec(name="tiny-2", base="tiny", fixed={"max_steps": 40}, grids=({"seed": (0, 1)},))
+
+
+@pytest.fixture
+def one_thread():
+    """Same numbers need the same torch thread count (parallel reductions round differently)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def _metrics(path):
+    return [{k: v for k, v in r.items() if k != "wall_s"} for r in Run(path).metrics()]
+
+
+def _close(a, b, tol):
+    """Metric records equal, floats (and lists of floats) to ``tol``."""
+    assert len(a) == len(b)
+    for ra, rb in zip(a, b):
+        assert ra.keys() == rb.keys()
+        for k in ra:
+            va, vb = ra[k], rb[k]
+            if isinstance(va, float) or (isinstance(va, list) and va and isinstance(va[0], float)):
+                xs, ys = (va, vb) if isinstance(va, list) else ([va], [vb])
+                assert all(math.isclose(x, y, rel_tol=tol, abs_tol=tol) for x, y in zip(xs, ys)), k
+            else:
+                assert va == vb, (k, va, vb)
+
+
+def test_points_names_and_configs():
+    assert run_name({"seed": 3, "lr": 0.003, "direction": "forward", "K": 10, "D": 5000, "batch_size": 64}) == \
+        "forward_K10_D5000_lr0.003_bs64_seed3"
+    points = expand(get_sweep("quick-k"))
+    assert [p.cfg.task.n_b for p in points[::3]] == [1680, 504, 140]  # D = 5,040 for K = 3, 10, 36
+    assert {p.cfg.task.D for p in points} == {5040} and points[0].cfg.train.stop_after_tau == 1.4
+    # The batch block's default batch equals the lr block's default lr: one run, not two.
+    noise = expand(get_sweep("quick-noise"))
+    assert len(noise) == 14 and len({p.name for p in noise}) == 14
+    assert [p.cfg.train.seed for p in expand(get_sweep("tiny"), seeds=[7])] == [7, 7, 7]
+    for spec in SWEEPS.values():  # every shipped sweep expands to valid configs
+        assert expand(spec)
+    with pytest.raises(ConfigError, match="not a multiple of K"):
+        expand(SweepSpec("bad", "tiny", ({"D": (81,)},)))
+    with pytest.raises(ConfigError, match="unknown sweep preset"):
+        get_sweep("nope")
+
+
+def test_sweep_is_idempotent_and_resumes_a_killed_run(tmp_path, one_thread):
+    out = tmp_path / "sweep"
+    points = expand(TINY_2)
+    # A run killed at step 23 (its last checkpoint is at 20), before the sweep ever ran.
+    train(points[0].cfg, out / points[0].name, device="cpu", progress=False, stop_at_step=23)
+    assert not (out / points[0].name / rd.SUMMARY_FILE).exists()
+    first = run_sweep(TINY_2, out, executor="serial", threads=1, progress=False)
+    assert [o["status"] for o in first] == ["done", "done"]
+    # The resumed run has the numbers of an uninterrupted one.
+    train(points[0].cfg, tmp_path / "ref", device="cpu", progress=False)
+    assert _metrics(out / points[0].name) == _metrics(tmp_path / "ref")
+    # Run again: nothing left to do, nothing rewritten.
+    stamp = (out / points[1].name / rd.SUMMARY_FILE).stat().st_mtime_ns
+    again = run_sweep(TINY_2, out, executor="serial", threads=1, progress=False)
+    assert [o["status"] for o in again] == ["skipped", "skipped"]
+    assert (out / points[1].name / rd.SUMMARY_FILE).stat().st_mtime_ns == stamp
+    # More seeds extend the same sweep directory and its manifest.
+    more = run_sweep(TINY_2, out, executor="serial", threads=1, progress=False, seeds=[1, 2])
+    assert [o["status"] for o in more] == ["skipped", "done"]
+    assert len(rd.read_json(out / "sweep.json")["points"]) == 3
+    with pytest.raises(ConfigError, match="holds the sweep 'tiny-2'"):
+        run_sweep(get_sweep("tiny"), out, executor="serial")
+
+
+def test_every_executor_and_the_ensemble_give_the_same_numbers(tmp_path, one_thread):
+    outs = {}
+    for executor, ensemble in [("serial", False), ("local", False), ("submitit-local", False), ("serial", True)]:
+        out = tmp_path / f"{executor}{'-ensemble' if ensemble else ''}"
+        outcomes = run_sweep(TINY_2, out, executor=executor, workers=2, ensemble=ensemble, threads=1, progress=False)
+        assert [o["status"] for o in outcomes] == ["done", "done"], outcomes
+        assert all(o["members"] == (2 if ensemble else 1) for o in outcomes)
+        outs[out.name] = out
+    for p in expand(TINY_2):
+        ref = _metrics(outs["serial"] / p.name)
+        assert _metrics(outs["local"] / p.name) == ref
+        assert _metrics(outs["submitit-local"] / p.name) == ref
+        _close(_metrics(outs["serial-ensemble"] / p.name), ref, ENSEMBLE_TOL)
+        assert sorted(f.name for f in (outs["serial-ensemble"] / p.name).iterdir()) == \
+            sorted(f.name for f in (outs["serial"] / p.name).iterdir())
+
+
+def test_ensemble_equals_solo_runs_when_members_stop_apart_and_after_a_kill(tmp_path, tiny_sweep, one_thread):
+    # The tiny sweep's D = 80 runs stop at 1.5 tau: seed 0 at step 110, seed 1 at step 90.
+    names = ["D80_seed0", "D80_seed1"]
+    cfgs = [Run(tiny_sweep / n).config for n in names]
+    outs = [tmp_path / n for n in names]
+    assert train_ensemble(cfgs, outs, device="cpu", progress=False, stop_at_step=50) == [{"stopped_at": 50}] * 2
+    summaries = train_ensemble(cfgs, outs, resume=True, device="cpu", progress=False)
+    for n, out, summary in zip(names, outs, summaries):
+        solo = Run(tiny_sweep / n)
+        assert summary["final_step"] == solo.summary()["final_step"] and summary["tau"] == solo.summary()["tau"]
+        _close(_metrics(out), _metrics(solo.path), ENSEMBLE_TOL)
+        last = solo.steps()[-1]
+        a = rd.load_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(last))[0]
+        b = rd.load_checkpoint(solo.checkpoint_path(last))[0]
+        assert a.keys() == b.keys()
+        assert all(torch.allclose(a[k], b[k], atol=ENSEMBLE_TOL)
+                   for k in a if a[k].is_floating_point() and a[k].numel())
+    # A member's resume state is a solo run's: a solo `train(resume=True)` of a finished member is a no-op.
+    again = train(cfgs[0], outs[0], resume=True, device="cpu", progress=False)
+    assert again["final_step"] == summaries[0]["final_step"]
+    with pytest.raises(ConfigError, match="differ in their seed only"):
+        train_ensemble([cfgs[0], cfgs[0].replace(lr=1e-2)], [tmp_path / "x", tmp_path / "y"], device="cpu")
+
+
+def test_cli(tmp_path, capsys, monkeypatch):
+    assert main(["--list"]) == 0
+    listed = capsys.readouterr().out
+    assert all(name in listed for name in SWEEPS) and "min" in listed
+    out = tmp_path / "s"
+    assert main(["--base", "tiny", "--grid", "seed=0,1", "--set", "max_steps=3", "--out", str(out), "--dry-run"]) == 0
+    assert capsys.readouterr().out.count("to train") == 2
+    cases = [
+        (["--preset", "nope", "--out", str(out)], "unknown sweep preset"),
+        (["--out", str(out)], "give --preset"),
+        (["--preset", "tiny", "--grid", "K=3", "--out", str(out)], "not both"),
+        (["--base", "tiny", "--grid", "K", "--out", str(out)], "expects KEY=VALUE"),
+        (["--base", "tiny", "--grid", "bogus=1", "--out", str(out)], "no config field named 'bogus'"),
+        (["--preset", "tiny", "--seeds", "a,b", "--out", str(out)], "invalid literal"),
+        (["--preset", "tiny", "--workers", "0", "--out", str(out)], "--workers must be at least 1"),
+    ]
+    if shutil.which("srun") is None:  # submitit installed, but this is no Slurm cluster
+        cases.append((["--preset", "tiny", "--executor", "slurm", "--out", str(tmp_path / "c"), "--no-progress"],
+                      "are you indeed on a slurm cluster"))
+    for argv, message in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+    monkeypatch.setitem(sys.modules, "submitit", None)  # as if the cluster extra were not installed
+    assert main(["--preset", "tiny", "--executor", "slurm", "--out", str(tmp_path / "c"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "needs submitit: pip install 'synass-lens[cluster]'" in err[0], err

@@ -1,0 +1,566 @@
+"""Sweeps: a named grid over run options, one run directory per point, and ``python -m training.sweep``.
+
+    python -m training.sweep --list
+    python -m training.sweep --preset quick-d --out sweeps/quick-d [--executor local|serial|submitit-local|slurm]
+                             [--workers N] [--ensemble] [--seeds 0,1,2]
+    python -m training.sweep --base ci --grid K=3,10,36 --grid seed=0,1 --set n_b=504 --out sweeps/mine
+
+A sweep (:class:`SweepSpec`) is a base preset, options fixed for every point, and one or more
+grid blocks; each block is the cartesian product of its axes, and the sweep's points are the
+blocks' points in order (duplicates once). A point's options are flat ``RunConfig.replace``
+names (``K``, ``n_b``, ``lr``, ``batch_size``, ``direction``, ``seed``, ``max_steps``, ...) plus:
+
+* ``D``: the data set size; ``n_b = D / K`` (D must be a multiple of K);
+* ``preset``: the point's base preset instead of the sweep's.
+
+Sweep directory::
+
+    sweep.json     the sweep's name, base, fixed options and its points (name + options)
+    <run name>/    one run directory per point (the ``training.run`` layout), named by its
+                   options in a fixed order, e.g. ``backward_K10_D5000_lr0.001_bs128_seed0``
+
+Idempotent: a point whose ``summary.json`` says ``complete`` is skipped; any other is trained
+with ``resume=True``, so a killed run continues from its last checkpoint and a fresh one starts.
+Running a sweep again therefore finishes what is missing and does nothing else.
+
+Executors: ``local`` (default) is a pool of spawned processes; each sets its torch threads to
+``cores // workers``, so workers x threads never exceed the cores. ``serial`` trains in this
+process (notebooks, debugging). ``submitit-local`` and ``slurm`` submit the same jobs through
+submitit (the optional ``cluster`` extra): the first as local subprocesses (what the tests use
+to exercise the cluster path without a cluster), the second to a Slurm cluster. With
+``--ensemble`` the points that differ only in their seed form one job, trained as one
+vectorised model (``training.ensemble``); every member still writes its own run directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures as cf
+import itertools
+import json
+import logging
+import multiprocessing
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from tqdm.auto import tqdm
+
+from training import run as rd
+from training.config import ConfigError, RunConfig
+from training.ensemble import train_ensemble
+from training.presets import get_preset
+from training.train import train
+
+log = logging.getLogger(__name__)
+
+MANIFEST_FILE = "sweep.json"
+SUBMITIT_DIR = ".submitit"
+EXECUTORS: tuple[str, ...] = ("local", "serial", "submitit-local", "slurm")
+
+# How each option appears in a run directory's name, and in which order (others: alphabetical, before seed).
+_NAME_ORDER: tuple[str, ...] = ("preset", "direction", "K", "D", "n_b", "lr", "batch_size")
+_NAME_ALIAS: dict[str, str] = {"preset": "", "direction": "", "n_b": "nb", "batch_size": "bs", "max_steps": "steps",
+                               "eval_groups": "eg", "stop_after_tau": "stop", "weight_decay": "wd"}
+
+
+@dataclass(frozen=True)
+class SweepSpec:
+    """A named grid over run options (see the module docstring)."""
+
+    name: str
+    """The sweep's name (``--preset``), recorded in ``sweep.json``."""
+    base: str
+    """The preset every point starts from (unless the point sets ``preset``)."""
+    grids: tuple[dict[str, tuple], ...]
+    """Grid blocks: each maps option names to the values it takes; a block is their cartesian product."""
+    fixed: dict[str, Any] = field(default_factory=dict)
+    """Options applied to every point (not part of the run names)."""
+    description: str = ""
+    """What the sweep measures, one sentence."""
+    cost: str = ""
+    """Expected cost (runs, steps, time on the 2-core CPU this project is developed on)."""
+
+
+@dataclass(frozen=True)
+class Point:
+    """One run of a sweep."""
+
+    name: str
+    """The run directory's name, from the options."""
+    options: dict[str, Any]
+    """The point's own options (grid values)."""
+    cfg: RunConfig
+    """The full configuration: base preset + fixed options + the point's options."""
+
+
+@dataclass(frozen=True)
+class Job:
+    """The unit of work an executor runs: one run, or a seed ensemble of several."""
+
+    cfgs: tuple[RunConfig, ...]
+    out_dirs: tuple[str, ...]
+    names: tuple[str, ...]
+    threads: int
+    """torch intra-op threads for this job's process."""
+    device: str = "cpu"
+
+
+# ---- the grid -----------------------------------------------------------------------------
+
+
+def _format_value(v: Any) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)
+
+
+def run_name(options: dict[str, Any]) -> str:
+    """A run directory's name from its options, e.g. ``backward_K10_D5000_seed0``."""
+    rest = sorted(k for k in options if k not in _NAME_ORDER and k != "seed")
+    keys = [k for k in _NAME_ORDER if k in options] + rest + (["seed"] if "seed" in options else [])
+    return "_".join(f"{_NAME_ALIAS.get(k, k)}{_format_value(options[k])}" for k in keys) or "run"
+
+
+def point_config(spec: SweepSpec, options: dict[str, Any]) -> RunConfig:
+    """The RunConfig of one point: base preset, then the fixed options, then the point's own."""
+    merged = {**spec.fixed, **options}
+    cfg = get_preset(merged.pop("preset", spec.base))
+    D = merged.pop("D", None)
+    if D is not None:
+        K = merged.get("K", cfg.task.K)
+        if D % K:
+            raise ConfigError(f"D={D} is not a multiple of K={K}")
+        merged["n_b"] = D // K
+    return cfg.replace(**merged).validate()
+
+
+def expand(spec: SweepSpec, seeds: list[int] | None = None) -> list[Point]:
+    """The sweep's points in order (``seeds`` replaces every block's seed axis, or adds one).
+
+    A point whose configuration equals an earlier point's (the default batch size of a batch
+    block is the default learning rate of a learning-rate block) is that point: trained once.
+    """
+    points: dict[str, Point] = {}
+    for block in spec.grids:
+        axes = dict(block)
+        if seeds is not None:
+            axes["seed"] = tuple(seeds)
+        for values in itertools.product(*axes.values()):
+            options = dict(zip(axes, values))
+            cfg = point_config(spec, options)
+            key = json.dumps(cfg.to_dict(), sort_keys=True)
+            if key not in points:
+                points[key] = Point(run_name(options), options, cfg)
+    names = [p.name for p in points.values()]
+    if len(set(names)) != len(names):
+        raise ConfigError(f"sweep {spec.name!r}: two different points share a run name")
+    return list(points.values())
+
+
+def is_complete(run_dir: Path) -> bool:
+    """Whether a run directory holds a finished run (``summary.json`` says ``complete``)."""
+    path = run_dir / rd.SUMMARY_FILE
+    try:
+        return path.exists() and bool(rd.read_json(path).get("complete"))
+    except rd.RunError:
+        return False
+
+
+def write_manifest(spec: SweepSpec, out: Path, points: list[Point]) -> None:
+    """Write ``sweep.json``; a sweep run again (more seeds, say) adds its new points to it."""
+    path = out / MANIFEST_FILE
+    known: dict[str, dict] = {}
+    if path.exists():
+        old = rd.read_json(path)
+        if old.get("sweep") != spec.name:
+            raise ConfigError(f"{out} holds the sweep {old.get('sweep')!r}, not {spec.name!r}; choose another --out")
+        known = {p["name"]: p["options"] for p in old.get("points", [])}
+    known.update({p.name: p.options for p in points})
+    rd.write_json_atomic(path, {"sweep": spec.name, "description": spec.description, "base": spec.base,
+                                "fixed": spec.fixed, "points": [{"name": n, "options": o} for n, o in known.items()]})
+
+
+def read_manifest(sweep_dir: str | Path) -> dict:
+    """``sweep.json`` of a sweep directory (one-line RunError when missing or broken)."""
+    return rd.read_json(Path(sweep_dir) / MANIFEST_FILE)
+
+
+def plan_jobs(points: list[Point], out: Path, ensemble: bool) -> tuple[list[list[Point]], list[str]]:
+    """The unfinished points grouped into jobs, and the names of the points already complete.
+
+    Without ``ensemble`` every unfinished point is a job of its own; with it, the unfinished
+    points that differ only in their seed share one job.
+    """
+    complete = {p.name for p in points if is_complete(out / p.name)}
+    groups: dict[str, list[Point]] = {}
+    for p in points:
+        if p.name not in complete:
+            key = run_name({k: v for k, v in p.options.items() if k != "seed"}) if ensemble else p.name
+            groups.setdefault(key, []).append(p)
+    return list(groups.values()), sorted(complete)
+
+
+# ---- running a job (in whichever process the executor gives it) ----------------------------
+
+
+def run_job(job: Job) -> list[dict[str, Any]]:
+    """Train a job's runs (resuming what exists); one outcome per run, errors as one line each."""
+    torch.set_num_threads(job.threads)
+    t0 = time.perf_counter()
+    try:
+        if len(job.cfgs) > 1:
+            summaries = train_ensemble(list(job.cfgs), list(job.out_dirs), resume=True, device=job.device,
+                                       progress=False)
+        else:
+            summaries = [train(job.cfgs[0], job.out_dirs[0], resume=True, device=job.device, progress=False)]
+    except (ConfigError, rd.RunError, RuntimeError, ValueError, OSError) as e:
+        message = " ".join(f"{type(e).__name__}: {e}".split())
+        return [{"name": n, "error": message} for n in job.names]
+    seconds = round(time.perf_counter() - t0, 1)
+    return [{"name": n, "tau": s.get("tau"), "final_step": s.get("final_step"), "seconds": seconds,
+             "members": len(job.cfgs)} for n, s in zip(job.names, summaries)]
+
+
+# ---- executors ----------------------------------------------------------------------------
+
+
+def available_cores() -> int:
+    """CPU cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+def _run_serial(jobs: list[Job], bar: tqdm) -> list[dict]:
+    threads = torch.get_num_threads()  # run_job sets this process's threads: give them back after
+    outcomes = []
+    try:
+        for job in jobs:
+            outcomes += run_job(job)
+            bar.update(1)
+    finally:
+        torch.set_num_threads(threads)
+    return outcomes
+
+
+def _died(job: Job, e: BaseException) -> list[dict]:
+    """Outcomes of a job whose process died (killed, out of memory, timed out): failed runs, not a failed sweep."""
+    return [{"name": n, "error": f"the job's process died: {' '.join(f'{type(e).__name__}: {e}'.split())}"}
+            for n in job.names]
+
+
+def _run_local(jobs: list[Job], workers: int, bar: tqdm) -> list[dict]:
+    # spawn, not fork: forking a process whose torch (OpenMP) thread pool is running can hang the child.
+    outcomes = []
+    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = {pool.submit(run_job, job): job for job in jobs}
+        for future in cf.as_completed(futures):
+            try:
+                outcomes += future.result()
+            except cf.process.BrokenProcessPool as e:
+                outcomes += _died(futures[future], e)
+            bar.update(1)
+    return outcomes
+
+
+def submitit_executor(folder: Path, cluster: str) -> Any:
+    """A submitit executor (``cluster``: ``local`` or ``slurm``), or a one-line ConfigError saying why not."""
+    flag = "slurm" if cluster == "slurm" else "submitit-local"
+    try:
+        import submitit
+    except ImportError:
+        raise ConfigError(f"--executor {flag} needs submitit: pip install 'synass-lens[cluster]'") from None
+    try:
+        return submitit.AutoExecutor(folder=folder, cluster=cluster)
+    except RuntimeError as e:  # "Could not detect srun": not on a Slurm cluster
+        raise ConfigError(f"--executor {flag}: {' '.join(str(e).split())}") from None
+
+
+def _run_submitit(executor: Any, jobs: list[Job], workers: int, threads: int, slurm: dict[str, Any],
+                  bar: tqdm) -> list[dict]:
+    executor.update_parameters(name="synass-sweep", cpus_per_task=threads, timeout_min=slurm.get("timeout_min", 240))
+    outcomes = []
+    if executor.cluster == "slurm":  # the cluster schedules: submit everything as one array
+        extra = {f"slurm_{k}": v for k, v in slurm.items()
+                 if k not in ("timeout_min", "cpus_per_task") and v is not None}
+        executor.update_parameters(slurm_array_parallelism=workers, **extra)
+        try:
+            handles = executor.map_array(run_job, jobs)
+        except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+            raise ConfigError(f"slurm submission failed: {' '.join(str(e).split())}") from None
+        for job, handle in zip(jobs, handles):
+            outcomes += _submitit_result(job, handle)
+            bar.update(1)
+        return outcomes
+    # Local subprocesses start at once: keep at most `workers` of them running.
+    pending, running = list(jobs), []
+    while pending or running:
+        while pending and len(running) < workers:
+            job = pending.pop(0)
+            running.append((job, executor.submit(run_job, job)))
+        finished = [(job, h) for job, h in running if h.done()]
+        for job, handle in finished:
+            outcomes += _submitit_result(job, handle)
+            running.remove((job, handle))
+            bar.update(1)
+        if not finished:
+            time.sleep(0.2)
+    return outcomes
+
+
+def _submitit_result(job: Job, handle: Any) -> list[dict]:
+    try:
+        return handle.result()
+    except Exception as e:  # noqa: BLE001 - submitit's FailedJobError / UncompletedJobError: the process died
+        return _died(job, e)
+
+
+def run_sweep(spec: SweepSpec, out: str | Path, executor: str = "local", workers: int | None = None,
+              ensemble: bool = False, seeds: list[int] | None = None, device: str = "cpu",
+              progress: bool = True, slurm: dict[str, Any] | None = None,
+              threads: int | None = None) -> list[dict[str, Any]]:
+    """Run (or finish) a sweep into ``out``; one outcome per point, in the sweep's order.
+
+    ``threads`` per job defaults to ``cores // workers`` (slurm: ``cpus_per_task``); fewer is
+    wiser on a machine that others share (oversubscribed torch threads spin and crawl).
+
+    An outcome is ``{"name", "status": "done"|"skipped"|"failed", ...}`` with tau, final step and
+    seconds for trained runs, and a one-line ``error`` for failed ones.
+    """
+    if executor not in EXECUTORS:
+        raise ConfigError(f"--executor must be one of {', '.join(EXECUTORS)}, got {executor!r}")
+    for flag, value in (("--workers", workers), ("--threads", threads)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{flag} must be at least 1, got {value}")
+    out = Path(out)
+    points = expand(spec, seeds)
+    # A cluster executor that cannot work fails here, before the sweep directory is touched.
+    cluster = {"submitit-local": "local", "slurm": "slurm"}.get(executor)
+    submitter = submitit_executor(out / SUBMITIT_DIR, cluster) if cluster else None
+    out.mkdir(parents=True, exist_ok=True)
+    write_manifest(spec, out, points)
+    groups, skipped = plan_jobs(points, out, ensemble)
+    slurm = slurm or {}
+    if executor == "slurm":  # the cluster's cores: workers is the array's parallelism
+        n_workers = workers or max(len(groups), 1)
+        threads = threads or int(slurm.get("cpus_per_task") or 2)
+    else:  # this machine's cores: workers x threads never exceed them
+        cores = available_cores()
+        if workers is not None and workers > cores and executor != "serial":
+            log.warning("--workers %d > %d cores: using %d workers", workers, cores, cores)
+        n_workers = 1 if executor == "serial" else min(workers or cores, cores, max(len(groups), 1))
+        threads = min(threads or cores, max(1, cores // n_workers))
+    jobs = [Job(tuple(p.cfg for p in g), tuple(str(out / p.name) for p in g), tuple(p.name for p in g), threads, device)
+            for g in groups]
+    log.info("sweep %s: %d points, %d complete, %d jobs (%s, %d workers x %d threads%s)", spec.name, len(points),
+             len(skipped), len(jobs), executor, n_workers, threads, ", seed ensembles" if ensemble else "")
+    bar = tqdm(total=len(jobs), disable=not progress, desc=spec.name, unit="job", dynamic_ncols=True)
+    try:
+        if not jobs:
+            trained = []
+        elif executor == "serial":
+            trained = _run_serial(jobs, bar)
+        elif executor == "local":
+            trained = _run_local(jobs, n_workers, bar)
+        else:
+            trained = _run_submitit(submitter, jobs, n_workers, threads, slurm, bar)
+    finally:
+        bar.close()
+    by_name = {o["name"]: {**o, "status": "failed" if "error" in o else "done"} for o in trained}
+    by_name.update({n: {"name": n, "status": "skipped"} for n in skipped})
+    return [by_name.get(p.name, {"name": p.name, "status": "failed", "error": "no outcome"}) for p in points]
+
+
+# ---- shipped sweeps -----------------------------------------------------------------------
+
+# The `quick` grids use the `ci` model (2 layers, d_model 64; about 20 ms a step on 2 cores, tau
+# about 500 steps at D = 3,000, 1,000 at 5,000 and 2,900 at 10,000 with K = 10), evaluate every
+# 25 steps, checkpoint every 50 and stop at 1.4 tau: the plateau and the drop are in every run.
+# Exact-match accuracy lags the candidate loss (at 1.4 tau a group is rarely >= 80% exact), so
+# the snap *window* needs longer runs (--set stop_after_tau=3); the share at tau/2 does not.
+_QUICK = {"stop_after_tau": 1.4, "eval_every": 25, "ckpt_every": 50, "max_steps": 6000}
+# The `paper` grids use the paper's model (4 layers, d_model 128; about 85 ms a step on 2 cores,
+# tau about 1,400 steps at D = 10,000), evaluate every 50 steps and stop at 1.5 tau.
+_PAPER = {"stop_after_tau": 1.5, "eval_every": 50, "ckpt_every": 50, "tracked_groups": 200}
+_K_D_QUICK = 5040  # a multiple of 3, 10 and 36: the same D for every K
+_K_D_PAPER = 10080
+
+SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
+    SweepSpec(
+        name="quick-k", base="ci", fixed=_QUICK,
+        grids=({"K": (3,), "D": (_K_D_QUICK,), "seed": (0, 1, 2)},
+               {"K": (10,), "D": (_K_D_QUICK,), "seed": (0, 1, 2)},
+               # K = 36 scores 36 x 36 candidates per evaluation group: fewer groups keep evaluation cheap.
+               {"K": (36,), "D": (_K_D_QUICK,), "eval_groups": (4,), "seed": (0, 1, 2)}),
+        description="tau against K at fixed D = 5,040 (K = 3, 10, 36): the paper finds no dependence",
+        cost="~14k steps, 5.6 min on 2 cores (measured)"),
+    SweepSpec(
+        name="quick-d", base="ci", fixed=_QUICK,
+        grids=({"K": (10,), "D": (2000, 3000, 5000, 8000), "seed": (0, 1, 2)},),
+        description="the scaling law tau ~ D^alpha at K = 10 (the paper: alpha = 1.19)",
+        cost="~16k steps, 5.4 min on 2 cores (measured)"),
+    SweepSpec(
+        name="quick-noise", base="ci", fixed=_QUICK,
+        grids=({"D": (3000,), "batch_size": (32, 64, 128, 256), "seed": (0, 1)},
+               {"D": (3000,), "lr": (3e-4, 1e-3, 3e-3, 5e-3), "seed": (0, 1)}),
+        description="gradient noise: tau in tokens against batch size, tau against learning rate (D = 3,000)",
+        cost="~20k steps (small batches are cheap steps), ~8 min on 2 cores"),
+    SweepSpec(
+        # 2.5 tau: the backward runs also reach 50% exact match, the metric both directions share.
+        name="quick-direction", base="ci", fixed={**_QUICK, "stop_after_tau": 2.5},
+        grids=({"D": (2000, 3000), "direction": ("backward", "forward"), "seed": (0, 1)},),
+        description="forward A -> B against backward (B, z) -> A at matched D (the paper: forward 1.7-4.4x slower)",
+        cost="~15k steps (forward runs may hit max_steps = 6,000), ~8 min on 2 cores (estimated)"),
+    SweepSpec(
+        name="paper-k", base="paper", fixed={**_PAPER, "max_steps": 10000},
+        grids=({"K": (3,), "D": (_K_D_PAPER,), "seed": (0, 1, 2, 3, 4)},
+               {"K": (10,), "D": (_K_D_PAPER,), "seed": (0, 1, 2, 3, 4)},
+               {"K": (36,), "D": (_K_D_PAPER,), "eval_groups": (4,), "seed": (0, 1, 2, 3, 4)}),
+        description="the paper's K = 3, 10, 36 at fixed D = 10,080, its model, 5 seeds",
+        cost="~32k steps, ~1 CPU-hour (about 50 min on 2 cores)"),
+    SweepSpec(
+        name="paper-d", base="paper", fixed={**_PAPER, "max_steps": 20000},
+        grids=({"K": (10,), "D": (2500, 5000, 10000, 20000, 40000), "seed": (0, 1, 2, 3, 4)},),
+        description="the paper's scaling law: a D ladder from 2,500 to 40,000 at K = 10, 5 seeds",
+        cost="~100k steps (tau ~ 7,000 at D = 40,000), ~2.5 h on 2 cores"),
+    SweepSpec(
+        name="paper-noise", base="paper", fixed={**_PAPER, "max_steps": 30000},
+        grids=({"D": (10000,), "batch_size": (32, 64, 128, 256), "seed": (0, 1, 2)},
+               {"D": (10000,), "lr": (3e-4, 1e-3, 2e-3, 3e-3, 5e-3), "seed": (0, 1, 2)}),
+        description="the paper's batch sizes (32-256) and learning rates (3e-4 to 5e-3) at D = 10,000, 3 seeds",
+        cost="~150k steps (batch 32 needs ~4x the steps of 128), ~3 h on 2 cores"),
+    SweepSpec(
+        name="paper-direction", base="paper", fixed={**_PAPER, "max_steps": 20000},
+        grids=({"D": (2500, 5000, 10000), "direction": ("backward", "forward"), "seed": (0, 1, 2)},),
+        description="forward A -> B against backward (B, z) -> A at D = 2,500, 5,000 and 10,000, 3 seeds",
+        cost="~80k steps (forward up to ~4x backward), ~2 h on 2 cores"),
+    SweepSpec(
+        name="tiny", base="tiny",
+        fixed={"lr": 3e-3, "stop_after_tau": 1.5, "max_steps": 600, "eval_every": 10, "ckpt_every": 10},
+        grids=({"D": (80, 160, 320), "seed": (0, 1)},),
+        description="machinery check: a 1-layer d_model 32 model whose tau (~60-350 steps) still grows with D",
+        cost="~1.5k steps, ~15 s on 2 cores"),
+]}
+
+
+def get_sweep(name: str) -> SweepSpec:
+    if name not in SWEEPS:
+        raise ConfigError(f"unknown sweep preset {name!r}; choose one of {', '.join(SWEEPS)}")
+    return SWEEPS[name]
+
+
+# ---- command line -------------------------------------------------------------------------
+
+
+def _parse_value(text: str) -> Any:
+    for kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            pass
+    return {"none": None, "true": True, "false": False}.get(text.lower(), text)
+
+
+def _parse_assignment(text: str, flag: str) -> tuple[str, list[Any]]:
+    key, sep, values = text.partition("=")
+    if not sep or not key or not values:
+        raise ConfigError(f"{flag} expects KEY=VALUE[,VALUE...], got {text!r}")
+    return key.strip(), [_parse_value(v.strip()) for v in values.split(",")]
+
+
+def spec_from_args(args: argparse.Namespace) -> SweepSpec:
+    """The sweep a command line asks for: a shipped preset, or ``--base`` with ``--grid``/``--set``."""
+    if args.preset and (args.grid or args.base):
+        raise ConfigError("give either --preset or --base/--grid, not both")
+    if args.preset:
+        spec = get_sweep(args.preset)
+    elif args.grid:
+        get_preset(args.base or "ci")
+        grid = dict(_parse_assignment(g, "--grid") for g in args.grid)
+        spec = SweepSpec(name="custom", base=args.base or "ci", grids=({k: tuple(v) for k, v in grid.items()},),
+                         description="a grid given on the command line")
+    else:
+        raise ConfigError("give --preset NAME (see --list) or --grid KEY=V1,V2 [--base PRESET]")
+    extra = {}
+    for s in args.set or []:
+        key, values = _parse_assignment(s, "--set")
+        if len(values) != 1:
+            raise ConfigError(f"--set {s!r}: one value only (use --grid for several)")
+        extra[key] = values[0]
+    if extra:
+        spec = SweepSpec(spec.name, spec.base, spec.grids, {**spec.fixed, **extra}, spec.description, spec.cost)
+    return spec
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m training.sweep", description=__doc__.splitlines()[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="Then: python -m interp.dynamics --sweep OUT")
+    p.add_argument("--list", action="store_true", help="list the shipped sweeps with their expected cost, and exit")
+    p.add_argument("--preset", help="a shipped sweep (see --list)")
+    p.add_argument("--base", help="with --grid: the run preset every point starts from (default ci)")
+    p.add_argument("--grid", action="append", metavar="KEY=V1,V2", help="an axis of a custom grid (repeatable)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="an option for every point (repeatable)")
+    p.add_argument("--seeds", help="comma-separated seeds replacing the sweep's seed axis, e.g. 0,1,2")
+    p.add_argument("--out", type=Path, help="sweep directory (default sweeps/<name>)")
+    p.add_argument("--executor", default="local", choices=EXECUTORS, help="where the runs train (default local)")
+    p.add_argument("--workers", type=int, help="parallel jobs (default: the cores; slurm: array parallelism)")
+    p.add_argument("--threads", type=int, help="torch threads per job (default: cores // workers)")
+    p.add_argument("--ensemble", action="store_true",
+                   help="train the seeds of each configuration as one vectorised model")
+    p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")
+    p.add_argument("--dry-run", action="store_true", help="print the points and what is left to train, and exit")
+    p.add_argument("--slurm-partition", help="slurm: partition")
+    p.add_argument("--cpus-per-task", type=int, help="slurm: cores (and torch threads) per job (default 2)")
+    p.add_argument("--timeout-min", type=int, default=240, help="submitit: time limit per job in minutes (default 240)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.list:
+        for spec in SWEEPS.values():
+            n = len(expand(spec))
+            print(f"{spec.name:16s} {n:3d} runs  {spec.cost}\n{'':22s}{spec.description}")
+        return 0
+    try:
+        spec = spec_from_args(args)
+        seeds = [int(s) for s in args.seeds.split(",")] if args.seeds else None
+        out = args.out or Path("sweeps") / spec.name
+        if args.dry_run:
+            for point in expand(spec, seeds):
+                print(f"{'complete' if is_complete(out / point.name) else 'to train':9s} {out / point.name}")
+            return 0
+        slurm = {"partition": args.slurm_partition, "cpus_per_task": args.cpus_per_task,
+                 "timeout_min": args.timeout_min}
+        t0 = time.perf_counter()
+        outcomes = run_sweep(spec, out, args.executor, args.workers, args.ensemble, seeds, args.device,
+                             progress=not args.no_progress, slurm=slurm, threads=args.threads)
+    except (ConfigError, rd.RunError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # --seeds that are not integers
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: run the same command again to resume the sweep in {out}", file=sys.stderr)
+        return 130
+    for o in outcomes:
+        detail = o.get("error") or (f"tau {o.get('tau')}, {o.get('final_step')} steps, {o.get('seconds')} s"
+                                    if o["status"] == "done" else "")
+        print(f"{o['status']:8s} {o['name']:40s} {detail}")
+    failed = sum(o["status"] == "failed" for o in outcomes)
+    print(f"sweep {spec.name} in {out}: {len(outcomes) - failed} of {len(outcomes)} runs complete "
+          f"({time.perf_counter() - t0:.0f} s); next: python -m interp.dynamics --sweep {out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
