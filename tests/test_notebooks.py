@@ -51,13 +51,13 @@ def sweep_kernel_env(tiny_sweep, tmp_path_factory):
     mp.undo()
 
 
-@pytest.mark.parametrize("name", NOTEBOOKS)
-def test_notebook_is_committed_without_outputs(name):
+@pytest.mark.parametrize("name, var", [(n, "RUN_DIR") for n in NOTEBOOKS] + [(n, "SWEEP_DIR") for n in SWEEP_NOTEBOOKS])
+def test_notebook_is_committed_without_outputs(name, var):
     nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
     nbformat.validate(nb)
     code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code and code[0].source.splitlines()[-1].startswith("RUN_DIR = ")
-    assert 'os.environ.get("SYNASS_RUN_DIR"' in code[0].source
+    assert code and code[0].source.splitlines()[-1].startswith(f"{var} = ")
+    assert f'os.environ.get("SYNASS_{var}"' in code[0].source
     assert all(c.outputs == [] and c.execution_count is None for c in code)
 
 
@@ -73,16 +73,6 @@ def test_notebook_runs(name, kernel_env):
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert str(kernel_env) in text  # it looked at the run it was pointed at, not a default
     assert elapsed < 120, f"{name} took {elapsed:.0f} s"
-
-
-@pytest.mark.parametrize("name", SWEEP_NOTEBOOKS)
-def test_sweep_notebook_is_committed_without_outputs(name):
-    nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
-    nbformat.validate(nb)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert code and code[0].source.splitlines()[-1].startswith("SWEEP_DIR = ")
-    assert 'os.environ.get("SYNASS_SWEEP_DIR"' in code[0].source
-    assert all(c.outputs == [] and c.execution_count is None for c in code)
 
 
 @pytest.mark.parametrize("name", SWEEP_NOTEBOOKS)
