@@ -1,13 +1,14 @@
 # Two commands do all the set-up on a fresh clone:
 #   make demo   - virtual environment, install, train the demo run, analyse it, write its report
 #   make test   - the same set-up, then the test suite
+#   make test-fast - the tests not marked slow (no session training runs, notebooks or browser): seconds
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO   := checkpoints/demo
 
-.PHONY: demo test install clean-venv
+.PHONY: demo test test-fast install clean-venv
 
 install: $(STAMP)
 
@@ -28,6 +29,9 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -m "not slow"
 
 clean-venv:
 	rm -rf $(VENV)

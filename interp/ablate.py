@@ -218,9 +218,18 @@ def ablate_heads(
     return SetAblation(kind, len(evalset.shift), [(int(a), int(b)) for a, b in heads], base, ablated)
 
 
-def falls_back_to_marginal(result: HeadAblation, layer: int, head: int, log_k: float, tol: float = 0.25) -> bool:
+MARGINAL_TOL = 0.25
+"""A candidate loss within this fraction of log K of log K counts as back at the plateau."""
+
+
+def near_log_k(candidate_loss: float, log_k: float, tol: float = MARGINAL_TOL) -> bool:
+    """Whether ``candidate_loss`` is within ``tol * log K`` of log K: z no longer picks the target."""
+    return abs(float(candidate_loss) - log_k) <= tol * log_k
+
+
+def falls_back_to_marginal(result: HeadAblation, layer: int, head: int, log_k: float, tol: float = MARGINAL_TOL) -> bool:
     """Whether ablating (layer, head) leaves the candidate loss within ``tol * log K`` of log K."""
-    return abs(float(result.candidate_loss[layer, head]) - log_k) <= tol * log_k
+    return near_log_k(float(result.candidate_loss[layer, head]), log_k, tol)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -8,8 +8,9 @@ For each chosen checkpoint (lazily, one model in memory at a time):
   (``interp.ablate``) at a subset: evenly spaced steps plus those nearest the plateau start,
   tau/2 and tau, and the last step.
 
-Results go to ``RUN/analysis/`` as one JSON-lines file per analysis (names below); a second call
-only computes steps that are missing. Where exact and attribution patching both ran, their
+Results go to ``RUN/analysis/`` as one JSON-lines file per analysis (``interp.results``); each
+record stores the settings it was made with (:class:`AnalysisSettings`), and a second call only
+computes the steps that have no record with the same settings. Where exact and attribution patching both ran, their
 agreement (Spearman rank correlation, max error) is reported, so the fast mode can be trusted,
 or not, with numbers. ``selector.json`` holds the selector head, t_form, tau and the lead fraction
 (``interp.selector``).
@@ -20,9 +21,9 @@ or not, with numbers. ``selector.json`` holds the selector head, t_form, tau and
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,41 +32,74 @@ import torch
 from tqdm.auto import tqdm
 
 from interp import selector as sel
-from interp.ablate import ablate_each_head, falls_back_to_marginal
+from interp.ablate import ablate_each_head, near_log_k
 from interp.attention import attention_to_z
 from interp.attribution import agreement, attribute_all
 from interp.cli import CliError, run_cli
 from interp.inputs import prompt_pairs
 from interp.patch import PatchResult, patch
+from interp.results import (ABLATION_FILE, ATTENTION_FILE, ATTRIBUTION_FILE, PATCH_FILE, SELECTOR_FILE, analysis_dir,
+                            append_records, load_records, median, na, settings_key, strict_json, write_json_result)
 from training.metrics import compute_tau
-from training.run import Run, RunError, read_jsonl, write_json_atomic
+from training.run import Run, RunError, read_json
 
 log = logging.getLogger(__name__)
 
-ANALYSIS_DIR = "analysis"
-ATTENTION_FILE = "attention.jsonl"
-ATTRIBUTION_FILE = "attribution.jsonl"
-PATCH_FILE = "patch.jsonl"
-ABLATION_FILE = "ablation.jsonl"
-SELECTOR_FILE = "selector.json"
 CACHE_FILES = {"attention": ATTENTION_FILE, "attribution": ATTRIBUTION_FILE, "patch": PATCH_FILE,
                "ablation": ABLATION_FILE}
-PATCH_TARGETS = ("heads", "resid")
+"""The per-step caches of :func:`analyze_run`, by analysis name."""
+ABLATION_KINDS = ("zero", "mean")
 
 
-def analysis_dir(run_dir: str | Path) -> Path:
-    return Path(run_dir) / ANALYSIS_DIR
+@dataclass(frozen=True)
+class AnalysisSettings:
+    """What the analysis records depend on; each record stores its own share of these."""
+
+    n_examples: int = 256
+    """Prompt pairs for patching and examples for attention-to-z."""
+    seed: int = 0
+    """Seed of the prompt-pair / example / ablation-group samples."""
+    ablation_groups: int = 8
+    """Evaluation groups scored per head ablation."""
+    patch_targets: tuple[str, ...] = ("heads", "resid")
+    """Component sets of exact and attribution patching (``interp.patch.TARGETS``)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types (the targets as a list)."""
+        return settings_key(asdict(self))
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> AnalysisSettings:
+        """The inverse of :meth:`to_dict`."""
+        return cls(**{**d, "patch_targets": tuple(d["patch_targets"])})
+
+    def for_cache(self, name: str) -> dict[str, Any]:
+        """The settings that analysis ``name`` depends on: the key its records are stored under."""
+        keys = {"attention": ("n_examples", "seed"), "attribution": ("n_examples", "seed", "patch_targets"),
+                "patch": ("n_examples", "seed", "patch_targets"), "ablation": ("ablation_groups", "seed")}[name]
+        return {k: v for k, v in self.to_dict().items() if k in keys}
 
 
-def load_analysis(run_dir: str | Path) -> dict[str, Any]:
-    """All cached analysis records of a run: ``{name: [record, ...] sorted by step, "selector": dict|None}``."""
+def stored_settings(run_dir: str | Path) -> AnalysisSettings:
+    """The settings of the run's latest analysis (``selector.json``), or the defaults."""
+    path = analysis_dir(run_dir) / SELECTOR_FILE
+    stored = read_json(path).get("settings") if path.exists() else None
+    return AnalysisSettings.from_dict(stored) if stored else AnalysisSettings()
+
+
+def load_analysis(run_dir: str | Path, settings: AnalysisSettings | None = None) -> dict[str, Any]:
+    """Cached analysis records of a run made with ``settings`` (default: those of its latest analysis).
+
+    Returns ``{name: [record, ...] sorted by step, "selector": dict | None}``; the selector summary
+    is included only when it was made with the same settings.
+    """
+    settings = settings or stored_settings(run_dir)
     folder = analysis_dir(run_dir)
-    out: dict[str, Any] = {}
-    for name, file in CACHE_FILES.items():
-        path = folder / file
-        out[name] = sorted(read_jsonl(path), key=lambda r: r["step"]) if path.exists() else []
+    out: dict[str, Any] = {name: load_records(folder / file, settings.for_cache(name))
+                           for name, file in CACHE_FILES.items()}
     sel_path = folder / SELECTOR_FILE
-    out["selector"] = json.loads(sel_path.read_text()) if sel_path.exists() else None
+    selector = read_json(sel_path) if sel_path.exists() else None
+    out["selector"] = selector if selector and selector.get("settings") == settings.to_dict() else None
     return out
 
 
@@ -93,30 +127,11 @@ def exact_steps(steps: list[int], n: int, landmarks: list[int]) -> list[int]:
     return sorted(steps[i] for i in idx)
 
 
-def _append(path: Path, record: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(record, allow_nan=False, default=_json_default) + "\n")
-
-
-def _json_default(x: Any) -> Any:
-    raise TypeError(f"not JSON serialisable: {type(x).__name__}")
-
-
-def _clean_nan(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return None if obj != obj else obj
-    if isinstance(obj, dict):
-        return {k: _clean_nan(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_clean_nan(v) for v in obj]
-    return obj
-
-
 def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int = 1, n_exact: int = 12,
-                n_examples: int = 256, ablation_groups: int = 8, seed: int = 0, device: str = "cpu",
+                settings: AnalysisSettings | None = None, device: str = "cpu",
                 progress: bool = True) -> dict[str, Any]:
-    """Analyse the chosen checkpoints (only what the cache lacks) and return the selector summary."""
+    """Analyse the chosen checkpoints (only what the cache lacks for these settings); return the summary."""
+    settings = settings or AnalysisSettings()
     run = Run(run_dir)
     task = run.task()
     if task.cfg.direction != "backward" or task.cfg.K < 2:
@@ -125,34 +140,39 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     if not chosen:
         raise RunError(f"{run.path}: the run has no checkpoints")
     records = run.metrics()
-    log_k = run.log_k
-    tau = compute_tau(records, log_k)
+    tau = compute_tau(records, run.log_k)
     summary = run.summary() or {}
     plateau_start = (summary.get("plateau_span") or [chosen[0]])[0]
     landmarks = [plateau_start] + ([tau // 2, tau] if tau else [])
     exact = set(exact_steps(chosen, n_exact, landmarks))
 
     folder = analysis_dir(run.path)
-    cache = load_analysis(run.path)
+    cache = load_analysis(run.path, settings)
     done = {name: {r["step"] for r in cache[name]} for name in CACHE_FILES}
-    pairs = prompt_pairs(task, n_examples, seed)
-    todo = [s for s in chosen if s not in done["attention"] or s not in done["attribution"]
-            or (s in exact and (s not in done["patch"] or s not in done["ablation"]))]
-    for step in tqdm(todo, desc=f"analyse {run.path.name}", disable=not progress, dynamic_ncols=True):
+    wanted = {"attention": set(chosen), "attribution": set(chosen), "patch": exact, "ablation": exact}
+    todo = sorted(s for name in CACHE_FILES for s in wanted[name] - done[name])
+    pairs = prompt_pairs(task, settings.n_examples, settings.seed)
+    targets = settings.patch_targets
+
+    def compute(name: str, step: int, model: torch.nn.Module) -> dict[str, Any]:
+        if name == "attention":
+            return attention_to_z(model, task, settings.n_examples, settings.seed).to_dict()
+        if name == "attribution":
+            res = attribute_all(model, pairs, targets)
+            return {t: res[t].to_dict() for t in targets}
+        if name == "patch":
+            return {t: patch(model, pairs, t).to_dict() for t in targets}
+        return {k: ablate_each_head(model, task, k, settings.ablation_groups, settings.seed).to_dict()
+                for k in ABLATION_KINDS}
+
+    for step in tqdm(sorted(set(todo)), desc=f"analyse {run.path.name}", disable=not progress, dynamic_ncols=True):
         model = run.load_model(step, device)
-        if step not in done["attention"]:
-            _append(folder / ATTENTION_FILE, {"step": step, **attention_to_z(model, task, n_examples, seed).to_dict()})
-        if step not in done["attribution"]:
-            res = attribute_all(model, pairs, PATCH_TARGETS)
-            _append(folder / ATTRIBUTION_FILE, _clean_nan({"step": step, **{t: res[t].to_dict() for t in PATCH_TARGETS}}))
-        if step in exact and step not in done["patch"]:
-            res = {t: patch(model, pairs, t) for t in PATCH_TARGETS}
-            _append(folder / PATCH_FILE, _clean_nan({"step": step, **{t: r.to_dict() for t, r in res.items()}}))
-        if step in exact and step not in done["ablation"]:
-            abl = {k: ablate_each_head(model, task, k, ablation_groups, seed).to_dict() for k in ("zero", "mean")}
-            _append(folder / ABLATION_FILE, _clean_nan({"step": step, **abl}))
-    result = summarize(run, load_analysis(run.path), tau, records)
-    write_json_atomic(folder / SELECTOR_FILE, _clean_nan(result))
+        for name, file in CACHE_FILES.items():
+            if step in wanted[name] and step not in done[name]:
+                append_records(folder / file, [{"step": step, "settings": settings.for_cache(name),
+                                                **compute(name, step, model)}])
+    result = {**summarize(run, load_analysis(run.path, settings), tau, records), "settings": settings.to_dict()}
+    write_json_result(folder / SELECTOR_FILE, result)
     return result
 
 
@@ -197,7 +217,7 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
     for p in patches:
         a = attribution_by_step.get(p["step"])
         if a is not None:
-            agree.append({"step": p["step"], **_clean_nan(agreement(_result(p["heads"]), _result(a["heads"])))})
+            agree.append({"step": p["step"], **strict_json(agreement(_result(p["heads"]), _result(a["heads"])))})
     return {
         "head": [layer, head],
         "label": f"L{layer}H{head}",
@@ -211,7 +231,7 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
         **lead,
         "ablation": {"plateau_start": ablation_at(plateau_start),
                      "tau_half": ablation_at(tau // 2 if tau else None), "end": after},
-        "falls_back_to_marginal": (abs(after["zero_candidate_loss"] - log_k) <= 0.25 * log_k) if after else None,
+        "falls_back_to_marginal": near_log_k(after["zero_candidate_loss"], log_k) if after else None,
         "agreement": agree,
         "analysed_steps": len(steps),
     }
@@ -227,15 +247,15 @@ def _result(d: dict) -> PatchResult:
 
 
 def format_summary(s: dict[str, Any]) -> str:
-    def f(x: Any, fmt: str = "{:.3f}") -> str:
-        return "n/a" if x is None else fmt.format(x)
-
+    """The selector summary as text lines (what ``python -m interp.analyze`` prints)."""
+    lead_bracket = [round(x, 3) for x in s["lead_bracket"]] if s["lead_bracket"] else None
     lines = [
         f"selector head   {s['label']}  (rule: {s['rule']})",
-        f"attention-to-z  {f(s['start_value'])} at plateau start (step {s['plateau_start']}) -> {f(s['final_value'])} at the end",
-        f"t_form          {f(s['t_form'], '{}')}  bracket {s['t_form_bracket']}",
-        f"tau             {f(s['tau'], '{}')}  bracket {s['tau_bracket']}",
-        f"lead fraction   {f(s['lead_fraction'])}  bracket {[round(x, 3) for x in s['lead_bracket']] if s['lead_bracket'] else None}  (paper: ~0.5)",
+        f"attention-to-z  {na(s['start_value'])} at plateau start (step {s['plateau_start']}) -> "
+        f"{na(s['final_value'])} at the end",
+        f"t_form          {na(s['t_form'], '{}')}  bracket {s['t_form_bracket']}",
+        f"tau             {na(s['tau'], '{}')}  bracket {s['tau_bracket']}",
+        f"lead fraction   {na(s['lead_fraction'])}  bracket {lead_bracket}  (paper: ~0.5)",
     ]
     for name, a in s["ablation"].items():
         if a:
@@ -244,10 +264,9 @@ def format_summary(s: dict[str, Any]) -> str:
     lines.append(f"falls back to the marginal when ablated at the end: {s['falls_back_to_marginal']}")
     if s["agreement"]:
         rho = [a["spearman"] for a in s["agreement"] if a["spearman"] is not None]
-        err = [a["max_abs_err"] for a in s["agreement"]]
         lines.append(f"attribution vs exact (heads, {len(s['agreement'])} steps): Spearman median "
-                     f"{np.median(rho) if rho else float('nan'):.3f} (min {min(rho) if rho else float('nan'):.3f}), "
-                     f"max |error| {max(err):.3f} logits")
+                     f"{na(median(rho))} (min {na(min(rho) if rho else None)}), "
+                     f"max |error| {max(a['max_abs_err'] for a in s['agreement']):.3f} logits")
     return "\n".join(lines)
 
 
@@ -259,9 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-exact", type=int, default=12, help="checkpoints that also get exact patching and ablation")
     p.add_argument("--n-examples", type=int, default=256, help="prompt pairs / examples per analysis")
     p.add_argument("--ablation-groups", type=int, default=8, help="eval groups scored per ablation")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--seed", type=int, default=0, help="seed of the example samples (default 0)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
@@ -269,8 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     def body(args: argparse.Namespace) -> None:
         if args.every < 1:
             raise CliError(f"--every must be at least 1, got {args.every}")
-        result = analyze_run(args.run, args.steps, args.every, args.n_exact, args.n_examples,
-                             args.ablation_groups, args.seed, args.device, progress=not args.no_progress)
+        settings = AnalysisSettings(args.n_examples, args.seed, args.ablation_groups)
+        result = analyze_run(args.run, args.steps, args.every, args.n_exact, settings, args.device,
+                             progress=not args.no_progress)
         print(format_summary(result))
         print(f"results in {analysis_dir(args.run)}")
 

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
+from interp.results import write_json_result
 from training.run import Run, RunError
 
 
@@ -16,6 +16,7 @@ class CliError(Exception):
 
 
 def add_ckpt_args(p: argparse.ArgumentParser) -> None:
+    """The options every single-checkpoint command takes: --ckpt, --step, --n-examples, --seed, --json, --device."""
     p.add_argument("--ckpt", required=True, type=Path,
                    help="a checkpoint file (.../checkpoints/step_NNNNNNN.safetensors) or a run directory")
     p.add_argument("--step", type=int, help="with a run directory: the step to load (default: the last)")
@@ -45,9 +46,9 @@ def resolve_ckpt(path: Path, step: int | None) -> tuple[Run, int]:
 
 
 def write_json(path: Path | None, obj: Any) -> None:
+    """``--json FILE``: write ``obj`` there as strict JSON (NaN as null), atomically; nothing without a path."""
     if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(obj, indent=2) + "\n")
+        write_json_result(path, obj)
 
 
 def run_cli(body, argv: list[str] | None, parser: argparse.ArgumentParser) -> int:

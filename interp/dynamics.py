@@ -2,6 +2,9 @@
 
     python -m interp.dynamics --sweep DIR [--csv FILE] [--report] [--n-boot 2000]
 
+(the command, the figures and the page are ``interp.sweep_report`` and ``interp.sweep_figures``;
+this module computes).
+
 The table (``DIR/dynamics.csv`` and printed) has one row per run: its options, tau at the
 thresholds 0.3 / 0.5 / 0.7 log K, tau in tokens, the plateau span, the lead fraction (when
 ``python -m interp.analyze`` was run on it) and the collective-snap statistics. The fits, all
@@ -18,7 +21,7 @@ the largest such family is used):
   the largest batch (the paper: the smallest batch is 1.8x slower), and mean tau in steps per
   learning rate as a ratio to the smallest (the paper: monotone, up to 3.6x slower); ``trend``
   says whether the means rise or fall monotonically with the factor.
-* collective snap, per run from the tracked groups' accuracies (``interp.figures.snap_statistics``):
+* collective snap, per run from the tracked groups' accuracies (``interp.snap.snap_statistics``):
   the share of groups >= 80% accurate at tau/2 (the paper: 0 of 200) and the median snap
   window in units of tau (the paper: about 0.5); totals over the backward runs.
 * directional asymmetry: mean tau(forward A -> B) / mean tau(backward (B, z) -> A) for runs
@@ -35,9 +38,7 @@ sets wait longer; a ratio > 1 means the named condition is slower.
 
 from __future__ import annotations
 
-import argparse
 import csv
-import html
 import io
 import math
 import sys
@@ -47,17 +48,13 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from interp.analyze import SELECTOR_FILE, analysis_dir
-from interp.cli import CliError, format_table, run_cli, write_json
-from interp.figures import SNAP_HI, snap_statistics
-from interp.report import CSS, figure_section, table_html
+from interp.cli import format_table
+from interp.results import SELECTOR_FILE, analysis_dir, median, na
+from interp.snap import SNAP_HI, snap_statistics
 from training import run as rd
 from training.metrics import compute_tau
-from training.run import Run, RunError
-from training.sweep import MANIFEST_FILE
+from training.run import MANIFEST_FILE, Run, RunError
 
 THRESHOLDS: tuple[float, ...] = (0.3, 0.5, 0.7)
 """Where tau is read off, in units of log K (0.5 is tau; forward runs: exact-match accuracy)."""
@@ -66,11 +63,10 @@ FACTORS: tuple[str, ...] = ("direction", "preset", "D", "K", "lr", "batch_size")
 PAPER = {"alpha": 1.19, "alpha_ci": (1.137, 1.308), "k_slope": 0.0, "batch_factor": 1.8, "lr_factor": 3.6,
          "snap_share": 0.0, "snap_window_tau": 0.5, "direction_ratio": (1.7, 4.4)}
 """The paper's numbers, printed next to ours."""
-CSV_FILE = "dynamics.csv"
-REPORT_FILE = "sweep_report.html"
 
 
 def tau_key(threshold: float) -> str:
+    """The row field of tau read off at ``threshold`` x log K."""
     return f"tau@{threshold:g}"
 
 
@@ -266,8 +262,7 @@ def snap_summary(rows: list[dict]) -> dict[str, Any] | None:
     spreads = [r["snap_spread_tau"] for r in rs if r["snap_spread_tau"] is not None]
     return {"runs": len(rs), "groups_above_at_half_tau": int(above), "groups": int(sum(r["snap_groups"] for r in rs)),
             "runs_with_none_above": sum(r["snap_share_at_half_tau"] == 0 for r in rs), "hi": SNAP_HI,
-            "median_window_tau": float(np.median(windows)) if windows else None,
-            "median_spread_tau": float(np.median(spreads)) if spreads else None}
+            "median_window_tau": median(windows), "median_spread_tau": median(spreads)}
 
 
 def analyze_sweep(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
@@ -284,25 +279,24 @@ def analyze_sweep(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict[s
 # ---- text ---------------------------------------------------------------------------------
 
 
-def _num(x: float | None, fmt: str = "{:.2f}") -> str:
-    return "n/a" if x is None else fmt.format(x)
-
-
-def _fit_text(fit: dict | None) -> str:
+def fit_text(fit: dict | None) -> str:
+    """A fit's slope with its bootstrap interval, as text."""
     if fit is None:
         return "n/a"
     ci = f" [{fit['ci'][0]:.2f}, {fit['ci'][1]:.2f}]" if fit["ci"] else " (no interval: one run per value)"
     return f"{fit['slope']:.2f}{ci}"
 
 
-def _effect_text(eff: dict | None, unit: str = "") -> str:
+def effect_text(eff: dict | None, unit: str = "") -> str:
+    """A factor's effect (ratios to the reference value, and the trend), as text."""
     if eff is None:
         return "n/a"
     parts = ", ".join(f"{v['value']:g}: {v['ratio']:.2f}x" for v in eff["values"])
     return f"{parts} (vs {eff['reference']:g}{unit}; {eff['trend']})"
 
 
-def _direction_text(ratios: list[dict]) -> str:
+def direction_text(ratios: list[dict]) -> str:
+    """Forward / backward ratios per D, as text (``>=`` marks a censored ratio)."""
     return "; ".join(f"D={d['D']}: {'>=' if d['censored'] else ''}{d['ratio']:.2f}x" for d in ratios) or "n/a"
 
 
@@ -316,23 +310,23 @@ def summary_lines(result: dict[str, Any]) -> list[tuple[str, str]]:
     sc, k, snap = m["scaling"], m["k"], m["snap"]
     lines = [
         ("scaling law alpha (tau ~ D^alpha)",
-         (f"{_fit_text(sc)} over D = {', '.join(map(str, sc['values']))} ({sc['n_runs']} runs)" if sc else "n/a")
-         + f" - paper {PAPER['alpha']} [{PAPER['alpha_ci'][0]}, {PAPER['alpha_ci'][1]}]" + alt("scaling", _fit_text)),
+         (f"{fit_text(sc)} over D = {', '.join(map(str, sc['values']))} ({sc['n_runs']} runs)" if sc else "n/a")
+         + f" - paper {PAPER['alpha']} [{PAPER['alpha_ci'][0]}, {PAPER['alpha_ci'][1]}]" + alt("scaling", fit_text)),
         ("K slope (d log tau / d log K)",
-         (f"{_fit_text(k)} over K = {', '.join(map(str, k['values']))} at D = {k['family']['D']}" if k else "n/a")
-         + " - paper ~0" + alt("k", _fit_text)),
-        ("batch size: tau in tokens", _effect_text(m["batch"]) + f" - paper: smallest batch {PAPER['batch_factor']}x"
-         + alt("batch", _effect_text)),
-        ("learning rate: tau in steps", _effect_text(m["lr"]) + f" - paper: rising, up to {PAPER['lr_factor']}x"
-         + alt("lr", _effect_text)),
-        ("forward / backward (own taus)", _direction_text(m["direction"]) + alt("direction", _direction_text)),
-        ("forward / backward (accuracy > 50%)", _direction_text(m["direction_acc50"])
+         (f"{fit_text(k)} over K = {', '.join(map(str, k['values']))} at D = {k['family']['D']}" if k else "n/a")
+         + " - paper ~0" + alt("k", fit_text)),
+        ("batch size: tau in tokens", effect_text(m["batch"]) + f" - paper: smallest batch {PAPER['batch_factor']}x"
+         + alt("batch", effect_text)),
+        ("learning rate: tau in steps", effect_text(m["lr"]) + f" - paper: rising, up to {PAPER['lr_factor']}x"
+         + alt("lr", effect_text)),
+        ("forward / backward (own taus)", direction_text(m["direction"]) + alt("direction", direction_text)),
+        ("forward / backward (accuracy > 50%)", direction_text(m["direction_acc50"])
          + f" - paper {PAPER['direction_ratio'][0]}x to {PAPER['direction_ratio'][1]}x"),
         ("snap: groups >= 80% at tau/2",
          (f"{snap['groups_above_at_half_tau']} of {snap['groups']} tracked groups over {snap['runs']} runs "
           f"({snap['runs_with_none_above']} runs with none)" if snap else "n/a") + " - paper 0 of 200"),
         ("snap window / tau (median over runs)",
-         (f"{_num(snap['median_window_tau'])} (spread of snap steps {_num(snap['median_spread_tau'])})" if snap
+         (f"{na(snap['median_window_tau'], '{:.2f}')} (spread of snap steps {na(snap['median_spread_tau'], '{:.2f}')})" if snap
           else "n/a") + f" - paper ~{PAPER['snap_window_tau']}"),
     ]
     return lines
@@ -354,6 +348,7 @@ def table_text(rows: list[dict]) -> str:
 
 
 def table_csv(rows: list[dict]) -> str:
+    """The per-run table as CSV text (every field of the rows)."""
     buf = io.StringIO()
     writer = csv.DictWriter(buf, fieldnames=list(rows[0]), lineterminator="\n")
     writer.writeheader()
@@ -361,170 +356,7 @@ def table_csv(rows: list[dict]) -> str:
     return buf.getvalue()
 
 
-# ---- figures (pure: rows and fits in, (figure, caption) out) ------------------------------
+if __name__ == "__main__":  # the command lives with the sweep report, which draws these results
+    from interp.sweep_report import main
 
-Captioned = tuple[go.Figure, str]
-
-
-def _layout(fig: go.Figure, title: str, x: str, y: str, log: bool = True) -> go.Figure:
-    fig.update_layout(title={"text": title, "x": 0.0, "xanchor": "left"}, height=440, template="plotly_white",
-                      margin={"l": 70, "r": 30, "t": 70, "b": 55}, hovermode="closest")
-    fig.update_xaxes(title_text=x, type="log" if log else "linear")
-    fig.update_yaxes(title_text=y, type="log" if log else "linear")
-    return fig
-
-
-def tau_against(rows: list[dict], fit: dict | None, factor: str, label: str) -> Captioned:
-    """tau of each run (dots) and the power-law fit (line) against ``factor``, log-log."""
-    fam = [r for r in rows if r["direction"] == "backward" and r["tau"] is not None]
-    if fit is not None:
-        fam = [r for r in fam if all(r[f] == v for f, v in fit["family"].items())]
-    fig = go.Figure(go.Scatter(x=[r[factor] for r in fam], y=[r["tau"] for r in fam], mode="markers",
-                               name="runs", text=[r["name"] for r in fam], marker={"size": 9, "opacity": 0.7}))
-    if fit is not None:
-        xs = np.geomspace(min(fit["values"]), max(fit["values"]), 50)
-        fig.add_trace(go.Scatter(x=xs, y=fit["c"] * xs ** fit["slope"], mode="lines",
-                                 name=f"fit: slope {fit['slope']:.2f}", line={"color": "#d62728"}))
-    _layout(fig, f"tau against {label}", label, "tau (steps)")
-    caption = (f"Each dot is a run; the line is the least-squares fit of log tau on log {label}, slope "
-               f"{_fit_text(fit)}.")
-    return fig, caption
-
-
-def noise_figure(batch: dict | None, lr: dict | None) -> Captioned:
-    """Mean tau in tokens against batch size (left) and mean tau in steps against learning rate (right)."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("tau in tokens vs batch size", "tau in steps vs learning rate"))
-    for col, eff in ((1, batch), (2, lr)):
-        if eff is not None:
-            fig.add_trace(go.Scatter(x=[v["value"] for v in eff["values"]], y=[v["mean"] for v in eff["values"]],
-                                     mode="lines+markers", name=eff["factor"],
-                                     text=[f"{v['ratio']:.2f}x" for v in eff["values"]]), row=1, col=col)
-    _layout(fig, "Gradient noise and the waiting time", "", "")
-    fig.update_xaxes(title_text="batch size", row=1, col=1)
-    fig.update_xaxes(title_text="learning rate", row=1, col=2)
-    fig.update_yaxes(title_text="tokens at tau", row=1, col=1)
-    fig.update_yaxes(title_text="steps at tau", row=1, col=2)
-    caption = (f"Batch: {_effect_text(batch)}. Learning rate: {_effect_text(lr)}. The paper: smaller batches wait "
-               "longer in tokens, and higher learning rates wait longer: noise holds the model on the plateau.")
-    return fig, caption
-
-
-def direction_figure(ratios: list[dict]) -> Captioned:
-    """Forward and backward waiting times per configuration (bars)."""
-    labels = [f"D={d['D']}" for d in ratios]
-    fig = go.Figure([go.Bar(x=labels, y=[d["backward"] for d in ratios], name="backward (B, z) -> A"),
-                     go.Bar(x=labels, y=[d["forward"] for d in ratios], name="forward A -> B")])
-    _layout(fig, "Directional asymmetry (steps to 50% exact-match accuracy)", "", "steps", log=False)
-    return fig, f"Forward / backward: {_direction_text(ratios)} (the paper: 1.7x to 4.4x)."
-
-
-def snap_figure(rows: list[dict]) -> Captioned:
-    """Per run: the share of groups >= 80% at tau/2, and the median snap window / tau."""
-    rs = [r for r in rows if r["direction"] == "backward" and r["tau"]]
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("groups >= 80% at tau/2", "snap window / tau"))
-    names = [r["name"] for r in rs]
-    fig.add_trace(go.Bar(x=names, y=[r["snap_share_at_half_tau"] for r in rs], name="share at tau/2"), row=1, col=1)
-    fig.add_trace(go.Bar(x=names, y=[r["snap_window_tau"] for r in rs], name="window / tau"), row=1, col=2)
-    _layout(fig, "Collective snap per run", "", "", log=False)
-    fig.update_yaxes(range=[0, 1], row=1, col=1)
-    return fig, ("Left: no group should be accurate at tau/2 (the paper: 0 of 200); right: each group goes from "
-                 "< 20% to >= 80% within a short window (the paper: about 0.5 tau).")
-
-
-def collapse_figure(rows: list[dict], curves: dict[str, tuple[list[int], list[float]]]) -> Captioned:
-    """Candidate loss / log K against step / tau for every backward run: one shape, rescaled."""
-    fig = go.Figure()
-    for r in rows:
-        if r["name"] in curves and r["tau"]:
-            steps, loss = curves[r["name"]]
-            fig.add_trace(go.Scatter(x=[s / r["tau"] for s in steps], y=loss, mode="lines", name=r["name"],
-                                     line={"width": 1.2}, opacity=0.75))
-    _layout(fig, "Every run, time in units of its own tau", "step / tau", "candidate loss / log K", log=False)
-    return fig, ("If one mechanism sets the waiting time, the curves fall onto one another once time is measured "
-                 "in units of tau: a plateau at 1, then the drop through 0.5 at step / tau = 1.")
-
-
-def sweep_figures(sweep: Sweep, result: dict[str, Any]) -> list[tuple[str, str, go.Figure, str]]:
-    """Every figure the sweep has data for: ``[(key, heading, figure, caption), ...]``."""
-    m, rows = result["main"], sweep.rows
-    out: list[tuple[str, str, go.Figure, str]] = []
-    if sweep.curves:
-        out.append(("collapse", "Loss curves, rescaled by tau", *collapse_figure(rows, sweep.curves)))
-    if m["scaling"]:
-        out.append(("scaling", "Scaling law: tau against D", *tau_against(rows, m["scaling"], "D", "D")))
-    if m["k"]:
-        out.append(("k", "tau against K at fixed D", *tau_against(rows, m["k"], "K", "K")))
-    if m["batch"] or m["lr"]:
-        out.append(("noise", "Batch size and learning rate", *noise_figure(m["batch"], m["lr"])))
-    if m["direction_acc50"]:
-        out.append(("direction", "Forward against backward", *direction_figure(m["direction_acc50"])))
-    if m["snap"]:
-        out.append(("snap", "Collective snap", *snap_figure(rows)))
-    return out
-
-
-# ---- report and command line --------------------------------------------------------------
-
-
-def build_sweep_report(sweep: Sweep, result: dict[str, Any]) -> str:
-    """The sweep report: the fits, every figure, the per-run table; one self-contained HTML page."""
-    parts = [f"<h1>Sweep report: {html.escape(sweep.name)}</h1>",
-             f'<p class="sub">{html.escape(str(sweep.path.resolve()))} - {len(sweep.rows)} runs</p>',
-             "<h2>Fits (ours - the paper's)</h2>", table_html(summary_lines(result))]
-    for i, (key, heading, fig, caption) in enumerate(sweep_figures(sweep, result)):
-        parts += figure_section(key, heading, fig, caption, include_plotlyjs=(i == 0))
-    header = "".join(f"<th>{html.escape(h)}</th>" for _, h in TABLE_COLUMNS)
-    body = "\n".join("<tr>" + "".join(f"<td>{html.escape(_cell(r[k]))}</td>" for k, _ in TABLE_COLUMNS) + "</tr>"
-                     for r in sweep.rows)
-    parts += ["<h2>Runs</h2>", f'<table class="summary"><tr>{header}</tr>\n{body}\n</table>',
-              '<p class="note">Written by <code>python -m interp.dynamics</code>; definitions in its module '
-              "docstring; tau: <code>training.metrics.compute_tau</code>.</p>"]
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>Sweep: {html.escape(sweep.name)}</title><style>{CSS}</style></head>\n"
-            "<body><main>\n" + "\n".join(parts) + "\n</main></body></html>\n")
-
-
-def _cell(v: Any) -> str:
-    if v is None:
-        return "-"
-    return f"{v:.3g}" if isinstance(v, float) else str(v)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m interp.dynamics", description=__doc__.splitlines()[0])
-    p.add_argument("--sweep", required=True, type=Path, help="a sweep directory (python -m training.sweep --out)")
-    p.add_argument("--csv", type=Path, help=f"where to write the table (default SWEEP/{CSV_FILE})")
-    p.add_argument("--json", type=Path, help="also write the fits as JSON to this file")
-    p.add_argument("--report", action="store_true", help=f"also write SWEEP/{REPORT_FILE}")
-    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples for the intervals (default 2000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    def body(args: argparse.Namespace) -> None:
-        if args.n_boot < 1:
-            raise CliError(f"--n-boot must be at least 1, got {args.n_boot}")
-        sweep = load_sweep(args.sweep)
-        result = analyze_sweep(sweep.rows, args.n_boot, args.seed)
-        csv_path = args.csv or sweep.path / CSV_FILE
-        csv_path.parent.mkdir(parents=True, exist_ok=True)
-        csv_path.write_text(table_csv(sweep.rows))
-        print(table_text(sweep.rows))
-        print()
-        for what, text in summary_lines(result):
-            print(f"{what}: {text}")
-        print(f"\ntable: {csv_path}")
-        if args.json:
-            write_json(args.json, result)
-            print(f"fits: {args.json}")
-        if args.report:
-            path = sweep.path / REPORT_FILE
-            path.write_text(build_sweep_report(sweep, result), encoding="utf-8")
-            print(f"report: {path}")
-
-    return run_cli(body, argv, build_parser())
-
-
-if __name__ == "__main__":
     sys.exit(main())

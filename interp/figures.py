@@ -8,17 +8,6 @@ vertical lines: ``tau`` (first step with candidate loss < 0.5 log K), ``tau/2`` 
 (the selector head's formation step, ``interp.selector``). Time-series figures have a
 ``linear x`` / ``log x`` toggle (step 0 is not drawn on the log axis).
 
-Collective snap (:func:`snap_statistics`), from the per-group exact-match accuracies
-``group_acc`` of the tracked groups in ``metrics.jsonl``:
-
-* ``share_above_at_half_tau``: the share of tracked groups with accuracy >= ``hi`` (80%) at the
-  last evaluated step <= tau/2 (the paper: none);
-* a group *snaps* at its first evaluated step with accuracy >= ``hi``; its snap window is that
-  step minus the last evaluated step before it with accuracy < ``lo`` (20%). Groups that never
-  reach ``hi`` (or, never below ``lo`` before) have no window;
-* ``snap_window_tau``: the median snap window over the groups that have one, divided by tau;
-* ``snap_spread_tau``: (latest snap step - earliest snap step) / tau over the snapped groups,
-  i.e. how narrow the window is in which the whole data set switches on (the paper: ~0.5 tau).
 """
 
 from __future__ import annotations
@@ -30,10 +19,9 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-SNAP_HI = 0.8
-"""Group accuracy that counts as snapped."""
-SNAP_LO = 0.2
-"""Group accuracy that counts as not yet started."""
+from interp.hessian import PAPER_ANISOTROPY
+from interp.results import na
+from interp.snap import SNAP_HI, SNAP_LO, group_accuracies, snap_statistics
 
 SELECTOR_COLOR = "#d62728"
 OTHER_COLOR = "rgba(120, 120, 120, 0.55)"
@@ -49,6 +37,7 @@ Captioned = tuple[go.Figure, str]
 
 
 def head_label(layer: int, head: int) -> str:
+    """``L{layer}H{head}``, the name of a head everywhere in this project."""
     return f"L{layer}H{head}"
 
 
@@ -91,10 +80,6 @@ def _array(nested: Any) -> np.ndarray:
 def _nan_to_none(a: np.ndarray) -> list:
     """A float array as nested lists with NaN as None (plotly leaves those cells empty)."""
     return np.where(np.isnan(a), None, a).tolist()
-
-
-def _fmt(x: float | int | None, fmt: str = "{:.2f}") -> str:
-    return "n/a" if x is None else fmt.format(x)
 
 
 def _layout(fig: go.Figure, title: str, x_title: str, y_title: str, height: int = FIGURE_HEIGHT) -> go.Figure:
@@ -142,7 +127,7 @@ def loss_curves(records: list[dict[str, Any]], log_k: float, tau: int | None = N
     fig.update_yaxes(title_text="Δz (nats)", row=2, col=1)
     _log_x_toggle(fig, 2)
     caption = ("The candidate loss sits at log K (the dotted line at 1) while Δz stays near 0 - z is ignored - "
-               f"until the drop at τ = {_fmt(tau, '{}')}; the set loss (dashed) tells which plateau it is: near 0, "
+               f"until the drop at τ = {na(tau, '{}')}; the set loss (dashed) tells which plateau it is: near 0, "
                "the model has learned the marginal and waits to use z; high, it cannot yet tell the candidates "
                "from other strings.")
     return fig, caption
@@ -171,7 +156,7 @@ def attention_heatmap(records: list[dict[str, Any]], head: Sequence[int] | None 
     _layout(fig, "Attention to z from the first target prediction position, per head", "step", "head")
     fig.update_yaxes(autorange="reversed", type="category")
     caption = (f"Each row is a head's attention from the last <SEP> to the selector z; the selector head "
-               f"{sel or '(none)'} (★, boxed) brightens during the plateau, before τ = {_fmt(tau, '{}')}.")
+               f"{sel or '(none)'} (★, boxed) brightens during the plateau, before τ = {na(tau, '{}')}.")
     return fig, caption
 
 
@@ -193,7 +178,7 @@ def attention_lines(records: list[dict[str, Any]], head: Sequence[int] | None = 
     fig.update_yaxes(range=[0, 1])
     _log_x_toggle(fig)
     caption = (f"The selector head's attention to z (thick red) rises from the plateau onwards and has gone halfway "
-               f"by t_form = {_fmt(t_form, '{}')}, ahead of the loss drop at τ = {_fmt(tau, '{}')}.")
+               f"by t_form = {na(t_form, '{}')}, ahead of the loss drop at τ = {na(tau, '{}')}.")
     return fig, caption
 
 
@@ -229,7 +214,7 @@ def patching_slider(records: list[dict[str, Any]], head: Sequence[int] | None = 
     y = [f"L{l}" for l in range(n_layers)]
 
     def heatmap(i: int) -> go.Heatmap:
-        text = [[("★ " if head is not None and (l, h) == tuple(head) else "") + _fmt(None if np.isnan(v) else v)
+        text = [[("★ " if head is not None and (l, h) == tuple(head) else "") + na(None if np.isnan(v) else v, "{:.2f}")
                  for h, v in enumerate(row)] for l, row in enumerate(maps[i])]
         return go.Heatmap(z=_nan_to_none(maps[i]), x=x, y=y, zmin=-lim, zmax=lim, colorscale="RdBu", zmid=0,
                           text=text, texttemplate="%{text}", customdata=_nan_to_none(norm[i]), name="patching",
@@ -328,55 +313,10 @@ def ablation_lines(records: list[dict[str, Any]], log_k: float, head: Sequence[i
 # ---- collective snap ----------------------------------------------------------------------
 
 
-def _group_records(records: list[dict[str, Any]]) -> tuple[list[int], np.ndarray]:
-    rec = [r for r in records if r.get("group_acc")]
-    if not rec:
-        return [], np.zeros((0, 0))
-    return [int(r["step"]) for r in rec], np.array([r["group_acc"] for r in rec], dtype=float)
-
-
-def snap_statistics(records: list[dict[str, Any]], tau: int | None, hi: float = SNAP_HI,
-                    lo: float = SNAP_LO) -> dict[str, Any]:
-    """Collective-snap statistics of the tracked groups (definitions in the module docstring)."""
-    steps, acc = _group_records(records)
-    n_groups = int(acc.shape[1]) if acc.size else 0
-    out: dict[str, Any] = {"hi": hi, "lo": lo, "tau": tau, "n_groups": n_groups, "half_tau_step": None,
-                           "share_above_at_half_tau": None, "snap_steps": [None] * n_groups,
-                           "windows": [None] * n_groups, "n_snapped": 0, "n_windows": 0,
-                           "snap_window_steps": None, "snap_window_tau": None, "snap_spread_tau": None}
-    if not n_groups:
-        return out
-    if tau is not None:
-        before = [i for i, s in enumerate(steps) if s <= tau / 2]
-        if before:
-            out["half_tau_step"] = steps[before[-1]]
-            out["share_above_at_half_tau"] = float(np.mean(acc[before[-1]] >= hi))
-    for g in range(n_groups):
-        reached = np.flatnonzero(acc[:, g] >= hi)
-        if not reached.size:
-            continue
-        i_hi = int(reached[0])
-        out["snap_steps"][g] = steps[i_hi]
-        low = np.flatnonzero(acc[:i_hi, g] < lo)
-        if low.size:
-            out["windows"][g] = steps[i_hi] - steps[int(low[-1])]
-    snapped = [s for s in out["snap_steps"] if s is not None]
-    windows = [w for w in out["windows"] if w is not None]
-    out["n_snapped"], out["n_windows"] = len(snapped), len(windows)
-    if windows:
-        out["snap_window_steps"] = float(np.median(windows))
-    if tau:
-        if windows:
-            out["snap_window_tau"] = out["snap_window_steps"] / tau
-        if snapped:
-            out["snap_spread_tau"] = (max(snapped) - min(snapped)) / tau
-    return out
-
-
 def snap_raster(records: list[dict[str, Any]], tau: int | None = None, t_form: int | None = None,
                 hi: float = SNAP_HI, lo: float = SNAP_LO) -> Captioned:
     """Per-group accuracy (groups x steps, groups ordered by snap step) and the share of groups >= hi."""
-    steps, acc = _group_records(records)
+    steps, acc = group_accuracies(records)
     stats = snap_statistics(records, tau, hi, lo)
     n_groups = acc.shape[1] if acc.size else 0
     big = max(steps[-1], 1) * 10 if steps else 1
@@ -400,11 +340,94 @@ def snap_raster(records: list[dict[str, Any]], tau: int | None = None, t_form: i
     fig.update_yaxes(title_text="share", range=[0, 1.02], row=2, col=1)
     if stats["n_snapped"]:
         snapped = (f"{stats['n_snapped']}/{n_groups} groups snap, with a median snap window of "
-                   f"{_fmt(stats['snap_window_tau'])} τ and all snap steps within {_fmt(stats['snap_spread_tau'])} τ")
+                   f"{na(stats['snap_window_tau'], '{:.2f}')} τ and all snap steps within {na(stats['snap_spread_tau'], '{:.2f}')} τ")
     else:
         snapped = f"none of the {n_groups} groups has reached {hi:.0%} by the last evaluated step"
-    caption = (f"At τ/2 {_fmt(stats['share_above_at_half_tau'], '{:.0%}')} of the groups are above {hi:.0%} accuracy "
+    caption = (f"At τ/2 {na(stats['share_above_at_half_tau'], '{:.0%}')} of the groups are above {hi:.0%} accuracy "
                f"and {snapped}: a collective snap shows as one vertical edge in the raster.")
+    return fig, caption
+
+
+# ---- plateau geometry (interp.hessian records) ---------------------------------------------
+
+
+def _tau_line(fig: Any, tau: int | None, **kw: Any) -> None:
+    if tau is not None:
+        fig.add_vline(x=tau, line_dash="dash", line_color="grey", annotation_text="tau", **kw)
+
+
+def hessian_spectrum(records: Sequence[dict[str, Any]], tau: int | None = None, n_top: int = 5) -> Captioned:
+    """Top eigenvalues (log scale) and lambda_min (with the spread over Hessian batches) against the step.
+
+    Flagged (unconverged) values are drawn as open markers.
+    """
+    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
+                        subplot_titles=("top eigenvalues of the Hessian", "lambda_min (mean +- std over batches)"))
+    steps = [r["step"] for r in records]
+    n = min([n_top, *(len(r["spectrum"]["top"]) for r in records)]) if records else 0
+    for i in range(n):
+        vals = [r["spectrum"]["top"][i]["value"] for r in records]
+        ok = [r["spectrum"]["top"][i]["converged"] for r in records]
+        fig.add_trace(go.Scatter(x=steps, y=vals, mode="lines+markers", name=f"lambda_{i + 1}",
+                                 marker_symbol=["circle" if c else "circle-open" for c in ok]), row=1, col=1)
+    lam_min = [r["spectrum"]["lambda_min"] for r in records]
+    err = [r["stability"]["lambda_min"]["std"] or 0.0 for r in records]
+    ok = [r["spectrum"]["bottom"][0]["converged"] for r in records]
+    fig.add_trace(go.Scatter(x=steps, y=lam_min, mode="lines+markers", name="lambda_min",
+                             error_y={"type": "data", "array": err, "visible": True},
+                             marker_symbol=["diamond" if c else "diamond-open" for c in ok]), row=2, col=1)
+    fig.add_hline(y=0, line_color="black", line_width=1, row=2, col=1)
+    fig.update_yaxes(type="log", title_text="eigenvalue", row=1, col=1)
+    fig.update_yaxes(title_text="lambda_min", row=2, col=1)
+    fig.update_xaxes(title_text="step", row=2, col=1)
+    for row in (1, 2):
+        _tau_line(fig, tau, row=row, col=1)
+    fig.update_layout(title="Hessian spectrum over training (open markers: residual above tolerance)", height=600)
+    negative = sum(1 for v in lam_min if v is not None and v < 0)
+    caption = (f"lambda_min is negative at {negative} of {len(records)} analysed steps: a negative lambda_min is a "
+               "saddle (a direction of descent), not a local minimum.")
+    return fig, caption
+
+
+def hessian_anisotropy(records: Sequence[dict[str, Any]], tau: int | None = None) -> Captioned:
+    """lambda_max / |curvature| of both escape directions against the step (log scale), the paper's band shaded."""
+    fig = go.Figure()
+    steps = [r["step"] for r in records]
+    for name, label in (("displacement", "displacement (plateau -> after)"), ("min_eigvec", "min eigenvector")):
+        key = f"anisotropy_{name}"
+        if not records or key not in records[0]["stability"]:
+            continue
+        mean = [r["escape"][name]["anisotropy"] for r in records]
+        lo = [max(m - (r["stability"][key]["min"] or m), 0) if m is not None else 0 for m, r in zip(mean, records)]
+        hi = [max((r["stability"][key]["max"] or m) - m, 0) if m is not None else 0 for m, r in zip(mean, records)]
+        fig.add_trace(go.Scatter(x=steps, y=mean, mode="lines+markers", name=label,
+                                 error_y={"type": "data", "array": hi, "arrayminus": lo, "visible": True}))
+    fig.add_hrect(y0=PAPER_ANISOTROPY[0], y1=PAPER_ANISOTROPY[1], fillcolor="orange", opacity=0.15, line_width=0,
+                  annotation_text="paper: 500-1000x", annotation_position="top left")
+    _tau_line(fig, tau)
+    fig.update_yaxes(type="log", title_text="lambda_max / |v^T H v|")
+    fig.update_xaxes(title_text="step")
+    fig.update_layout(title="Anisotropy of the escape directions (bars: min..max over Hessian batches)")
+    caption = ("How much flatter each escape direction is than the steepest one (lambda_max / |curvature|); the "
+               f"shaded band is the paper's {PAPER_ANISOTROPY[0]:g}-{PAPER_ANISOTROPY[1]:g}x.")
+    return fig, caption
+
+
+def hessian_noise(records: Sequence[dict[str, Any]], tau: int | None = None) -> Captioned:
+    """Enrichment (share / isotropic share) of the gradient noise: top-k subspace vs escape directions."""
+    fig = go.Figure()
+    steps = [r["step"] for r in records]
+    for key, label in (("enrichment_topk", "top-k subspace"), ("enrichment_displacement", "displacement"),
+                       ("enrichment_min_eigvec", "min eigenvector")):
+        if records and key in records[0]["noise"]:
+            fig.add_trace(go.Scatter(x=steps, y=[r["noise"][key] for r in records], mode="lines+markers", name=label))
+    fig.add_hline(y=1, line_dash="dot", annotation_text="isotropic")
+    _tau_line(fig, tau)
+    fig.update_yaxes(type="log", title_text="noise share / isotropic share")
+    fig.update_xaxes(title_text="step")
+    fig.update_layout(title="Where the gradient noise goes")
+    caption = ("The share of the gradient noise in each subspace, divided by the share an isotropic noise would put "
+               "there: above 1, the noise is concentrated in that subspace.")
     return fig, caption
 
 

@@ -42,14 +42,13 @@ means a descent direction of negative curvature (a saddle, not a minimum). Share
     python -m interp.hessian --ckpt RUN/checkpoints/step_0000200.safetensors [--json out.json]
     python -m interp.hessian --run RUN --steps 200 1300 [--k 20 --n-bottom 5 --batch 1024 --n-batches 3]
 
-Series results are cached per step in ``RUN/analysis/hessian.jsonl`` (appendable; a record is
-reused only when its options match).
+Series results are cached per step in ``RUN/analysis/hessian.jsonl`` (``interp.results``; a record
+is reused only when its settings match). The figures are ``interp.figures.hessian_*``.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import sys
@@ -68,15 +67,14 @@ from torch.func import functional_call, grad, jvp, vjp, vmap
 from tqdm.auto import tqdm
 
 from interp.cli import CliError, resolve_ckpt, run_cli, write_json
+from interp.results import HESSIAN_FILE, analysis_dir, append_records, load_records, settings_key, strict_json
 from training.layout import Layout
 from training.metrics import target_cross_entropy
-from training.run import Run, RunError, read_jsonl
+from training.run import Run, RunError
 from training.task import Task
 
 log = logging.getLogger(__name__)
 
-ANALYSIS_DIR = "analysis"
-HESSIAN_FILE = "hessian.jsonl"
 METHODS = ("vjp", "jvp")
 DEFAULT_K = 20
 DEFAULT_N_BOTTOM = 5
@@ -500,15 +498,13 @@ def _noise(loss: LossFn, theta: Float[Tensor, " P"], tokens: Int[Tensor, "N seq"
 
 
 def hessian_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / ANALYSIS_DIR / HESSIAN_FILE
+    """The run's Hessian cache file."""
+    return analysis_dir(run_dir) / HESSIAN_FILE
 
 
-def load_hessian(run_dir: str | Path) -> list[dict[str, Any]]:
-    """Cached records of a run, sorted by step (the last record of a step wins)."""
-    path = hessian_path(run_dir)
-    if not path.exists():
-        return []
-    return sorted({r["step"]: r for r in read_jsonl(path)}.values(), key=lambda r: r["step"])
+def load_hessian(run_dir: str | Path, settings: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """Cached records of a run (only those made with ``settings``, when given), sorted by step."""
+    return load_records(hessian_path(run_dir), settings)
 
 
 def default_escape(run: Run) -> tuple[int | None, int | None]:
@@ -524,14 +520,10 @@ def default_escape(run: Run) -> tuple[int | None, int | None]:
 def displacement(run: Run, step_from: int, step_to: int, device: str = "cpu") -> Float[Tensor, " P"]:
     """Flat trainable-parameter displacement ``theta(step_to) - theta(step_from)``."""
     if step_from == step_to:
-        raise CliError(f"the escape direction needs two different checkpoints, got {step_from} twice")
+        raise ValueError(f"the escape direction needs two different checkpoints, got {step_from} twice")
     a, b = run.load_model(step_from, device), run.load_model(step_to, device)
     spec = ParamSpec.of(a)
     return spec.flatten(b) - spec.flatten(a)
-
-
-def _options(**kw: Any) -> dict[str, Any]:
-    return dict(sorted(kw.items()))
 
 
 def analyze_series(run_dir: str | Path, steps: Sequence[int] | None = None, *, k: int = DEFAULT_K,
@@ -553,121 +545,21 @@ def analyze_series(run_dir: str | Path, steps: Sequence[int] | None = None, *, k
     if escape_from is None:
         log.warning("%s: no plateau span in the summary and no --escape-from: displacement direction skipped",
                     run.path)
-    opts = _options(k=k, n_bottom=n_bottom, batch=batch, n_batches=n_batches, seed=seed, tol=tol,
-                    max_iter=max_iter, escape_from=escape_from, escape_to=escape_to, method=method)
-    cached = {r["step"]: r for r in load_hessian(run.path) if r.get("options") == opts}
+    settings = settings_key(dict(k=k, n_bottom=n_bottom, batch=batch, n_batches=n_batches, seed=seed, tol=tol,
+                                 max_iter=max_iter, escape_from=escape_from, escape_to=escape_to, method=method))
+    cached = {r["step"]: r for r in load_hessian(run.path, settings)}
     todo = [s for s in steps if s not in cached]
     disp = displacement(run, escape_from, escape_to, device) if todo and escape_from is not None else None
     task = run.task()
     path = hessian_path(run.path)
     for step in tqdm(todo, desc=f"hessian {run.path.name}", disable=not progress, dynamic_ncols=True):
         model = run.load_model(step, device)
-        rec = {"step": step, "options": opts,
+        rec = {"step": step, "settings": settings,
                **geometry(model, task, k=k, n_bottom=n_bottom, batch=batch, n_batches=n_batches, seed=seed,
                           tol=tol, max_iter=max_iter, displacement=disp, method=method)}
-        _append(path, rec)
-        cached[step] = rec
+        append_records(path, [rec])
+        cached[step] = strict_json(rec)
     return [cached[s] for s in steps]
-
-
-def _append(path: Path, record: dict[str, Any]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(json.dumps(_clean(record), allow_nan=False) + "\n")
-
-
-def _clean(obj: Any) -> Any:
-    """NaN / inf -> None, so every record is strict JSON."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _clean(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_clean(v) for v in obj]
-    return obj
-
-
-# ---- figures (pure: records in, plotly figures out) -------------------------------------------
-
-
-def _tau_line(fig: Any, tau: int | None, **kw: Any) -> None:
-    if tau is not None:
-        fig.add_vline(x=tau, line_dash="dash", line_color="grey", annotation_text="tau", **kw)
-
-
-def spectrum_figure(records: Sequence[dict[str, Any]], tau: int | None = None, n_top: int = 5) -> Any:
-    """Top eigenvalues (log scale) and lambda_min (with the spread over Hessian batches) against the step.
-
-    Flagged (unconverged) values are drawn as open markers.
-    """
-    import plotly.graph_objects as go
-    from plotly.subplots import make_subplots
-
-    fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08,
-                        subplot_titles=("top eigenvalues of the Hessian", "lambda_min (mean +- std over batches)"))
-    steps = [r["step"] for r in records]
-    n = min([n_top, *(len(r["spectrum"]["top"]) for r in records)]) if records else 0
-    for i in range(n):
-        vals = [r["spectrum"]["top"][i]["value"] for r in records]
-        ok = [r["spectrum"]["top"][i]["converged"] for r in records]
-        fig.add_trace(go.Scatter(x=steps, y=vals, mode="lines+markers", name=f"lambda_{i + 1}",
-                                 marker_symbol=["circle" if c else "circle-open" for c in ok]), row=1, col=1)
-    lam_min = [r["spectrum"]["lambda_min"] for r in records]
-    err = [r["stability"]["lambda_min"]["std"] or 0.0 for r in records]
-    ok = [r["spectrum"]["bottom"][0]["converged"] for r in records]
-    fig.add_trace(go.Scatter(x=steps, y=lam_min, mode="lines+markers", name="lambda_min",
-                             error_y={"type": "data", "array": err, "visible": True},
-                             marker_symbol=["diamond" if c else "diamond-open" for c in ok]), row=2, col=1)
-    fig.add_hline(y=0, line_color="black", line_width=1, row=2, col=1)
-    fig.update_yaxes(type="log", title_text="eigenvalue", row=1, col=1)
-    fig.update_yaxes(title_text="lambda_min", row=2, col=1)
-    fig.update_xaxes(title_text="step", row=2, col=1)
-    for row in (1, 2):
-        _tau_line(fig, tau, row=row, col=1)
-    fig.update_layout(title="Hessian spectrum over training (open markers: residual above tolerance)", height=600)
-    return fig
-
-
-def anisotropy_figure(records: Sequence[dict[str, Any]], tau: int | None = None) -> Any:
-    """lambda_max / |curvature| of both escape directions against the step (log scale), the paper's band shaded."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    steps = [r["step"] for r in records]
-    for name, label in (("displacement", "displacement (plateau -> after)"), ("min_eigvec", "min eigenvector")):
-        key = f"anisotropy_{name}"
-        if not records or key not in records[0]["stability"]:
-            continue
-        mean = [r["escape"][name]["anisotropy"] for r in records]
-        lo = [max(m - (r["stability"][key]["min"] or m), 0) if m is not None else 0 for m, r in zip(mean, records)]
-        hi = [max((r["stability"][key]["max"] or m) - m, 0) if m is not None else 0 for m, r in zip(mean, records)]
-        fig.add_trace(go.Scatter(x=steps, y=mean, mode="lines+markers", name=label,
-                                 error_y={"type": "data", "array": hi, "arrayminus": lo, "visible": True}))
-    fig.add_hrect(y0=PAPER_ANISOTROPY[0], y1=PAPER_ANISOTROPY[1], fillcolor="orange", opacity=0.15, line_width=0,
-                  annotation_text="paper: 500-1000x", annotation_position="top left")
-    _tau_line(fig, tau)
-    fig.update_yaxes(type="log", title_text="lambda_max / |v^T H v|")
-    fig.update_xaxes(title_text="step")
-    fig.update_layout(title="Anisotropy of the escape directions (bars: min..max over Hessian batches)")
-    return fig
-
-
-def noise_figure(records: Sequence[dict[str, Any]], tau: int | None = None) -> Any:
-    """Enrichment (share / isotropic share) of the gradient noise: top-k subspace vs escape directions."""
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
-    steps = [r["step"] for r in records]
-    for key, label in (("enrichment_topk", "top-k subspace"), ("enrichment_displacement", "displacement"),
-                       ("enrichment_min_eigvec", "min eigenvector")):
-        if records and key in records[0]["noise"]:
-            fig.add_trace(go.Scatter(x=steps, y=[r["noise"][key] for r in records], mode="lines+markers", name=label))
-    fig.add_hline(y=1, line_dash="dot", annotation_text="isotropic")
-    _tau_line(fig, tau)
-    fig.update_yaxes(type="log", title_text="noise share / isotropic share")
-    fig.update_xaxes(title_text="step")
-    fig.update_layout(title="Where the gradient noise goes")
-    return fig
 
 
 # ---- text and the CLI --------------------------------------------------------------------------
@@ -762,7 +654,7 @@ def main(argv: list[str] | None = None) -> int:
             records = analyze_series(args.run, args.steps, **opts)
             print("\n".join(format_record(r) for r in records))
             print(f"results in {hessian_path(args.run)}")
-            write_json(args.json, _clean(records))
+            write_json(args.json, records)
             return
         run, step = resolve_ckpt(args.ckpt, args.step)
         d_from, d_to = default_escape(run)
@@ -775,14 +667,14 @@ def main(argv: list[str] | None = None) -> int:
             log.warning("%s: no plateau span in the summary and no --escape-from: displacement direction skipped",
                         run.path)
         disp = displacement(run, e_from, e_to, args.device) if e_from is not None else None
-        rec = {"step": step, "options": _options(**{k: v for k, v in opts.items() if k not in ("device", "progress")}
-                                                 | {"escape_from": e_from, "escape_to": e_to}),
+        settings = {k: v for k, v in opts.items() if k not in ("device", "progress")}
+        rec = {"step": step, "settings": settings_key({**settings, "escape_from": e_from, "escape_to": e_to}),
                **geometry(run.load_model(step, args.device), run.task(), k=args.k, n_bottom=args.n_bottom,
                           batch=args.batch, n_batches=args.n_batches, seed=args.seed, tol=args.tol,
                           max_iter=args.max_iter, displacement=disp, method=args.method,
                           progress=not args.no_progress)}
         print(format_record(rec))
-        write_json(args.json, _clean(rec))
+        write_json(args.json, rec)
 
     return run_cli(body, argv, build_parser())
 

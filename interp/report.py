@@ -31,13 +31,14 @@ from typing import Any
 import circuitsvis as cv
 from circuitsvis.utils.render import RenderedHTML
 
-from interp.analyze import SELECTOR_FILE, analysis_dir, analyze_run, load_analysis
+from interp.analyze import analyze_run, load_analysis
 from interp.attention import attention_patterns, sample_examples
 from interp.cli import run_cli
-from interp.figures import all_figures, head_label, snap_statistics
+from interp.figures import all_figures, head_label
+from interp.pages import figure_section, page, table_html, write_page
+from interp.results import REPORT_FILE, SELECTOR_FILE, analysis_dir, median, na
+from interp.snap import snap_statistics
 from training.run import Run, RunError
-
-REPORT_FILE = "report.html"
 MOMENTS: tuple[str, ...] = ("plateau start", "tau/2", "tau", "end")
 """The moments at which attention patterns are shown (each at the nearest checkpoint)."""
 
@@ -45,26 +46,6 @@ _CV_DIV = re.compile(r'<div id="(circuits-vis-[^"]+)"')
 _CV_SCRIPT_OPEN = '<script crossorigin type="module">'
 _CV_RENDER = "CircuitsVis.render("
 _SOURCE_MAP = re.compile(r"^//# sourceMappingURL=.*$", re.MULTILINE)
-
-CSS = """
-body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 0; color: #222;
-       background: #fafafa; }
-main { max-width: 1250px; margin: 0 auto; padding: 24px 32px 64px; background: #fff; }
-h1 { margin-bottom: 4px; } h2 { margin-top: 40px; border-bottom: 1px solid #ddd; padding-bottom: 4px; }
-.sub { color: #666; margin-top: 0; }
-p.caption { color: #444; font-style: italic; margin: 4px 0 24px; max-width: 1000px; }
-table.summary { border-collapse: collapse; margin: 12px 0; }
-table.summary td, table.summary th { border: 1px solid #ddd; padding: 5px 10px; text-align: left; vertical-align: top; }
-table.summary th { background: #f3f3f3; width: 280px; }
-.figure { margin: 8px 0; }
-.moment { margin: 24px 0 8px; }
-.cv-row { display: flex; flex-wrap: wrap; gap: 24px; align-items: flex-start; }
-.cv-cell { flex: 1 1 520px; min-width: 420px; border: 1px solid #eee; padding: 6px 10px 6px 28px; }
-.cv-cell h4 { margin: 4px 0; font-weight: 600; }
-code { background: #f3f3f3; padding: 1px 4px; }
-.note { color: #666; font-size: 0.92em; }
-"""
-
 
 # ---- the pieces ---------------------------------------------------------------------------
 
@@ -122,10 +103,6 @@ def split_circuitsvis(rendered: RenderedHTML) -> tuple[str, str, str]:
     return library, m.group(1), call
 
 
-def _f(x: Any, fmt: str = "{:.3f}") -> str:
-    return "n/a" if x is None else fmt.format(x)
-
-
 def _bracket(b: Sequence[float | int] | None, fmt: str = "{}") -> str:
     return "" if not b else f" (bracket {fmt.format(b[0])} .. {fmt.format(b[1])})"
 
@@ -141,46 +118,31 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
     agree = [a["spearman"] for a in sel.get("agreement") or [] if a.get("spearman") is not None]
     rows = [
         ("log K", f"{run.log_k:.3f} (K = {run.config.task.K})"),
-        ("tau (first step with candidate loss < 0.5 log K)", _f(sel.get("tau"), "{}") + _bracket(sel.get("tau_bracket"))),
+        ("tau (first step with candidate loss < 0.5 log K)", na(sel.get("tau"), "{}") + _bracket(sel.get("tau_bracket"))),
         ("tau at thresholds 0.3 / 0.5 / 0.7 log K",
-         " / ".join(_f(v, "{}") for v in (summary.get("tau_by_threshold") or {}).values()) or "n/a"),
+         " / ".join(na(v, "{}") for v in (summary.get("tau_by_threshold") or {}).values()) or "n/a"),
         ("plateau (candidate loss within 10% of log K, Δz < 0.1 log K)", f"steps {span[0]} .. {span[1]}" if span else "none"),
-        ("set loss on the plateau (median)", f"{_f(summary.get('plateau_median_set_loss'))} nats "
-                                             f"(step 0: {_f(set0)}; 0 = all mass on the K candidates)"),
+        ("set loss on the plateau (median)", f"{na(summary.get('plateau_median_set_loss'))} nats "
+                                             f"(step 0: {na(set0)}; 0 = all mass on the K candidates)"),
         ("selector head", f"{sel.get('label')} (rule: {sel.get('rule')})"),
-        ("its attention to z", f"{_f(sel.get('start_value'))} at the plateau start -> {_f(sel.get('final_value'))} at the end"),
-        ("t_form (attention to z halfway up)", _f(sel.get("t_form"), "{}") + _bracket(sel.get("t_form_bracket"))),
-        ("lead fraction (tau - t_form) / tau", _f(sel.get("lead_fraction")) + _bracket(sel.get("lead_bracket"), "{:.3f}")
+        ("its attention to z", f"{na(sel.get('start_value'))} at the plateau start -> {na(sel.get('final_value'))} at the end"),
+        ("t_form (attention to z halfway up)", na(sel.get("t_form"), "{}") + _bracket(sel.get("t_form_bracket"))),
+        ("lead fraction (tau - t_form) / tau", na(sel.get("lead_fraction")) + _bracket(sel.get("lead_bracket"), "{:.3f}")
          + " (paper: about 0.5)"),
         ("selector head ablated at the end (candidate loss)",
-         f"{_f(abl['base_candidate_loss'])} -> zero {_f(abl['zero_candidate_loss'])}, mean {_f(abl['mean_candidate_loss'])} "
+         f"{na(abl['base_candidate_loss'])} -> zero {na(abl['zero_candidate_loss'])}, mean {na(abl['mean_candidate_loss'])} "
          f"(falls back to the marginal: {sel.get('falls_back_to_marginal')})" if abl else "n/a"),
-        (f"groups >= {snap['hi']:.0%} accurate at tau/2", f"{_f(snap['share_above_at_half_tau'], '{:.0%}')} of "
-         f"{snap['n_groups']} tracked groups (at step {_f(snap['half_tau_step'], '{}')}; paper: none)"),
+        (f"groups >= {snap['hi']:.0%} accurate at tau/2", f"{na(snap['share_above_at_half_tau'], '{:.0%}')} of "
+         f"{snap['n_groups']} tracked groups (at step {na(snap['half_tau_step'], '{}')}; paper: none)"),
         ("snapped groups", f"{snap['n_snapped']} / {snap['n_groups']} reach {snap['hi']:.0%}"),
-        ("snap window (median over groups) / tau", f"{_f(snap['snap_window_tau'])} ({snap['n_windows']} groups; "
+        ("snap window (median over groups) / tau", f"{na(snap['snap_window_tau'])} ({snap['n_windows']} groups; "
          f"first step >= {snap['hi']:.0%} minus the last step < {snap['lo']:.0%} before it)"),
-        ("spread of snap steps / tau", f"{_f(snap['snap_spread_tau'])} (latest - earliest snap step; paper: about 0.5)"),
+        ("spread of snap steps / tau", f"{na(snap['snap_spread_tau'])} (latest - earliest snap step; paper: about 0.5)"),
         ("attribution vs exact patching (heads)",
-         f"Spearman median {sorted(agree)[len(agree) // 2]:.3f}, min {min(agree):.3f} over {len(agree)} steps" if agree else "n/a"),
+         f"Spearman median {median(agree):.3f}, min {min(agree):.3f} over {len(agree)} steps" if agree else "n/a"),
         ("analysed checkpoints", f"{sel.get('analysed_steps')} of {len(run.steps())}"),
     ]
     return rows
-
-
-def table_html(rows: list[tuple[str, str]]) -> str:
-    """A two-column (name, value) table."""
-    body = "\n".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
-    return f'<table class="summary">\n{body}\n</table>'
-
-
-def figure_section(key: str, heading: str, fig: Any, caption: str, include_plotlyjs: bool) -> list[str]:
-    """One figure as HTML parts: heading, the plotly div, caption. Inline plotly.js (``include_plotlyjs``)
-    with the first figure of a page only: the page then needs nothing from the network."""
-    div = fig.to_html(full_html=False, include_plotlyjs=include_plotlyjs, auto_play=False, div_id=f"fig-{key}",
-                      config={"displaylogo": False, "responsive": True}, default_width="100%")
-    return [f"<h2>{html.escape(heading)}</h2>", f'<div class="figure">{div}</div>',
-            f'<p class="caption">{html.escape(caption)}</p>']
 
 
 # ---- the page -----------------------------------------------------------------------------
@@ -210,9 +172,7 @@ def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str
     parts.append('<p class="note">Written by <code>python -m interp.report</code>; definitions: '
                  "<code>interp.selector</code> (selector head, t_form, lead fraction), "
                  "<code>interp.figures</code> (snap statistics), <code>training.metrics</code> (tau, plateau).</p>")
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>Report: {html.escape(run.path.name)}</title><style>{CSS}</style></head>\n"
-            "<body><main>\n" + "\n".join(parts) + "\n</main></body></html>\n")
+    return page(f"Report: {run.path.name}", parts)
 
 
 def _attention_section(run: Run, sel: dict[str, Any], n_examples: int, seed: int) -> list[str]:
@@ -230,7 +190,7 @@ def _attention_section(run: Run, sel: dict[str, Any], n_examples: int, seed: int
     library_done = False
     for name, step in moments.items():
         views = attention_views(run, step, layers, examples, head)
-        parts.append(f'<h3 class="moment">{html.escape(name)} (step {_f(targets[name], "{:g}")}): nearest checkpoint, '
+        parts.append(f'<h3 class="moment">{html.escape(name)} (step {na(targets[name], "{:g}")}): nearest checkpoint, '
                      f'step {step}</h3><div class="cv-row">')
         for ex, layer, rendered in views:
             library, elem_id, call = split_circuitsvis(rendered)
@@ -246,10 +206,7 @@ def _attention_section(run: Run, sel: dict[str, Any], n_examples: int, seed: int
 def write_report(run_dir: str | Path, out: str | Path | None = None, n_examples: int = 2, seed: int = 0) -> Path:
     """Write the report (default ``RUN/report.html``) and return its path."""
     path = Path(out) if out is not None else Path(run_dir) / REPORT_FILE
-    text = build_report(run_dir, n_examples, seed)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8")
-    return path
+    return write_page(path, build_report(run_dir, n_examples, seed))
 
 
 def build_parser() -> argparse.ArgumentParser:

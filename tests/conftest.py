@@ -1,23 +1,73 @@
-"""Shared fixtures: every generator seeded before each test; one `ci` run per session."""
+"""Shared fixtures: every generator seeded before each test; one `ci` and one `tiny` run per session.
+
+The session runs are read-only for the tests: a test that writes into a run directory (an
+analysis cache, a report) works on its own copy (:func:`copy_run`), so no test sees what another
+one wrote, whatever the order.
+"""
 
 from __future__ import annotations
 
+import os
 import random
+import shutil
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
+from interp.results import ANALYSIS_DIR
+from training import run as rd
 from training.presets import get_preset
 from training.train import train
 
 
+def pytest_collection_modifyitems(config, items):
+    """Tests that train or analyse a session run, execute notebooks or drive the browser are ``slow``
+    (``make test-fast`` runs the others)."""
+    slow_fixtures = {"ci_run", "ci_analysed", "tiny_sweep"}
+    for item in items:
+        if slow_fixtures & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
+
+
 @pytest.fixture(autouse=True)
 def seed_everything():
+    """Seed Python's, NumPy's and torch's generators before every test."""
     random.seed(0)
     np.random.seed(0)
     torch.manual_seed(0)
     yield
+
+
+@pytest.fixture
+def one_thread():
+    """One torch thread: same numbers need the same thread count (parallel reductions round
+    differently), and tiny models are fastest, and far faster on a loaded machine, on one."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def copy_run(src: Path, dst: Path, steps: list[int] | None = None, with_analysis: bool = False) -> Path:
+    """A private copy of a run directory (``steps``: only those checkpoints; its analyses if asked).
+
+    Checkpoints are hard links: a run never rewrites a checkpoint in place (writes are atomic
+    renames), so sharing them is safe and costs nothing.
+    """
+    dst.mkdir(parents=True)
+    for name in (rd.CONFIG_FILE, rd.DATASET_FILE, rd.METRICS_FILE, rd.SUMMARY_FILE):
+        if (src / name).exists():
+            shutil.copy2(src / name, dst / name)
+    (dst / rd.CHECKPOINT_DIR).mkdir()
+    keep = None if steps is None else {rd.checkpoint_name(s) for s in steps}
+    for ckpt in (src / rd.CHECKPOINT_DIR).iterdir():
+        if keep is None or ckpt.name in keep:
+            os.link(ckpt, dst / rd.CHECKPOINT_DIR / ckpt.name)
+    if with_analysis and (src / ANALYSIS_DIR).is_dir():
+        shutil.copytree(src / ANALYSIS_DIR, dst / ANALYSIS_DIR)
+    return dst
 
 
 @pytest.fixture(scope="session")
@@ -30,18 +80,20 @@ def ci_run(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
+    """The `tiny` preset trained once for the whole session (a second)."""
     out = tmp_path_factory.mktemp("runs") / "tiny"
     train(get_preset("tiny"), out, device="cpu", progress=False)
     return out
 
 
 @pytest.fixture(scope="session")
-def ci_analysed(ci_run):
-    """The session's `ci` run with its analysis cache (every 10th checkpoint, 6 exact steps)."""
+def ci_analysed(ci_run, tmp_path_factory):
+    """A copy of the session's `ci` run with its analysis cache (every 10th checkpoint, 6 exact steps)."""
     from interp.analyze import analyze_run
 
-    analyze_run(ci_run, every=10, n_exact=6, progress=False)
-    return ci_run
+    out = copy_run(ci_run, tmp_path_factory.mktemp("runs") / "ci_analysed")
+    analyze_run(out, every=10, n_exact=6, progress=False)
+    return out
 
 
 @pytest.fixture(scope="session")

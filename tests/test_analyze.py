@@ -2,12 +2,13 @@
 
 import json
 
+import numpy as np
 import pytest
 
 from interp import selector as sel
-from interp.analyze import (ABLATION_FILE, ANALYSIS_DIR, ATTENTION_FILE, PATCH_FILE, analyze_run, exact_steps,
-                            load_analysis, main, pick_steps)
-from training.metrics import compute_tau
+from interp.analyze import AnalysisSettings, analyze_run, exact_steps, load_analysis, main, pick_steps
+from interp.results import ABLATION_FILE, ATTENTION_FILE, PATCH_FILE, SELECTOR_FILE, analysis_dir
+from tests.conftest import copy_run
 from training.run import Run, RunError
 
 
@@ -38,42 +39,87 @@ def test_step_choice():
     with pytest.raises(RunError, match="no checkpoint at step"):
         pick_steps([0, 5], steps=[3])
     chosen = exact_steps(list(range(0, 1000, 10)), 4, landmarks=[505])
-    assert 0 in chosen and 990 in chosen and 500 in chosen or 510 in chosen
+    # 100 steps: linspace(0, 99, 4) picks indices 0, 33, 66, 99; 505 is as near 500 as 510, and the
+    # first of the two wins.
+    assert chosen == [0, 330, 500, 660, 990]
+
+
+SMALL = AnalysisSettings(n_examples=128, ablation_groups=4)
 
 
 @pytest.fixture(scope="module")
-def analysed(ci_run):
-    return analyze_run(ci_run, every=10, n_exact=5, n_examples=128, ablation_groups=4, progress=False)
-
-
-def test_series_end_to_end_on_the_ci_run(ci_run, analysed):
+def analysed_run(ci_run, tmp_path_factory):
+    """A private copy of the session's ci run (every 10th checkpoint), analysed with SMALL settings."""
     run = Run(ci_run)
-    tau = compute_tau(run.metrics(), run.log_k)
-    assert analysed["tau"] == tau is not None
+    out = copy_run(ci_run, tmp_path_factory.mktemp("analyse") / "ci", steps=run.steps()[::10] + run.steps()[-1:])
+    return out, analyze_run(out, n_exact=5, settings=SMALL, progress=False)
+
+
+def test_series_end_to_end_on_the_ci_run(analysed_run):
+    path, analysed = analysed_run
+    run = Run(path)
+    log_k = run.log_k
+    first_below = next(r["step"] for r in run.metrics() if r["candidate_loss"] < 0.5 * log_k)
+    assert analysed["tau"] == first_below
     assert analysed["t_form"] is not None and 0 <= analysed["t_form"] <= run.steps()[-1]
     lo, hi = analysed["lead_bracket"]
     assert lo <= analysed["lead_fraction"] <= hi
-    assert analysed["lead_fraction"] == pytest.approx((tau - analysed["t_form"]) / tau)
+    assert 0 < analysed["lead_fraction"] < 1  # the head forms during the plateau, before the drop
     layer, head = analysed["head"]
-    cache = load_analysis(ci_run)
+    cache = load_analysis(path)
     series = {r["step"]: r["to_z_first"][layer][head] for r in cache["attention"]}
     assert series[analysed["t_form"]] >= analysed["start_value"] + 0.5 * (analysed["final_value"] - analysed["start_value"])
-    assert analysed["agreement"] and all(a["max_abs_err"] >= 0 for a in analysed["agreement"])
+    # The agreement rows hold the largest |exact - attribution| difference of the cached head patching.
+    attribution = {r["step"]: r for r in cache["attribution"]}
+    assert analysed["agreement"]
+    for a in analysed["agreement"]:
+        exact = next(r for r in cache["patch"] if r["step"] == a["step"])["heads"]["raw"]
+        approx = attribution[a["step"]]["heads"]["raw"]
+        assert a["max_abs_err"] == pytest.approx(float(np.abs(np.subtract(exact, approx)).max()), rel=1e-5, abs=1e-6)
     # After the drop, the selector head matters: zero-ablating it costs candidate loss.
     end = analysed["ablation"]["end"]
     assert end["zero_candidate_loss"] > end["base_candidate_loss"]
 
 
-def test_cache_is_reused_and_extended(ci_run, analysed):
-    folder = ci_run / ANALYSIS_DIR
+def test_cache_is_reused_and_extended(analysed_run):
+    path, analysed = analysed_run
+    folder = analysis_dir(path)
     before = {f: (folder / f).read_text() for f in (ATTENTION_FILE, PATCH_FILE, ABLATION_FILE)}
-    again = analyze_run(ci_run, every=10, n_exact=5, n_examples=128, ablation_groups=4, progress=False)
+    again = analyze_run(path, n_exact=5, settings=SMALL, progress=False)
     assert {f: (folder / f).read_text() for f in before} == before  # nothing recomputed
     assert again["head"] == analysed["head"] and again["t_form"] == analysed["t_form"]
-    extra = Run(ci_run).steps()[1]
-    analyze_run(ci_run, steps=[extra], n_exact=0, n_examples=128, progress=False)
+    extra = Run(path).steps()[1]
+    analyze_run(path, steps=[extra], n_exact=0, settings=SMALL, progress=False)
     steps = [json.loads(line)["step"] for line in (folder / ATTENTION_FILE).read_text().splitlines()]
     assert steps.count(extra) == 1 and (folder / ATTENTION_FILE).read_text().startswith(before[ATTENTION_FILE])
+
+
+def test_other_settings_recompute_and_keep_both(ci_run, tmp_path):
+    run = Run(ci_run)
+    steps = [run.steps()[0], run.steps()[-1]]
+    path = copy_run(ci_run, tmp_path / "ci", steps=steps)
+    folder = analysis_dir(path)
+    first = analyze_run(path, n_exact=1, settings=AnalysisSettings(n_examples=32, ablation_groups=2), progress=False)
+    n_lines = len((folder / ATTENTION_FILE).read_text().splitlines())
+    second = analyze_run(path, n_exact=1, settings=AnalysisSettings(n_examples=48, ablation_groups=2),
+                         progress=False)
+    attention = [json.loads(line) for line in (folder / ATTENTION_FILE).read_text().splitlines()]
+    assert len(attention) == 2 * n_lines  # recomputed for the new settings, the old records kept
+    assert sorted({r["settings"]["n_examples"] for r in attention}) == [32, 48]
+    assert first["settings"]["n_examples"] == 32 and second["settings"]["n_examples"] == 48
+    # Records follow the settings asked for; by default those of the latest analysis (selector.json).
+    new = load_analysis(path)
+    assert json.loads((folder / SELECTOR_FILE).read_text())["settings"]["n_examples"] == 48
+    assert all(r["settings"]["n_examples"] == 48 for r in new["attention"]) and new["selector"] is not None
+    old = load_analysis(path, AnalysisSettings(n_examples=32, ablation_groups=2))
+    assert [r["step"] for r in old["attention"]] == steps and old["selector"] is None
+    # Patching with 32 pairs and with 48 gives different numbers: the cache did not hand back the old ones.
+    assert old["patch"][-1]["heads"]["n_pairs"] == 32 and new["patch"][-1]["heads"]["n_pairs"] == 48
+    # Only ablation depends on ablation_groups: changing it recomputes ablation alone.
+    analyze_run(path, n_exact=1, settings=AnalysisSettings(n_examples=48, ablation_groups=3), progress=False)
+    assert len((folder / ATTENTION_FILE).read_text().splitlines()) == 2 * n_lines
+    assert {json.loads(line)["settings"]["ablation_groups"]
+            for line in (folder / ABLATION_FILE).read_text().splitlines()} == {2, 3}
 
 
 def test_analyze_cli_errors(tmp_path, capsys, ci_run):

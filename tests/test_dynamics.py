@@ -4,11 +4,14 @@ report on the session's tiny sweep, and the CLI's one-line errors."""
 from __future__ import annotations
 
 import csv
+import shutil
 
 import numpy as np
 import pytest
 
-from interp import dynamics
+from interp import dynamics, sweep_report
+from interp.results import SWEEP_REPORT_FILE
+from interp.sweep_figures import sweep_figures
 from interp.dynamics import (analyze_sweep, batch_effect, direction_ratios, k_dependence, load_sweep, lr_effect,
                              power_law, scaling_law, tau_key)
 from training.run import Run
@@ -68,25 +71,26 @@ def test_k_independence_noise_factors_and_direction():
 
 
 def test_table_fits_and_report_on_a_tiny_sweep(tiny_sweep, tmp_path, capsys):
+    tiny_sweep = shutil.copytree(tiny_sweep, tmp_path / "sweep")  # the report is written into the sweep
     sweep = load_sweep(tiny_sweep)
     assert len(sweep.rows) == 6 and len(sweep.curves) == 6
     for r in sweep.rows:  # the table's tau is the run's own summary tau
         run = Run(tiny_sweep / r["name"])
-        assert r["tau"] == run.summary()["tau"] and r["tau_tokens"] == r["tau"] * 32 * run.layout.target_len
+        assert r["tau"] == run.summary()["tau"] and r["tau_tokens"] == r["tau"] * 32 * 4  # batch 32, 4 target characters
         assert r[tau_key(0.3)] >= r["tau"] >= r[tau_key(0.7)]
     fit = analyze_sweep(sweep.rows, n_boot=200)["main"]["scaling"]
     assert fit["values"] == [80, 160, 320] and fit["slope"] > 0.5 and fit["ci"] is not None
     csv_path = tmp_path / "t.csv"
-    assert dynamics.main(["--sweep", str(tiny_sweep), "--csv", str(csv_path), "--report", "--n-boot", "100"]) == 0
+    assert sweep_report.main(["--sweep", str(tiny_sweep), "--csv", str(csv_path), "--report", "--n-boot", "100"]) == 0
     printed = capsys.readouterr().out
     assert "scaling law alpha" in printed and "D160_seed1" in printed
     with open(csv_path) as f:
         assert len(list(csv.DictReader(f))) == 6
-    page = (tiny_sweep / dynamics.REPORT_FILE).read_text(encoding="utf-8")
+    page = (tiny_sweep / SWEEP_REPORT_FILE).read_text(encoding="utf-8")
     assert page.startswith("<!DOCTYPE html>") and "Scaling law" in page
     # Self-contained: plotly.js inlined once, nothing loaded from elsewhere; one div per figure.
     assert page.count("* plotly.js v") == 1 and "<script src=" not in page
-    assert page.count('<div id="fig-') == len(dynamics.sweep_figures(sweep, analyze_sweep(sweep.rows, n_boot=10)))
+    assert page.count('<div id="fig-') == len(sweep_figures(sweep, analyze_sweep(sweep.rows, n_boot=10)))
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
@@ -94,6 +98,6 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     for argv, message in [(["--sweep", str(tmp_path / "missing")], "no such sweep directory"),
                           (["--sweep", str(tmp_path / "empty")], "no runs with metrics"),
                           (["--sweep", str(tmp_path / "empty"), "--n-boot", "0"], "--n-boot must be")]:
-        assert dynamics.main(argv) == 2
+        assert sweep_report.main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err

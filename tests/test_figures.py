@@ -8,6 +8,7 @@ import plotly.graph_objects as go
 import pytest
 
 from interp import figures as F
+from interp.snap import snap_statistics
 from interp.analyze import load_analysis
 from training.run import Run
 
@@ -156,7 +157,7 @@ def records(groups=GROUPS, steps=STEPS):
 
 
 def test_snap_statistics_known_answer():
-    s = F.snap_statistics(records(), tau=40)
+    s = snap_statistics(records(), tau=40)
     assert s["n_groups"] == 5
     assert s["half_tau_step"] == 20
     assert s["share_above_at_half_tau"] == pytest.approx(2 / 5)  # groups 2 and 4 at step 20
@@ -169,18 +170,18 @@ def test_snap_statistics_known_answer():
 
 
 def test_snap_statistics_half_tau_between_evaluations_and_no_tau():
-    s = F.snap_statistics(records(), tau=50)  # tau/2 = 25: the last evaluation at or before it is 20
+    s = snap_statistics(records(), tau=50)  # tau/2 = 25: the last evaluation at or before it is 20
     assert s["half_tau_step"] == 20 and s["snap_window_tau"] == pytest.approx(10 / 50)
-    s = F.snap_statistics(records(), tau=None)
+    s = snap_statistics(records(), tau=None)
     assert s["share_above_at_half_tau"] is None and s["snap_window_tau"] is None and s["snap_spread_tau"] is None
     assert s["snap_window_steps"] == 10.0  # still measured in steps
 
 
 def test_snap_statistics_ignores_records_without_group_accuracy_and_handles_none():
     recs = [{"step": 0, "group_acc": None}] + records() + [{"step": 60}]
-    assert F.snap_statistics(recs, tau=40)["snap_steps"] == [30, 40, 10, None, 0]
-    empty = F.snap_statistics([{"step": 0}], tau=40)
+    assert snap_statistics(recs, tau=40)["snap_steps"] == [30, 40, 10, None, 0]
+    empty = snap_statistics([{"step": 0}], tau=40)
     assert empty["n_groups"] == 0 and empty["n_snapped"] == 0 and empty["share_above_at_half_tau"] is None
-    none_snap = F.snap_statistics(records([[0.0] * 6, [0.1] * 6]), tau=40)
+    none_snap = snap_statistics(records([[0.0] * 6, [0.1] * 6]), tau=40)
     assert none_snap["n_snapped"] == 0 and none_snap["snap_window_tau"] is None
     assert none_snap["share_above_at_half_tau"] == 0.0

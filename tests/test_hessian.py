@@ -7,20 +7,17 @@ import pytest
 import torch
 from torch.func import grad, hessian
 
+from interp import figures as F
 from interp import hessian as H
+from interp.results import strict_json
+from tests.conftest import copy_run
 from training.config import ModelConfig, TaskConfig
 from training.model import build_hooked_transformer, hooked_config_dict
 from training.run import Run
 from training.task import Task
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """These models are tiny: one thread is fastest, and far faster on a loaded machine."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is fastest
 
 
 @pytest.fixture(scope="module")
@@ -174,16 +171,30 @@ def test_geometry_record(small):
     st = rec["stability"]
     assert st["n_batches"] == 2 and st["seeds"] == [0, 1] and len(st["lambda_max"]["values"]) == 2
     assert st["lambda_max"]["values"][0] == pytest.approx(rec["spectrum"]["lambda_max"])
-    assert 0.0 <= st["frac_lambda_min_negative"] <= 1.0
+    # Against the exact Hessian of each batch (torch.func.hessian of the same loss).
+    loss, theta, _ = H.model_loss(model, task.layout)
+    batches = [H.hessian_batch(task, 6, seed) for seed in (0, 1)]
+    exact = [torch.linalg.eigh(hessian(lambda t, b=b: loss(t, b))(theta)) for b in batches]
+    lam_min = [float(e.eigenvalues[0]) for e in exact]
+    assert st["lambda_min"]["values"] == pytest.approx(lam_min, rel=1e-3)
+    assert st["frac_lambda_min_negative"] == sum(v < 0 for v in lam_min) / 2
+    # Noise share in the top-3 subspace: per-example gradients, one at a time, projected on the
+    # exact top-3 eigenvectors of batch 0.
+    per_example = torch.stack([grad(lambda t, x=x: loss(t, x[None]))(theta) for x in batches[0]])
+    centred = per_example - per_example.mean(0)
+    top3 = exact[0].eigenvectors[:, -3:]
     nz = rec["noise"]
-    assert 0 <= nz["share_topk"] <= 1 and 0 <= nz["share_displacement"] <= 1 and 0 <= nz["share_min_eigvec"] <= 1
+    assert nz["share_topk"] == pytest.approx(float((centred @ top3).pow(2).sum() / centred.pow(2).sum()), rel=1e-3)
+    along = torch.nn.functional.normalize(disp, dim=0)
+    assert nz["share_displacement"] == pytest.approx(float((centred @ along).pow(2).sum() / centred.pow(2).sum()),
+                                                     rel=1e-4)
     assert nz["isotropic_topk"] == pytest.approx(3 / rec["n_params"])
     esc = rec["escape"]
     assert esc["min_eigvec"]["curvature"] == pytest.approx(rec["spectrum"]["lambda_min"], rel=1e-6)
     assert esc["min_eigvec"]["overlap_topk"] == pytest.approx(0.0, abs=1e-8)
     assert esc["displacement"]["anisotropy"] == pytest.approx(
         rec["spectrum"]["lambda_max"] / abs(esc["displacement"]["curvature"]))
-    json.dumps(H._clean(rec), allow_nan=False)
+    json.dumps(strict_json(rec), allow_nan=False)
     with pytest.raises(ValueError, match="displacement has"):
         H.geometry(model, task, k=1, n_bottom=1, batch=4, n_batches=1, displacement=disp[:5])
 
@@ -201,6 +212,7 @@ FAST = ["--k", "2", "--n-bottom", "1", "--batch", "24", "--n-batches", "2", "--m
 
 
 def test_cli_series_cache_and_figures(tiny_run, tmp_path, capsys):
+    tiny_run = copy_run(tiny_run, tmp_path / "tiny")
     steps = Run(tiny_run).steps()
     s0, s1 = steps[1], steps[-1]
     argv = ["--run", str(tiny_run), "--steps", str(s0), str(s1), "--escape-from", str(s0), "--escape-to", str(s1),
@@ -217,9 +229,16 @@ def test_cli_series_cache_and_figures(tiny_run, tmp_path, capsys):
     assert H.main([*argv[:2], *argv[5:], "--steps", str(steps[2])]) == 0  # appends one step
     assert len(H.hessian_path(tiny_run).read_text().splitlines()) == n_lines + 1
     recs = H.load_hessian(tiny_run)
-    for make in (H.spectrum_figure, H.anisotropy_figure, H.noise_figure):
-        fig = make(recs, tau=s1)
-        assert len(fig.data) >= 1
+    fig, caption = F.hessian_spectrum(recs, tau=s1)
+    lam_min = next(t for t in fig.data if t.name == "lambda_min")
+    assert list(lam_min.x) == [r["step"] for r in recs]
+    assert list(lam_min.y) == [r["spectrum"]["lambda_min"] for r in recs]
+    negative = sum(r["spectrum"]["lambda_min"] < 0 for r in recs)
+    assert f"negative at {negative} of {len(recs)} analysed steps" in caption
+    fig, _ = F.hessian_anisotropy(recs, tau=s1)
+    assert list(fig.data[0].y) == [r["escape"]["displacement"]["anisotropy"] for r in recs]
+    fig, _ = F.hessian_noise(recs, tau=s1)
+    assert list(fig.data[0].y) == [r["noise"]["enrichment_topk"] for r in recs]
 
 
 def test_cli_single_checkpoint(tiny_run, tmp_path, capsys):
@@ -228,7 +247,7 @@ def test_cli_single_checkpoint(tiny_run, tmp_path, capsys):
     assert H.main(["--ckpt", str(ckpt), "--escape-from", str(run.steps()[0]), "--json", str(tmp_path / "o.json"),
                    *FAST]) == 0
     rec = json.loads((tmp_path / "o.json").read_text())
-    assert rec["step"] == run.steps()[-1] and rec["options"]["escape_from"] == run.steps()[0]
+    assert rec["step"] == run.steps()[-1] and rec["settings"]["escape_from"] == run.steps()[0]
     assert "escape displacement" in capsys.readouterr().out
 
 

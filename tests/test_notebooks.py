@@ -2,12 +2,13 @@
 
 Each notebook is executed with nbclient in a ``python3`` kernel of *this* interpreter (a kernel spec
 written to a temporary JUPYTER_PATH, so a user-level ``python3`` spec cannot swap in another Python),
-with ``SYNASS_RUN_DIR`` pointing at the run. The committed notebooks carry no outputs.
+with ``PLATEAUSCOPE_RUN_DIR`` pointing at the run. The committed notebooks carry no outputs.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -16,9 +17,11 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from tests.conftest import copy_run
+
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 SWEEP_NOTEBOOKS = ("04_sweeps_and_scaling.ipynb",)
-"""Notebooks that look at a sweep (``SYNASS_SWEEP_DIR``, the session's tiny sweep), not at a run."""
+"""Notebooks that look at a sweep (``PLATEAUSCOPE_SWEEP_DIR``, the session's tiny sweep), not at a run."""
 NOTEBOOKS = tuple(sorted(p.name for p in NOTEBOOK_DIR.glob("*.ipynb") if p.name not in SWEEP_NOTEBOOKS))
 CELL_TIMEOUT_S = 300
 
@@ -38,16 +41,19 @@ def _kernel_env(tmp_path_factory, variable: str, value: Path) -> pytest.MonkeyPa
 
 @pytest.fixture(scope="module")
 def kernel_env(ci_analysed, tmp_path_factory):
-    mp = _kernel_env(tmp_path_factory, "SYNASS_RUN_DIR", ci_analysed)
-    yield ci_analysed
+    """The notebooks look at a copy of the analysed ci run (notebook 05 adds its Hessian cache to it)."""
+    run = copy_run(ci_analysed, tmp_path_factory.mktemp("notebooks") / "ci", with_analysis=True)
+    mp = _kernel_env(tmp_path_factory, "PLATEAUSCOPE_RUN_DIR", run)
+    yield run
     mp.undo()
 
 
 @pytest.fixture(scope="module")
 def sweep_kernel_env(tiny_sweep, tmp_path_factory):
-    """Notebook 04 looks at a sweep, not a run: SYNASS_SWEEP_DIR points it at the session's tiny sweep."""
-    mp = _kernel_env(tmp_path_factory, "SYNASS_SWEEP_DIR", tiny_sweep)
-    yield tiny_sweep
+    """Notebook 04 looks at a sweep, not a run: PLATEAUSCOPE_SWEEP_DIR points it at the session's tiny sweep."""
+    sweep = shutil.copytree(tiny_sweep, tmp_path_factory.mktemp("notebooks") / "sweep")
+    mp = _kernel_env(tmp_path_factory, "PLATEAUSCOPE_SWEEP_DIR", sweep)
+    yield sweep
     mp.undo()
 
 
@@ -57,7 +63,7 @@ def test_notebook_is_committed_without_outputs(name, var):
     nbformat.validate(nb)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code and code[0].source.splitlines()[-1].startswith(f"{var} = ")
-    assert f'os.environ.get("SYNASS_{var}"' in code[0].source
+    assert f'os.environ.get("PLATEAUSCOPE_{var}"' in code[0].source
     assert all(c.outputs == [] and c.execution_count is None for c in code)
 
 

@@ -216,8 +216,8 @@ def browser() -> str:
 
 
 @pytest.fixture(scope="module")
-def report(ci_analysed) -> Path:
-    return write_report(ci_analysed)
+def report(ci_analysed, tmp_path_factory) -> Path:
+    return write_report(ci_analysed, tmp_path_factory.mktemp("report") / "report.html")
 
 
 def test_report_html_loads_nothing_from_the_network(report):

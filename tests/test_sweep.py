@@ -25,15 +25,6 @@ float32 bits (on the tiny preset they agree exactly today), so metrics are compa
 TINY_2 = SweepSpec(name="tiny-2", base="tiny", fixed={"max_steps": 40}, grids=({"seed": (0, 1)},))
 
 
-@pytest.fixture
-def one_thread():
-    """Same numbers need the same torch thread count (parallel reductions round differently)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 def _metrics(path):
     return [{k: v for k, v in r.items() if k != "wall_s"} for r in Run(path).metrics()]
 
@@ -94,6 +85,7 @@ def test_sweep_is_idempotent_and_resumes_a_killed_run(tmp_path, one_thread):
         run_sweep(get_sweep("tiny"), out, executor="serial")
 
 
+@pytest.mark.slow
 def test_every_executor_and_the_ensemble_give_the_same_numbers(tmp_path, one_thread):
     outs = {}
     for executor, ensemble in [("serial", False), ("local", False), ("submitit-local", False), ("serial", True)]:
@@ -161,4 +153,4 @@ def test_cli(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "submitit", None)  # as if the cluster extra were not installed
     assert main(["--preset", "tiny", "--executor", "slurm", "--out", str(tmp_path / "c"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "needs submitit: pip install 'synass-lens[cluster]'" in err[0], err
+    assert len(err) == 1 and "needs submitit: pip install 'plateauscope[cluster]'" in err[0], err

@@ -57,7 +57,7 @@ from training.model import build_hooked_transformer
 from training.schedule import scheduled_steps
 from training.task import Task
 from training.train import (deterministic, evaluation_record, finish, load_resume_point, prepare_run_dir, resolve_device,
-                            save_checkpoint_and_state, stop_due)
+                            save_checkpoint_and_state, stop_due, train_step)
 
 log = logging.getLogger(__name__)
 
@@ -281,18 +281,10 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
                 m.cursor += tc.batch_size
             batches = tokens[torch.stack(rows).to(dev)]  # [S, batch, seq]
 
-            # 5. All members' losses in one vectorised pass; their sum has each member's own gradient.
-            losses = ensemble_loss(template, params, buffers, batches, task.layout)
-
-            # 6. Update (linear warmup if asked; per-member clipping if asked).
-            if tc.warmup_steps:
-                for group in optimizer.param_groups:
-                    group["lr"] = tc.lr * min(1.0, (step + 1) / tc.warmup_steps)
-            optimizer.zero_grad(set_to_none=True)
-            losses.sum().backward()
-            if tc.grad_clip is not None:
-                clip_member_grads(params, tc.grad_clip)
-            optimizer.step()
+            # 5-6. All members' losses in one vectorised pass, then the solo run's update step
+            # (their summed loss has each member's own gradient; clipping is per member).
+            train_step(lambda b: ensemble_loss(template, params, buffers, b, task.layout), batches, optimizer, tc,
+                       step, clip=lambda max_norm: clip_member_grads(params, max_norm))
             step += 1
             bar.update(1)
     finally:

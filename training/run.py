@@ -39,7 +39,12 @@ METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 CHECKPOINT_DIR = "checkpoints"
 RESUME_FILE = "resume.pt"
-CHECKPOINT_FORMAT = "synass-lens-checkpoint-v1"
+MANIFEST_FILE = "sweep.json"
+"""A sweep directory's list of its runs (``training.sweep``)."""
+CHECKPOINT_FORMAT = "plateauscope-checkpoint-v1"
+"""The ``format`` tag in every checkpoint's safetensors metadata."""
+READABLE_CHECKPOINT_FORMATS: tuple[str, ...] = (CHECKPOINT_FORMAT, "synass-lens-checkpoint-v1")
+"""Tags this toolkit reads: its own, and the one it wrote under its former name."""
 _CKPT_RE = re.compile(r"^step_(\d+)\.safetensors$")
 
 
@@ -80,6 +85,7 @@ def save_checkpoint(path: Path, state_dict: dict[str, torch.Tensor], step: int) 
 
 
 def read_checkpoint_metadata(path: Path) -> dict[str, str]:
+    """The safetensors metadata of one of our checkpoints (format tag, step); else a one-line RunError."""
     path = Path(path)
     if not path.is_file():
         raise RunError(f"{path}: no such checkpoint file")
@@ -88,7 +94,7 @@ def read_checkpoint_metadata(path: Path) -> dict[str, str]:
             meta = f.metadata() or {}
     except (SafetensorError, OSError, ValueError) as e:
         raise RunError(f"{path}: not a readable safetensors checkpoint ({_one_line(e)})") from None
-    if meta.get("format") != CHECKPOINT_FORMAT:
+    if meta.get("format") not in READABLE_CHECKPOINT_FORMATS:
         raise RunError(f"{path}: a safetensors file, but not a checkpoint of this toolkit")
     return meta
 

@@ -59,7 +59,6 @@ from training.train import train
 
 log = logging.getLogger(__name__)
 
-MANIFEST_FILE = "sweep.json"
 SUBMITIT_DIR = ".submitit"
 EXECUTORS: tuple[str, ...] = ("local", "serial", "submitit-local", "slurm")
 
@@ -172,7 +171,7 @@ def is_complete(run_dir: Path) -> bool:
 
 def write_manifest(spec: SweepSpec, out: Path, points: list[Point]) -> None:
     """Write ``sweep.json``; a sweep run again (more seeds, say) adds its new points to it."""
-    path = out / MANIFEST_FILE
+    path = out / rd.MANIFEST_FILE
     known: dict[str, dict] = {}
     if path.exists():
         old = rd.read_json(path)
@@ -186,7 +185,7 @@ def write_manifest(spec: SweepSpec, out: Path, points: list[Point]) -> None:
 
 def read_manifest(sweep_dir: str | Path) -> dict:
     """``sweep.json`` of a sweep directory (one-line RunError when missing or broken)."""
-    return rd.read_json(Path(sweep_dir) / MANIFEST_FILE)
+    return rd.read_json(Path(sweep_dir) / rd.MANIFEST_FILE)
 
 
 def plan_jobs(points: list[Point], out: Path, ensemble: bool) -> tuple[list[list[Point]], list[str]]:
@@ -274,7 +273,7 @@ def submitit_executor(folder: Path, cluster: str) -> Any:
     try:
         import submitit
     except ImportError:
-        raise ConfigError(f"--executor {flag} needs submitit: pip install 'synass-lens[cluster]'") from None
+        raise ConfigError(f"--executor {flag} needs submitit: pip install 'plateauscope[cluster]'") from None
     try:
         return submitit.AutoExecutor(folder=folder, cluster=cluster)
     except RuntimeError as e:  # "Could not detect srun": not on a Slurm cluster
@@ -283,7 +282,7 @@ def submitit_executor(folder: Path, cluster: str) -> Any:
 
 def _run_submitit(executor: Any, jobs: list[Job], workers: int, threads: int, slurm: dict[str, Any],
                   bar: tqdm) -> list[dict]:
-    executor.update_parameters(name="synass-sweep", cpus_per_task=threads, timeout_min=slurm.get("timeout_min", 240))
+    executor.update_parameters(name="plateauscope-sweep", cpus_per_task=threads, timeout_min=slurm.get("timeout_min", 240))
     outcomes = []
     if executor.cluster == "slurm":  # the cluster schedules: submit everything as one array
         extra = {f"slurm_{k}": v for k, v in slurm.items()

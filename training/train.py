@@ -19,6 +19,8 @@ from collections.abc import Callable
 from typing import ParamSpec, TypeVar
 
 import torch
+from jaxtyping import Float, Int
+from torch import Tensor
 from tqdm.auto import tqdm
 
 from training import run as rd
@@ -139,18 +141,11 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
             batch = tokens[perm[cursor: cursor + tc.batch_size].to(dev)]
             cursor += tc.batch_size
 
-            # 4. Loss on the target tokens only: logits at p predict the token at p + 1.
-            loss = target_cross_entropy(model(batch[:, : task.layout.input_len]), batch, task.layout)
-
-            # 5. Update (linear warmup if asked; clipping if asked).
-            if tc.warmup_steps:
-                for group in optimizer.param_groups:
-                    group["lr"] = tc.lr * min(1.0, (step + 1) / tc.warmup_steps)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if tc.grad_clip is not None:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-            optimizer.step()
+            # 4-5. Loss on the target tokens only (logits at p predict the token at p + 1), then
+            # the update: warmup, backward, clipping, AdamW (the step the seed ensemble takes too).
+            train_step(lambda b: target_cross_entropy(model(b[:, : task.layout.input_len]), b, task.layout),
+                       batch, optimizer, tc, step,
+                       clip=lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
             step += 1
             bar.update(1)
     finally:
@@ -160,6 +155,28 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
 
 
 # ---- the pieces of the loop that the seed ensemble (training.ensemble) shares --------------
+
+
+def train_step(loss_of: Callable[[Tensor], Tensor], batch: Int[Tensor, "*members batch seq"],
+               optimizer: torch.optim.Optimizer, tc: TrainConfig, step: int,
+               clip: Callable[[float], object]) -> Float[Tensor, "*members"]:
+    """One training step: forward and loss, linear warmup, backward, gradient clipping, AdamW step.
+
+    ``loss_of(batch)`` is the mean target cross-entropy: a scalar for a solo run, one per member
+    for the seed ensemble, whose members share no parameter, so the gradient of the summed loss is
+    each member's own. ``clip(max_norm)`` clips the gradients (per member in an ensemble) and is
+    called only when ``tc.grad_clip`` is set. Returns the detached loss.
+    """
+    loss = loss_of(batch)
+    if tc.warmup_steps:
+        for group in optimizer.param_groups:
+            group["lr"] = tc.lr * min(1.0, (step + 1) / tc.warmup_steps)
+    optimizer.zero_grad(set_to_none=True)
+    loss.sum().backward()
+    if tc.grad_clip is not None:
+        clip(tc.grad_clip)
+    optimizer.step()
+    return loss.detach()
 
 
 def prepare_run_dir(cfg: RunConfig, task: Task, out: Path, resume: bool) -> dict:

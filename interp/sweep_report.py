@@ -1,0 +1,82 @@
+"""The sweep report and ``python -m interp.dynamics``: a sweep's table, fits and figures.
+
+    python -m interp.dynamics --sweep DIR [--csv FILE] [--json FILE] [--report] [--n-boot 2000]
+
+Prints the per-run table and the fits of :mod:`interp.dynamics` (definitions there), writes the
+table as ``DIR/dynamics.csv`` and, with ``--report``, one self-contained HTML page
+``DIR/sweep_report.html`` with every figure of :mod:`interp.sweep_figures`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import sys
+from pathlib import Path
+from typing import Any
+
+from interp.cli import CliError, run_cli, write_json
+from interp.dynamics import TABLE_COLUMNS, Sweep, analyze_sweep, load_sweep, summary_lines, table_csv, table_text
+from interp.pages import figure_section, page, table_html, write_page
+from interp.results import DYNAMICS_CSV_FILE, SWEEP_REPORT_FILE
+from interp.sweep_figures import sweep_figures
+from training.run import write_text_atomic
+
+def build_sweep_report(sweep: Sweep, result: dict[str, Any]) -> str:
+    """The sweep report: the fits, every figure, the per-run table; one self-contained HTML page."""
+    parts = [f"<h1>Sweep report: {html.escape(sweep.name)}</h1>",
+             f'<p class="sub">{html.escape(str(sweep.path.resolve()))} - {len(sweep.rows)} runs</p>',
+             "<h2>Fits (ours - the paper's)</h2>", table_html(summary_lines(result))]
+    for i, (key, heading, fig, caption) in enumerate(sweep_figures(sweep, result)):
+        parts += figure_section(key, heading, fig, caption, include_plotlyjs=(i == 0))
+    header = "".join(f"<th>{html.escape(h)}</th>" for _, h in TABLE_COLUMNS)
+    body = "\n".join("<tr>" + "".join(f"<td>{html.escape(_cell(r[k]))}</td>" for k, _ in TABLE_COLUMNS) + "</tr>"
+                     for r in sweep.rows)
+    parts += ["<h2>Runs</h2>", f'<table class="summary"><tr>{header}</tr>\n{body}\n</table>',
+              '<p class="note">Written by <code>python -m interp.dynamics</code>; definitions in its module '
+              "docstring; tau: <code>training.metrics.compute_tau</code>.</p>"]
+    return page(f"Sweep: {sweep.name}", parts)
+
+
+def _cell(v: Any) -> str:
+    if v is None:
+        return "-"
+    return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m interp.dynamics", description="A sweep's per-run table, the fits across runs and (--report) its HTML page.")
+    p.add_argument("--sweep", required=True, type=Path, help="a sweep directory (python -m training.sweep --out)")
+    p.add_argument("--csv", type=Path, help=f"where to write the table (default SWEEP/{DYNAMICS_CSV_FILE})")
+    p.add_argument("--json", type=Path, help="also write the fits as JSON to this file")
+    p.add_argument("--report", action="store_true", help=f"also write SWEEP/{SWEEP_REPORT_FILE}")
+    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples for the intervals (default 2000)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    def body(args: argparse.Namespace) -> None:
+        if args.n_boot < 1:
+            raise CliError(f"--n-boot must be at least 1, got {args.n_boot}")
+        sweep = load_sweep(args.sweep)
+        result = analyze_sweep(sweep.rows, args.n_boot, args.seed)
+        csv_path = args.csv or sweep.path / DYNAMICS_CSV_FILE
+        write_text_atomic(csv_path, table_csv(sweep.rows))
+        print(table_text(sweep.rows))
+        print()
+        for what, text in summary_lines(result):
+            print(f"{what}: {text}")
+        print(f"\ntable: {csv_path}")
+        if args.json:
+            write_json(args.json, result)
+            print(f"fits: {args.json}")
+        if args.report:
+            path = write_page(sweep.path / SWEEP_REPORT_FILE, build_sweep_report(sweep, result))
+            print(f"report: {path}")
+
+    return run_cli(body, argv, build_parser())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The seams of the house: analyses compute and draw nothing; training never imports interp.
+
+Read from the source (every ``import`` statement, at any depth, except under
+``if __name__ == "__main__":``), followed transitively through this project's own modules.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ANALYSES = ("interp.inputs", "interp.results", "interp.attention", "interp.patch", "interp.attribution",
+            "interp.ablate", "interp.selector", "interp.snap", "interp.analyze", "interp.hessian", "interp.dynamics")
+"""Modules that compute: records in, data out."""
+VIEWS = ("plotly", "circuitsvis", "interp.figures", "interp.sweep_figures", "interp.pages", "interp.report",
+         "interp.sweep_report")
+"""Figure and page modules, and the drawing libraries."""
+
+
+def direct_imports(module: str) -> set[str]:
+    """Modules named by the import statements of ``module`` (outside its ``__main__`` block)."""
+    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    main_blocks = [n for n in ast.walk(tree) if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
+    skip = {id(n) for block in main_blocks for n in ast.walk(block)}
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}  # `from interp import figures`
+    return found
+
+
+def closure(module: str) -> set[str]:
+    """Everything ``module`` imports, following this project's modules (training.*, interp.*)."""
+    seen, todo = set(), [module]
+    while todo:
+        for name in direct_imports(todo.pop()):
+            if name in seen:
+                continue
+            seen.add(name)
+            if name.split(".")[0] in ("training", "interp") and (ROOT / (name.replace(".", "/") + ".py")).is_file():
+                todo.append(name)
+    return seen
+
+
+def test_the_checker_sees_imports():
+    assert "interp.figures" in closure("interp.report") and "plotly.graph_objects" in closure("interp.report")
+    assert "training.run" in closure("interp.analyze")
+
+
+@pytest.mark.parametrize("module", ANALYSES)
+def test_analyses_import_no_figure_or_page_module(module):
+    views = {m for m in closure(module) if m in VIEWS or m.split(".")[0] in VIEWS}
+    assert not views, f"{module} imports {sorted(views)}"
+
+
+@pytest.mark.parametrize("module", sorted(p.stem for p in (ROOT / "training").glob("*.py")))
+def test_training_never_imports_interp(module):
+    assert not {m for m in closure(f"training.{module}") if m.split(".")[0] == "interp"}
+
+
+def test_no_import_cycle_between_patch_and_attribution():
+    assert "interp.patch" not in closure("interp.attribution") or "interp.attribution" not in closure("interp.patch")
