@@ -60,6 +60,7 @@ class HeadAblation:
     """Ablated minus unablated delta_z (negative: the model uses z less without the head)."""
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types: every per-head tensor as nested lists."""
         return {"kind": self.kind, "n_groups": self.n_groups, "base": self.base,
                 **{k: getattr(self, k).tolist() for k in ("candidate_loss", "delta_z", "d_candidate_loss", "d_delta_z")}}
 
@@ -77,21 +78,26 @@ class SetAblation:
 
     @property
     def candidate_loss(self) -> float:
+        """Candidate loss with the set ablated."""
         return self.ablated["candidate_loss"]
 
     @property
     def delta_z(self) -> float:
+        """delta_z with the set ablated."""
         return self.ablated["delta_z"]
 
     @property
     def d_candidate_loss(self) -> float:
+        """Change in candidate loss: ablated minus unablated (positive = the set helped)."""
         return self.ablated["candidate_loss"] - self.base["candidate_loss"]
 
     @property
     def d_delta_z(self) -> float:
+        """Change in delta_z: ablated minus unablated (negative = the set carried z)."""
         return self.ablated["delta_z"] - self.base["delta_z"]
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types."""
         return {"kind": self.kind, "n_groups": self.n_groups, "heads": [list(h) for h in self.heads],
                 "base": self.base, "ablated": self.ablated,
                 "d_candidate_loss": self.d_candidate_loss, "d_delta_z": self.d_delta_z}
@@ -233,6 +239,7 @@ def falls_back_to_marginal(result: HeadAblation, layer: int, head: int, log_k: f
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m interp.ablate``: ablate each head of one checkpoint and print the table."""
     parser = argparse.ArgumentParser(prog="python -m interp.ablate", description=__doc__.splitlines()[0])
     add_ckpt_args(parser)
     parser.add_argument("--kind", choices=KINDS, default="zero", help="zero or mean ablation (default zero)")

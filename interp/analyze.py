@@ -271,6 +271,7 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m interp.analyze``."""
     p = argparse.ArgumentParser(prog="python -m interp.analyze", description=__doc__.splitlines()[0])
     p.add_argument("--run", required=True, type=Path, help="run directory")
     p.add_argument("--every", type=int, default=1, help="analyse every N-th checkpoint (default 1: all)")
@@ -285,6 +286,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m interp.analyze``: analyse the series, print the selector summary."""
     def body(args: argparse.Namespace) -> None:
         if args.every < 1:
             raise CliError(f"--every must be at least 1, got {args.every}")

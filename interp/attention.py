@@ -55,6 +55,7 @@ class AttentionToZ:
         return self.ranking()[0]
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types: every per-head tensor as nested lists."""
         return {
             "n_examples": self.n_examples,
             "to_z_first": self.to_z_first.tolist(),
@@ -134,6 +135,7 @@ def head_table(values: Float[Tensor, "n_layers n_heads"]) -> tuple[list[list[Any
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m interp.attention``: attention to z per head at one checkpoint."""
     parser = argparse.ArgumentParser(prog="python -m interp.attention", description=__doc__.splitlines()[0])
     add_ckpt_args(parser)
 

@@ -107,18 +107,22 @@ class ParamSpec:
 
     @classmethod
     def of(cls, model: torch.nn.Module) -> ParamSpec:
+        """The layout of ``model``'s trainable parameters."""
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         return cls(tuple(n for n, _ in named), tuple(p.shape for _, p in named), tuple(p.numel() for _, p in named))
 
     @property
     def n_params(self) -> int:
+        """Number of trainable parameters P."""
         return sum(self.numels)
 
     def flatten(self, model: torch.nn.Module) -> Float[Tensor, " P"]:
+        """The trainable parameters of ``model`` as one flat vector."""
         params = dict(model.named_parameters())
         return torch.cat([params[n].detach().reshape(-1) for n in self.names])
 
     def unflatten(self, theta: Float[Tensor, " P"]) -> dict[str, Tensor]:
+        """A flat vector back as ``{name: tensor}`` in the parameters' shapes."""
         return {n: t.view(s) for n, t, s in zip(self.names, theta.split(self.numels), self.shapes)}
 
 
@@ -194,6 +198,7 @@ class Eigenpairs:
     """``rel_residual <= tol``; False = FLAGGED."""
 
     def to_dict(self) -> list[dict[str, Any]]:
+        """Values, residuals and convergence flags (not the vectors)."""
         return [{"value": v, "residual": r, "rel_residual": rr, "converged": c} for v, r, rr, c in zip(
             self.values.tolist(), self.residuals.tolist(), self.rel_residuals.tolist(), self.converged.tolist())]
 
@@ -214,17 +219,21 @@ class Spectrum:
 
     @property
     def lambda_max(self) -> float:
+        """The largest Ritz value."""
         return float(self.top.values[0])
 
     @property
     def lambda_min(self) -> float:
+        """The most negative (smallest) Ritz value."""
         return float(self.bottom.values[0])
 
     @property
     def all_converged(self) -> bool:
+        """Whether every reported pair is within tolerance."""
         return bool(self.top.converged.all() and self.bottom.converged.all())
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types (no vectors)."""
         return {"top": self.top.to_dict(), "bottom": self.bottom.to_dict(), "lambda_max": self.lambda_max,
                 "lambda_min": self.lambda_min, "lambda_min_negative_certified": self.lambda_min < 0,
                 "all_converged": self.all_converged, "n_iter": self.n_iter, "n_hvp": self.n_hvp,
@@ -371,6 +380,7 @@ def noise_shares(grads: Float[Tensor, "N P"], directions: Float[Tensor, "d P"],
 
 
 def unit(v: Float[Tensor, " P"]) -> Float[Tensor, " P"]:
+    """``v`` scaled to unit length."""
     norm = v.norm()
     if not norm > 0:
         raise ValueError("cannot normalise a zero vector (are the two checkpoints identical?)")
@@ -600,6 +610,7 @@ def format_record(r: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m interp.hessian``."""
     p = argparse.ArgumentParser(prog="python -m interp.hessian", description=__doc__.splitlines()[0])
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--ckpt", type=Path, help="a checkpoint file, or a run directory (with --step)")
@@ -642,6 +653,7 @@ def _check_args(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m interp.hessian``: geometry of one checkpoint or a cached series."""
     def body(args: argparse.Namespace) -> None:
         _check_args(args)
         logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -210,6 +210,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, n_examples:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m interp.report``."""
     p = argparse.ArgumentParser(prog="python -m interp.report", description=__doc__.splitlines()[0])
     p.add_argument("--run", required=True, type=Path, help="run directory (analysed by python -m interp.analyze)")
     p.add_argument("--out", type=Path, help=f"output file (default RUN/{REPORT_FILE})")
@@ -221,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m interp.report``: write the run's report."""
     def body(args: argparse.Namespace) -> None:
         if args.examples < 1:
             raise RunError(f"--examples must be at least 1, got {args.examples}")

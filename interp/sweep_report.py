@@ -45,6 +45,7 @@ def _cell(v: Any) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m interp.dynamics``."""
     p = argparse.ArgumentParser(prog="python -m interp.dynamics", description="A sweep's per-run table, the fits across runs and (--report) its HTML page.")
     p.add_argument("--sweep", required=True, type=Path, help="a sweep directory (python -m training.sweep --out)")
     p.add_argument("--csv", type=Path, help=f"where to write the table (default SWEEP/{DYNAMICS_CSV_FILE})")
@@ -56,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m interp.dynamics``: the sweep's table and fits (and, with --report, its page)."""
     def body(args: argparse.Namespace) -> None:
         if args.n_boot < 1:
             raise CliError(f"--n-boot must be at least 1, got {args.n_boot}")
