@@ -93,6 +93,13 @@ class TaskConfig(_DictMixin):
         """Whether the prompt holds a selector z (the backward task without ``no_z``)."""
         return self.direction == "backward" and not self.no_z
 
+    def variant_label(self) -> str:
+        """The task variant options that differ from the paper's, e.g. ``a_len=1,order=zb`` (``default``)."""
+        fields_ = ("a_len", "target_uniqueness", "tails", "order", "selectors", "no_z", "distinct_first_char")
+        base = TaskConfig()
+        diff = [f"{k}={getattr(self, k)}" for k in fields_ if getattr(self, k) != getattr(base, k)]
+        return ",".join(diff) or "default"
+
     @property
     def target_space(self) -> int:
         """How many distinct target strings the options allow (36 with ``by_first_char``)."""
