@@ -393,11 +393,16 @@ _K_D_QUICK = 5040  # a multiple of 3, 10 and 36: the same D for every K
 _K_D_PAPER = 10080
 
 # The marginal search (issue 11): the `ci` model on D = 5,000 (n_b 500, K 10), evaluated every 25
-# steps, stopped at 1.3 tau or at 2,000 steps (the no-z control never reaches tau: its 2,000 steps
-# show how long the marginal alone takes). Cut to fit 60 minutes on 2 cores: the `ci` model only
-# (no paper-model runs), D = 5,000 only, 3 seeds, 2,000 steps at most, and only the pairs that
-# test a hypothesis of their own (a_len 1 with zb; a_len 1 without z; tails by first character with zb).
-_MARGINAL = {"stop_after_tau": 1.3, "eval_every": 25, "ckpt_every": 50, "max_steps": 2000, "tracked_groups": 50}
+# steps, stopped at 1.3 tau or at 3,000 steps (the no-z control never reaches tau: its 3,000 steps
+# show how long the marginal alone takes; ci's own tau is ~1,000 steps). Cost: at most 30 x 3,000 =
+# 90k steps; the ci model takes ~20 ms a step on a quiet core plus ~15% for evaluation every 25
+# steps, so <= ~35 min with 2 workers (--ensemble: one vectorised job per variant, less). Measured
+# on a loaded machine (load ~10 on 2 cores): 400 steps in 96-142 s of run wall time. Cut to fit 60
+# minutes on 2 cores: the `ci` model only (the paper model is left to a variant that shows a
+# marginal stage), D = 5,000 and K = 10 only, 3 seeds, 3,000 steps at most, checkpoints every 50
+# steps, and only the pairs that test a hypothesis of their own (a_len 1 with zb; a_len 1 without
+# z; tails by first character with zb) - not every pair of the five knobs.
+_MARGINAL = {"stop_after_tau": 1.3, "eval_every": 25, "ckpt_every": 50, "max_steps": 3000, "tracked_groups": 50}
 _MARGINAL_VARIANTS: tuple[dict[str, tuple], ...] = (
     {"a_len": (4,)},  # the paper's task (a_len 4 is its default): the shelf the issue starts from
     # Short targets: is the marginal over 4-character strings what costs the time?
@@ -471,8 +476,8 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         grids=tuple({**variant, "seed": (0, 1, 2)} for variant in _MARGINAL_VARIANTS),
         description="task variants (short A, tails by first character, z before B, private selectors, "
                     "the no-z control, and pairs): which plateau - marginal or know-nothing shelf - each has",
-        cost="30 runs (10 variants x 3 seeds), ~34k steps; about 35-50 min on 2 cores with --ensemble "
-             "(estimated from 300-step runs; see the README)"),
+        cost="30 runs (10 variants x 3 seeds), 40-90k steps; <= ~35 min on 2 quiet cores (estimated, "
+             "not run: see the comment above _MARGINAL)"),
     SweepSpec(
         name="marginal-search-tiny", base="tiny",
         fixed={"lr": 3e-3, "stop_after_tau": 1.5, "max_steps": 300, "eval_every": 10, "ckpt_every": 50},
