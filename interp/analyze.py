@@ -136,6 +136,8 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     task = run.task()
     if task.cfg.direction != "backward" or task.cfg.K < 2:
         raise RunError(f"{run.path}: the analyses need the backward task with K >= 2")
+    if not task.cfg.has_selector:
+        raise RunError(f"{run.path}: the analyses follow the selector z, and this run has none (no_z)")
     chosen = pick_steps(run.steps(), every, steps)
     if not chosen:
         raise RunError(f"{run.path}: the run has no checkpoints")

@@ -67,7 +67,7 @@ class AttentionToZ:
 
 def _check_layout(layout: Layout) -> tuple[int, int]:
     if layout.z_span is None:
-        raise ValueError("attention to z needs the backward task (the forward task has no selector)")
+        raise ValueError("attention to z needs a selector in the prompt (the forward task and no_z have none)")
     return layout.z_span
 
 

@@ -31,6 +31,15 @@ the largest such family is used):
   (``t_acc50``). A forward run that never gets there makes the ratio a lower bound
   (its final step stands in, marked ``>=``). The paper: 1.7x to 4.4x.
 
+* plateau kind, per task variant (``variant_table``, ``DIR/variants.csv``): one row per task
+  variant (``TaskConfig.variant_label``) and model, over its seeds: the verdicts (``marginal``,
+  ``shelf``, ``mixed``: ``training.metrics.plateau_verdict``), t_marginal (the first evaluated step
+  with set loss < 0.1 log K), tau, t_marginal / tau, the plateau's share of tau, the plateau's
+  median first-token set loss, and whether the run has a *true marginal stage*: set loss below
+  0.1 log K while the candidate loss stays within 10% of log K, for at least 30% of tau. Each number
+  is the mean over seeds with the seed range [min, max]. A t_marginal / tau below 1 means the
+  marginal came first.
+
 Every fit is repeated with tau at the thresholds 0.3 and 0.7 log K (``sensitivity``), to show
 how much a conclusion depends on where tau is read off. Signs: alpha > 0 means larger data
 sets wait longer; a ratio > 1 means the named condition is slower.
@@ -53,7 +62,7 @@ from interp.cli import format_table
 from interp.results import SELECTOR_FILE, analysis_dir, median, na
 from interp.snap import SNAP_HI, snap_statistics
 from training import run as rd
-from training.metrics import compute_tau
+from training.metrics import MARGINAL_REL, compute_tau
 from training.run import MANIFEST_FILE, Run, RunError
 
 THRESHOLDS: tuple[float, ...] = (0.3, 0.5, 0.7)
@@ -63,6 +72,8 @@ FACTORS: tuple[str, ...] = ("direction", "preset", "D", "K", "lr", "batch_size")
 PAPER = {"alpha": 1.19, "alpha_ci": (1.137, 1.308), "k_slope": 0.0, "batch_factor": 1.8, "lr_factor": 3.6,
          "snap_share": 0.0, "snap_window_tau": 0.5, "direction_ratio": (1.7, 4.4)}
 """The paper's numbers, printed next to ours."""
+MARGINAL_STAGE_MIN_TAU = 0.3
+"""A true marginal stage lasts at least this share of tau (issue 11)."""
 
 
 def tau_key(threshold: float) -> str:
@@ -97,6 +108,8 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
     span = summary.get("plateau_span")
     selector = analysis_dir(run.path) / SELECTOR_FILE
     lead = rd.read_json(selector).get("lead_fraction") if selector.exists() else None
+    plateau = run.plateau() or {}
+    t_m = plateau.get("t_marginal")
     return {
         "name": name, "direction": direction, "preset": cfg.preset, "D": cfg.task.D, "K": cfg.task.K,
         "n_b": cfg.task.n_b, "lr": cfg.train.lr, "batch_size": cfg.train.batch_size, "seed": cfg.train.seed,
@@ -106,10 +119,83 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
         "t_acc50": compute_tau(metrics, log_k, "forward", 0.5),
         "plateau_start": span[0] if span else None, "plateau_end": span[1] if span else None,
         "lead_fraction": lead,
+        "model": f"{cfg.model.n_layers}L d{cfg.model.d_model}", "variant": cfg.task.variant_label(),
+        "verdict": plateau.get("verdict"), "t_marginal": t_m,
+        "t_marginal_over_tau": t_m / tau if t_m is not None and tau else None,
+        "plateau_share": (span[1] - span[0]) / tau if span and tau else None,
+        "marginal_share": (plateau.get("share") or {}).get("marginal"),
+        "first_token_set_loss_plateau": plateau.get("median_first_token_set_loss"),
+        "set_loss_plateau": plateau.get("median_set_loss"),
+        "marginal_stage_tau": marginal_stage(metrics, log_k, tau),
         "snap_groups": snap["n_groups"], "snap_share_at_half_tau": snap["share_above_at_half_tau"],
         "snap_window_tau": snap["snap_window_tau"], "snap_spread_tau": snap["snap_spread_tau"],
         "snap_snapped": snap["n_snapped"],
     }
+
+
+def marginal_stage(records: list[dict], log_k: float, tau: int | None, rel: float = 0.1) -> float | None:
+    """Length, in units of tau, of the longest run of consecutive evaluations before tau with set loss
+    below ``MARGINAL_REL`` log K and candidate loss within ``rel`` log K of log K (None without tau)."""
+    if not tau:
+        return None
+    best, start = 0.0, None
+    for r in records:
+        if r["step"] >= tau or r.get("set_loss") is None or r.get("candidate_loss") is None:
+            break
+        ok = r["set_loss"] < MARGINAL_REL * log_k and abs(r["candidate_loss"] - log_k) <= rel * log_k
+        if ok:
+            start = r["step"] if start is None else start
+            best = max(best, (r["step"] - start) / tau)
+        else:
+            start = None
+    return best
+
+
+def _mean_range(xs: list[Any]) -> tuple[float | None, float | None, float | None]:
+    """Mean, min and max of the values that are not None (all None without any)."""
+    vals = [float(x) for x in xs if x is not None]
+    return (float(np.mean(vals)), min(vals), max(vals)) if vals else (None, None, None)
+
+
+def variant_table(rows: list[dict]) -> list[dict[str, Any]]:
+    """One row per (task variant, model) of the backward runs: verdicts and plateau numbers over seeds
+    (mean and seed range), and whether every seed has a true marginal stage (>= 0.3 tau)."""
+    groups: dict[tuple, list[dict]] = {}
+    for r in rows:
+        if r["direction"] == "backward":
+            groups.setdefault((r["variant"], r["model"], r["D"], r["K"]), []).append(r)
+    out = []
+    for (variant, model, D, K), rs in groups.items():
+        verdicts = [r["verdict"] or "none" for r in rs]
+        row: dict[str, Any] = {"variant": variant, "model": model, "D": D, "K": K, "seeds": len(rs),
+                               "verdict": "/".join(sorted(set(verdicts))) + f" ({len(rs)})"}
+        for key in ("t_marginal", "tau", "t_marginal_over_tau", "plateau_share", "first_token_set_loss_plateau",
+                    "set_loss_plateau", "marginal_stage_tau"):
+            mean, lo, hi = _mean_range([r[key] for r in rs])
+            row[key], row[f"{key}_lo"], row[f"{key}_hi"] = mean, lo, hi
+        row["never_marginal"] = sum(r["t_marginal"] is None for r in rs)
+        row["never_tau"] = sum(r["tau"] is None for r in rs)
+        row["true_marginal"] = all((r["marginal_stage_tau"] or 0.0) >= MARGINAL_STAGE_MIN_TAU for r in rs)
+        out.append(row)
+    return out
+
+
+def variant_table_text(table: list[dict]) -> str:
+    """The variant table as aligned text: mean [seed range] per number."""
+    def cell(row: dict, key: str, fmt: str) -> str:
+        if row[key] is None:
+            return "n/a"
+        return f"{fmt.format(row[key])} [{fmt.format(row[key + '_lo'])}, {fmt.format(row[key + '_hi'])}]"
+
+    header = ["variant", "model", "verdict", "t_marginal", "tau", "t_marg/tau", "plateau/tau",
+              "first-token set loss", "true marginal"]
+    body = [[r["variant"], r["model"], r["verdict"],
+             cell(r, "t_marginal", "{:.0f}") + (f" ({r['never_marginal']} never)" if r["never_marginal"] else ""),
+             cell(r, "tau", "{:.0f}") + (f" ({r['never_tau']} never)" if r["never_tau"] else ""),
+             cell(r, "t_marginal_over_tau", "{:.2f}"), cell(r, "plateau_share", "{:.2f}"),
+             cell(r, "first_token_set_loss_plateau", "{:.2f}"), "yes" if r["true_marginal"] else "no"]
+            for r in table]
+    return format_table(body, header)
 
 
 def load_sweep(sweep_dir: str | Path) -> Sweep:

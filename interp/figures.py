@@ -101,8 +101,12 @@ def _head_grid(records: list[dict[str, Any]], field: str) -> tuple[list[int], np
 
 
 def loss_curves(records: list[dict[str, Any]], log_k: float, tau: int | None = None,
-                t_form: int | None = None) -> Captioned:
-    """Candidate loss / log K, training loss and set loss (top), delta_z (bottom), over steps."""
+                t_form: int | None = None, plateau: dict[str, Any] | None = None) -> Captioned:
+    """Candidate loss / log K, training loss and set loss (top), delta_z (bottom), over steps.
+
+    With ``plateau`` (the run's ``summary.json`` block) also the first-token set loss, the
+    know-nothing set loss as a line, and the verdict in the title and caption.
+    """
     rec = [r for r in records if r.get("candidate_loss") is not None]
     steps = [int(r["step"]) for r in rec]
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.62, 0.38],
@@ -118,8 +122,19 @@ def loss_curves(records: list[dict[str, Any]], log_k: float, tau: int | None = N
                              line={"color": "#2ca02c", "width": 2}), row=2, col=1)
     fig.add_hline(y=1.0, line={"color": "#1f77b4", "dash": "dot", "width": 1},
                   label={"text": "log K", "textposition": "end", "font": {"size": 11, "color": "#1f77b4"}}, row=1, col=1)
+    verdict = ""
+    if plateau is not None:
+        fig.add_trace(go.Scatter(x=steps, y=[r.get("first_token_set_loss") for r in rec],
+                                 name="first-token set loss (nats)", mode="lines",
+                                 line={"color": "#8c564b", "width": 1.2, "dash": "dot"}),
+                      row=1, col=1, secondary_y=True)
+        ref = plateau["know_nothing"]["set_loss"]
+        fig.add_hline(y=ref, line={"color": "#9467bd", "dash": "dot", "width": 1}, secondary_y=True,
+                      label={"text": f"know-nothing set loss {ref:.2f}", "textposition": "start",
+                             "font": {"size": 11, "color": "#9467bd"}}, row=1, col=1)
+        verdict = f"; plateau: {plateau.get('verdict') or 'none'}"
     _add_landmarks(fig, tau, t_form, rows=(1, 2))
-    _layout(fig, f"Loss across training (K = {np.exp(log_k):.0f}, log K = {log_k:.3f})", "", "", height=560)
+    _layout(fig, f"Loss across training (K = {np.exp(log_k):.0f}, log K = {log_k:.3f}{verdict})", "", "", height=560)
     fig.update_xaxes(title_text="step", row=2, col=1)
     fig.update_yaxes(title_text="candidate loss / log K", row=1, col=1, secondary_y=False, rangemode="tozero")
     fig.update_yaxes(title_text="nats", row=1, col=1, secondary_y=True, rangemode="tozero", showgrid=False,
@@ -130,6 +145,13 @@ def loss_curves(records: list[dict[str, Any]], log_k: float, tau: int | None = N
                f"until the drop at τ = {na(tau, '{}')}; the set loss (dashed) tells which plateau it is: near 0, "
                "the model has learned the marginal and waits to use z; high, it cannot yet tell the candidates "
                "from other strings.")
+    if plateau is not None:
+        share = plateau.get("share") or {}
+        caption = (caption[:-1] + f"; here the verdict is {plateau.get('verdict') or 'no plateau'}: "
+                   f"{na(share.get('marginal'), '{:.0%}')} of the plateau's evaluations have set loss below "
+                   f"0.1 log K and {na(share.get('shelf'), '{:.0%}')} above 90% of the know-nothing set loss "
+                   f"{plateau['know_nothing']['set_loss']:.2f} nats (dotted purple line: a model uniform over the "
+                   "alphabet), and the dotted brown line is the first-token set loss, the cheapest marginal.")
     return fig, caption
 
 
@@ -435,7 +457,7 @@ def hessian_noise(records: Sequence[dict[str, Any]], tau: int | None = None) -> 
 
 
 def all_figures(metrics: list[dict[str, Any]], analysis: dict[str, Any], log_k: float,
-                tau: int | None = None) -> list[tuple[str, str, go.Figure, str]]:
+                tau: int | None = None, plateau: dict[str, Any] | None = None) -> list[tuple[str, str, go.Figure, str]]:
     """Every figure of a run: ``[(key, heading, figure, caption), ...]`` in reading order.
 
     ``analysis`` is :func:`interp.analyze.load_analysis`'s result; its selector summary gives the
@@ -445,7 +467,7 @@ def all_figures(metrics: list[dict[str, Any]], analysis: dict[str, Any], log_k: 
     head = sel.get("head")
     tau = tau if tau is not None else sel.get("tau")
     t_form = sel.get("t_form")
-    out: list[tuple[str, str, go.Figure, str]] = [("loss", "Plateau and drop", *loss_curves(metrics, log_k, tau, t_form))]
+    out: list[tuple[str, str, go.Figure, str]] = [("loss", "Plateau and drop", *loss_curves(metrics, log_k, tau, t_form, plateau))]
     if analysis.get("attention"):
         out.append(("attention_heatmap", "Attention to z: heads x steps",
                     *attention_heatmap(analysis["attention"], head, tau, t_form)))

@@ -45,6 +45,8 @@ def prompt_pairs(task: Task, n: int = 256, seed: int = 0) -> PromptPairs:
     """``n`` seeded (clean, corrupted) prompt pairs: same B, another selector."""
     if task.cfg.direction != "backward" or task.cfg.K < 2:
         raise ValueError("prompt pairs need the backward task with K >= 2 (a selector to corrupt)")
+    if not task.cfg.has_selector:
+        raise ValueError("prompt pairs need a selector to corrupt: this task has no_z (the (B) -> A control)")
     gen = torch.Generator().manual_seed(seed)
     D, K = task.cfg.D, task.cfg.K
     examples = torch.randperm(D, generator=gen)[: min(n, D)]

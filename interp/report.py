@@ -124,6 +124,7 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
         ("plateau (candidate loss within 10% of log K, Δz < 0.1 log K)", f"steps {span[0]} .. {span[1]}" if span else "none"),
         ("set loss on the plateau (median)", f"{na(summary.get('plateau_median_set_loss'))} nats "
                                              f"(step 0: {na(set0)}; 0 = all mass on the K candidates)"),
+        *plateau_rows(run.plateau()),
         ("selector head", f"{sel.get('label')} (rule: {sel.get('rule')})"),
         ("its attention to z", f"{na(sel.get('start_value'))} at the plateau start -> {na(sel.get('final_value'))} at the end"),
         ("t_form (attention to z halfway up)", na(sel.get("t_form"), "{}") + _bracket(sel.get("t_form_bracket"))),
@@ -145,6 +146,24 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
     return rows
 
 
+def plateau_rows(plateau: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The plateau verdict as summary rows (none for runs without a set loss)."""
+    if plateau is None:
+        return []
+    ref, share = plateau["know_nothing"], plateau.get("share") or {}
+    return [
+        ("plateau verdict (marginal | shelf | mixed)",
+         f"{plateau.get('verdict') or 'no plateau'}: {na(share.get('marginal'), '{:.0%}')} marginal "
+         f"(set loss < {na(plateau.get('marginal_threshold'))}), {na(share.get('shelf'), '{:.0%}')} shelf "
+         f"(> {na(plateau.get('shelf_threshold'))}), {na(share.get('between'), '{:.0%}')} between"),
+        ("know-nothing reference (uniform over the alphabet)",
+         f"set loss {ref['set_loss']:.3f}, first-token set loss {ref['first_token_set_loss']:.3f}, "
+         f"first-token loss {ref['first_token_loss']:.3f} nats; marginal floor 0"),
+        ("first-token set loss on the plateau (median)", f"{na(plateau.get('median_first_token_set_loss'))} nats"),
+        ("t_marginal (first step with set loss < 0.1 log K)", na(plateau.get("t_marginal"), "{}")),
+    ]
+
+
 # ---- the page -----------------------------------------------------------------------------
 
 
@@ -162,11 +181,13 @@ def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str
     cfg = run.config
     parts = [f"<h1>Run report: {html.escape(run.path.name)}</h1>",
              f'<p class="sub">{html.escape(str(run.path.resolve()))} - preset {html.escape(str(cfg.preset))}, '
-             f"{html.escape(cfg.task.direction)} task, K = {cfg.task.K}, n_b = {cfg.task.n_b}, D = {cfg.task.D}; "
+             f"{html.escape(cfg.task.direction)} task ({html.escape(cfg.task.variant_label())}), K = {cfg.task.K}, "
+             f"n_b = {cfg.task.n_b}, D = {cfg.task.D}; "
              f"{cfg.model.n_layers} layers x {cfg.model.n_heads} heads, d_model {cfg.model.d_model}; "
              f"{len(run.steps())} checkpoints up to step {run.steps()[-1] if run.steps() else 'n/a'}</p>",
              "<h2>Summary</h2>", table_html(summary_rows(run, metrics, sel, snap))]
-    for i, (key, heading, fig, caption) in enumerate(all_figures(metrics, analysis, run.log_k, tau)):
+    figures = all_figures(metrics, analysis, run.log_k, tau, run.plateau())
+    for i, (key, heading, fig, caption) in enumerate(figures):
         parts += figure_section(key, heading, fig, caption, include_plotlyjs=(i == 0))
     parts += _attention_section(run, sel, n_examples, seed)
     parts.append('<p class="note">Written by <code>python -m interp.report</code>; definitions: '

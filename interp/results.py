@@ -39,6 +39,8 @@ SWEEP_REPORT_FILE = "sweep_report.html"
 """A sweep's report, in the sweep directory."""
 DYNAMICS_CSV_FILE = "dynamics.csv"
 """A sweep's per-run table, in the sweep directory."""
+VARIANTS_CSV_FILE = "variants.csv"
+"""A sweep's per-task-variant table (plateau kind), in the sweep directory."""
 
 
 def analysis_dir(run_dir: str | Path) -> Path:

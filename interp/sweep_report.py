@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from interp.cli import CliError, run_cli, write_json
-from interp.dynamics import TABLE_COLUMNS, Sweep, analyze_sweep, load_sweep, summary_lines, table_csv, table_text
+from interp.dynamics import (TABLE_COLUMNS, Sweep, analyze_sweep, load_sweep, summary_lines, table_csv, table_text,
+                             variant_table, variant_table_text)
 from interp.pages import figure_section, page, table_html, write_page
-from interp.results import DYNAMICS_CSV_FILE, SWEEP_REPORT_FILE
+from interp.results import DYNAMICS_CSV_FILE, SWEEP_REPORT_FILE, VARIANTS_CSV_FILE
 from interp.sweep_figures import sweep_figures
 from training.run import write_text_atomic
 
@@ -69,6 +70,12 @@ def main(argv: list[str] | None = None) -> int:
         print()
         for what, text in summary_lines(result):
             print(f"{what}: {text}")
+        variants = variant_table(sweep.rows)
+        if variants:
+            print("\nplateau kind per task variant (mean [seed range]):")
+            print(variant_table_text(variants))
+            write_text_atomic(sweep.path / VARIANTS_CSV_FILE, table_csv(variants))
+            print(f"variants: {sweep.path / VARIANTS_CSV_FILE}")
         print(f"\ntable: {csv_path}")
         if args.json:
             write_json(args.json, result)

@@ -148,3 +148,52 @@ def selector_copy_model(task: Task | None = None) -> HookedTransformer:
         raise ValueError("the second target character must be the group's first B character")
     model.W_U[torch.arange(D_MODEL)[dims["l1h1_out"]][second % N_TOKEN_ID], second] = GAMMA
     return model.eval()
+
+
+class UniformOverCandidates(torch.nn.Module):
+    """Puts exactly uniform mass on the K candidate strings of the prompt's group (z ignored).
+
+    At a target position with typed prefix t, p(next = c) = #{candidates starting t + c} /
+    #{candidates starting t}, so the probability of a whole candidate is 1/K: set loss 0,
+    candidate loss log K, the marginal. Built for any task variant (the group is read from B
+    through the task's layout); a lookup in Python, for tests only.
+    """
+
+    def __init__(self, task: Task):
+        super().__init__()
+        self.task = task
+        self.dummy = torch.nn.Parameter(torch.zeros(()))
+        self.group_of = {tuple(b): g for g, b in enumerate(task.b_tokens.tolist())}
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits [N, pos, vocab]: log of the candidate-count ratios at the target positions."""
+        lay, vocab = self.task.layout, len(self.task.vocab)
+        logits = torch.full((*tokens.shape, vocab), -1e4)
+        a0, a1 = lay.a_span
+        for n, row in enumerate(tokens.tolist()):
+            cands = self.task.a_tokens[self.group_of[tuple(row[slice(*lay.b_span)])]].tolist()
+            for pos in range(a0 - 1, min(a1 - 1, tokens.shape[1])):
+                typed = row[a0:pos + 1]
+                counts: dict[int, int] = {}
+                for cand in cands:
+                    if cand[: len(typed)] == typed:
+                        counts[cand[len(typed)]] = counts.get(cand[len(typed)], 0) + 1
+                total = sum(counts.values())
+                for tok, c in counts.items():
+                    logits[n, pos, tok] = float(torch.tensor(c / total).log())
+        return logits
+
+
+class UniformOverAlphabet(torch.nn.Module):
+    """Knows nothing: uniform over the alphabet's characters at every position (special tokens ~0)."""
+
+    def __init__(self, task: Task):
+        super().__init__()
+        self.n_vocab = len(task.vocab)
+        self.dummy = torch.nn.Parameter(torch.zeros(()))
+
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Logits [N, pos, vocab]: 0 on every character, -1e4 on <BOS> and <SEP>."""
+        logits = torch.zeros(*tokens.shape, self.n_vocab)
+        logits[..., : len(SPECIAL_TOKENS)] = -1e4
+        return logits

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from interp import dynamics, sweep_report
-from interp.results import SWEEP_REPORT_FILE
+from interp.results import SWEEP_REPORT_FILE, VARIANTS_CSV_FILE
 from interp.sweep_figures import sweep_figures
 from interp.dynamics import (analyze_sweep, batch_effect, direction_ratios, k_dependence, load_sweep, lr_effect,
                              power_law, scaling_law, tau_key)
@@ -101,3 +101,53 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
         assert sweep_report.main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
+
+
+def test_marginal_stage_and_variant_table_known_answers():
+    lk = float(np.log(10))
+    # set loss below 0.1 log K from step 200 to 500 with the candidate loss at log K; tau = 1000.
+    recs = [{"step": s, "set_loss": 0.01 if 200 <= s <= 500 else 5.0, "candidate_loss": lk if s < 800 else 0.3 * lk}
+            for s in range(0, 1100, 100)]
+    assert dynamics.marginal_stage(recs, lk, 1000) == pytest.approx(0.3)
+    assert dynamics.marginal_stage(recs, lk, None) is None
+    rows = [_row(seed=s, tau=t, model="2L d64", variant="a_len=1", verdict=v, t_marginal=tm,
+                 t_marginal_over_tau=tm / t, plateau_share=0.4, first_token_set_loss_plateau=f,
+                 set_loss_plateau=0.1, marginal_stage_tau=ms)
+            for s, t, v, tm, f, ms in [(0, 1000, "marginal", 200, 0.1, 0.35), (1, 1200, "marginal", 300, 0.3, 0.3),
+                                       (2, 800, "mixed", 400, 0.2, 0.1)]]
+    rows.append(_row(seed=0, tau=500, model="2L d64", variant="default", verdict="shelf", t_marginal=None,
+                     t_marginal_over_tau=None, plateau_share=0.3, first_token_set_loss_plateau=1.3,
+                     set_loss_plateau=11.9, marginal_stage_tau=0.0))
+    table = {r["variant"]: r for r in dynamics.variant_table(rows)}
+    a = table["a_len=1"]
+    assert a["seeds"] == 3 and a["verdict"] == "marginal/mixed (3)"
+    assert a["tau"] == pytest.approx(1000) and (a["tau_lo"], a["tau_hi"]) == (800, 1200)
+    assert a["first_token_set_loss_plateau"] == pytest.approx(0.2)
+    assert a["t_marginal_over_tau"] == pytest.approx((0.2 + 0.25 + 0.5) / 3)
+    assert not a["true_marginal"]  # seed 2's marginal stage is only 0.1 tau
+    d = table["default"]
+    assert d["verdict"] == "shelf (1)" and d["t_marginal"] is None and d["never_marginal"] == 1
+    text = dynamics.variant_table_text(list(table.values()))
+    assert "marginal/mixed (3)" in text and "1000 [800, 1200]" in text
+
+
+def test_variant_table_on_a_tiny_variant_sweep(tmp_path, capsys):
+    from training.sweep import SweepSpec, run_sweep
+
+    spec = SweepSpec("tiny-variants", "tiny", ({"a_len": (4,), "seed": (0, 1)},
+                                               {"a_len": (1,), "target_uniqueness": ("group",), "order": ("zb",),
+                                                "seed": (0, 1)},
+                                               {"no_z": (True,), "seed": (0,)}),
+                     fixed={"max_steps": 40})
+    outcomes = run_sweep(spec, tmp_path / "s", executor="serial", threads=1, progress=False)
+    assert all(o["status"] == "done" for o in outcomes), outcomes
+    sweep = load_sweep(tmp_path / "s")
+    table = {r["variant"]: r for r in dynamics.variant_table(sweep.rows)}
+    assert set(table) == {"default", "a_len=1,target_uniqueness=group,order=zb", "no_z=True"}
+    for name, row in table.items():
+        runs = [Run(tmp_path / "s" / r["name"]) for r in sweep.rows if r["variant"] == name]
+        verdicts = sorted((run.summary()["plateau"]["verdict"] or "none") for run in runs)
+        assert row["verdict"] == "/".join(sorted(set(verdicts))) + f" ({len(runs)})"
+    assert sweep_report.main(["--sweep", str(tmp_path / "s")]) == 0
+    out = capsys.readouterr().out
+    assert "plateau kind per task variant" in out and (tmp_path / "s" / VARIANTS_CSV_FILE).exists()

@@ -34,6 +34,18 @@ def landmark_xs(fig: go.Figure) -> set[float]:
     return {float(s.x0) for s in fig.layout.shapes if s.x0 == s.x1 and s.x0 is not None}
 
 
+def test_loss_curves_with_plateau_verdict(data):
+    run, metrics, _, sel = data
+    plateau = run.plateau()
+    fig, caption = F.loss_curves(metrics, run.log_k, sel["tau"], sel["t_form"], plateau)
+    check_figure(fig, caption)
+    assert [t.name for t in fig.data][-1] == "first-token set loss (nats)"
+    np.testing.assert_allclose(fig.data[-1].y, [r["first_token_set_loss"] for r in metrics])
+    ref = plateau["know_nothing"]["set_loss"]
+    assert any(s.y0 == s.y1 == ref for s in fig.layout.shapes)  # the know-nothing line
+    assert f"plateau: {plateau['verdict']}" in fig.layout.title.text and plateau["verdict"] in caption
+
+
 def test_loss_curves(data):
     run, metrics, _, sel = data
     fig, caption = F.loss_curves(metrics, run.log_k, sel["tau"], sel["t_form"])

@@ -3,9 +3,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import shutil
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -154,3 +156,26 @@ def test_cli(tmp_path, capsys, monkeypatch):
     assert main(["--preset", "tiny", "--executor", "slurm", "--out", str(tmp_path / "c"), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "needs submitit: pip install 'plateauscope[cluster]'" in err[0], err
+
+
+def test_marginal_search_grid():
+    from training.sweep import plan_jobs
+
+    points = expand(get_sweep("marginal-search"))
+    variants = {p.cfg.task.variant_label() for p in points}
+    assert len(points) == 30 and len(variants) == 10 and "default" in variants and "no_z=True" in variants
+    assert "a_len=1,target_uniqueness=group,order=zb" in variants  # a pair: short A with z before B
+    ci_model = get_sweep_model("ci")
+    assert all(p.cfg.preset == "ci" and p.cfg.model == dataclasses.replace(ci_model, seed=p.cfg.model.seed)
+               for p in points)
+    assert sorted({p.cfg.train.seed for p in points}) == [0, 1, 2]
+    jobs, done = plan_jobs(points, Path("/nonexistent"), ensemble=True)
+    assert len(jobs) == 10 and all(len(j) == 3 for j in jobs) and not done  # one seed ensemble per variant
+    tiny = expand(get_sweep("marginal-search-tiny"))
+    assert {p.cfg.task.variant_label() for p in tiny} == variants
+
+
+def get_sweep_model(preset):
+    from training.presets import get_preset
+
+    return get_preset(preset).model

@@ -14,6 +14,10 @@ from dataclasses import dataclass, field, fields
 from typing import Any, TypeVar
 
 DIRECTIONS: tuple[str, ...] = ("backward", "forward")
+TARGET_UNIQUENESS: tuple[str, ...] = ("global", "group")
+TAILS: tuple[str, ...] = ("random", "by_first_char")
+ORDERS: tuple[str, ...] = ("bz", "zb")
+SELECTORS: tuple[str, ...] = ("shared", "private")
 
 T = TypeVar("T", bound="_DictMixin")
 
@@ -47,9 +51,10 @@ class TaskConfig(_DictMixin):
     b_len: int = 6
     """Characters in a base string B."""
     z_len: int = 2
-    """Characters in a selector z. The K selectors are shared by all groups."""
+    """Characters in a selector z (the K selectors are shared by all groups unless ``selectors`` says
+    ``private``)."""
     a_len: int = 4
-    """Characters in a target string A. All A are globally unique, so A -> B is a function."""
+    """Characters in a target string A (1 or more)."""
     alphabet: str = "abcdefghijklmnopqrstuvwxyz0123456789"
     """The characters B, z and A are drawn from."""
     direction: str = "backward"
@@ -58,6 +63,20 @@ class TaskConfig(_DictMixin):
     """The K targets of a group start with K different characters (as in the paper's code)."""
     seed: int = 0
     """Seed of the data set (strings and their pairing); independent of the training seed."""
+    target_uniqueness: str = "global"
+    """``global``: all D targets differ, so A -> B is a function (the paper). ``group``: only the K
+    targets of a group differ (short A cannot be globally unique); the forward task refuses it."""
+    tails: str = "random"
+    """``random``: A[1:] drawn per target. ``by_first_char``: A[1:] is one fixed global function of A[0],
+    so the tails cost 36 facts instead of D (needs ``distinct_first_char``)."""
+    order: str = "bz"
+    """``bz``: the prompt is B then z (the paper). ``zb``: z then B."""
+    selectors: str = "shared"
+    """``shared``: one set of K selectors for every group (the paper). ``private``: each group draws its
+    own K selectors."""
+    no_z: bool = False
+    """The (B) -> A control: same groups and targets, no selector in the prompt. Its candidate loss
+    cannot go below log K; the time its set loss takes to reach ~0 is the price of the marginal alone."""
 
     @property
     def D(self) -> int:
@@ -69,6 +88,24 @@ class TaskConfig(_DictMixin):
         """Plateau height per example: log K nats."""
         return math.log(self.K)
 
+    @property
+    def has_selector(self) -> bool:
+        """Whether the prompt holds a selector z (the backward task without ``no_z``)."""
+        return self.direction == "backward" and not self.no_z
+
+    def variant_label(self) -> str:
+        """The task variant options that differ from the paper's, e.g. ``a_len=1,order=zb`` (``default``)."""
+        fields_ = ("a_len", "target_uniqueness", "tails", "order", "selectors", "no_z", "distinct_first_char")
+        base = TaskConfig()
+        diff = [f"{k}={getattr(self, k)}" for k in fields_ if getattr(self, k) != getattr(base, k)]
+        return ",".join(diff) or "default"
+
+    @property
+    def target_space(self) -> int:
+        """How many distinct target strings the options allow (36 with ``by_first_char``)."""
+        n_chars = len(self.alphabet)
+        return n_chars if self.tails == "by_first_char" else n_chars**self.a_len
+
     def validate(self) -> None:
         """Fail with one line when the request is impossible."""
         n_chars = len(self.alphabet)
@@ -76,6 +113,27 @@ class TaskConfig(_DictMixin):
             raise ConfigError(f"alphabet {self.alphabet!r} repeats a character")
         if self.direction not in DIRECTIONS:
             raise ConfigError(f"direction must be one of {DIRECTIONS}, got {self.direction!r}")
+        for name, choices in (("target_uniqueness", TARGET_UNIQUENESS), ("tails", TAILS), ("order", ORDERS),
+                              ("selectors", SELECTORS)):
+            if getattr(self, name) not in choices:
+                raise ConfigError(f"{name} must be one of {choices}, got {getattr(self, name)!r}")
+        if not isinstance(self.no_z, bool):
+            raise ConfigError(f"no_z must be true or false, got {self.no_z!r}")
+        if self.direction == "forward":
+            if self.target_uniqueness != "global":
+                raise ConfigError("the forward task needs target_uniqueness=global: with targets unique only "
+                                  "within a group, A -> B is not a function")
+            for name, default in (("order", "bz"), ("selectors", "shared"), ("no_z", False)):
+                if getattr(self, name) != default:
+                    raise ConfigError(f"{name}={getattr(self, name)} has no meaning for the forward task "
+                                      "(A -> B has no selector)")
+        if self.no_z:
+            for name, default in (("order", "bz"), ("selectors", "shared")):
+                if getattr(self, name) != default:
+                    raise ConfigError(f"{name}={getattr(self, name)} has no meaning with no_z (no selector)")
+        if self.tails == "by_first_char" and not self.distinct_first_char:
+            raise ConfigError("tails=by_first_char needs distinct_first_char: the K targets of a group "
+                              "then differ only in their first character")
         for name in ("n_b", "K", "b_len", "z_len", "a_len"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -93,11 +151,16 @@ class TaskConfig(_DictMixin):
             raise ConfigError(
                 f"K={self.K} targets cannot start with distinct characters: the alphabet has {n_chars}"
             )
-        if self.D > n_chars**self.a_len // 2:
+        space = self.target_space
+        what = "targets allowed by tails=by_first_char" if self.tails == "by_first_char" else \
+            f"strings of {self.a_len} characters"
+        if self.target_uniqueness == "global" and self.D > space // 2:
             raise ConfigError(
-                f"D={self.D} unique targets need more than half of the {n_chars ** self.a_len} "
-                f"strings of {self.a_len} characters; lower n_b or K, or raise a_len"
+                f"D={self.D} unique targets need more than half of the {space} {what}; "
+                f"lower n_b or K, raise a_len, or use target_uniqueness=group"
             )
+        if self.K > space:
+            raise ConfigError(f"K={self.K} distinct targets per group: there are only {space} {what}")
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,10 @@ A sequence is::
     backward (B, z) -> A:   <BOS> b1 .. b6 <SEP> z1 z2 <SEP> a1 .. a4
     forward  A -> B:        <BOS> a1 .. a4 <SEP> b1 .. b6
 
+with the task's variants: ``order=zb`` puts z before B (``<BOS> z1 z2 <SEP> b1 .. b6 <SEP> a1 ..``),
+``no_z`` drops z and its ``<SEP>`` (``<BOS> b1 .. b6 <SEP> a1 ..``), and the lengths are the task's
+``b_len``, ``z_len`` and ``a_len``.
+
 i.e. ``<BOS>``, the source segments each followed by ``<SEP>``, then the target. There is
 no end token and no padding: every sequence of a run has the same length. The training
 loss is the cross-entropy of the target tokens only; the logits at position ``p`` predict
@@ -44,7 +48,12 @@ class Layout:
     @classmethod
     def for_task(cls, task: TaskConfig) -> Layout:
         lengths = {"b": task.b_len, "z": task.z_len, "a": task.a_len}
-        order = ("b", "z", "a") if task.direction == "backward" else ("a", "b")
+        if task.direction == "forward":
+            order: tuple[str, ...] = ("a", "b")
+        elif task.no_z:
+            order = ("b", "a")
+        else:
+            order = ("z", "b", "a") if task.order == "zb" else ("b", "z", "a")
         spans: dict[str, tuple[int, int]] = {}
         pos = 1  # after <BOS>
         for i, name in enumerate(order):
@@ -59,8 +68,9 @@ class Layout:
 
     @property
     def source_spans(self) -> list[tuple[int, int]]:
+        """The prompt's segments before the target, in sequence order."""
         spans = [self.b_span, self.z_span] if self.direction == "backward" else [self.a_span]
-        return [s for s in spans if s is not None]
+        return sorted(s for s in spans if s is not None)
 
     @property
     def target_len(self) -> int:

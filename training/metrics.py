@@ -15,8 +15,24 @@ group: ``s_k = sum_t log p(A_gk[t] | B_g, z_j, A_gk[<t])``. Then
   selector of the task (a fixed derangement: never the true one) minus the candidate loss
   with the true z. ~0 while z is ignored, large (positive) once z is used.
   It needs no extra forward pass: the prefix (B_g, z_j') is another example of group g.
+* ``first_token_set_loss`` = -log of the total probability that the first target token is one
+  of the group's first characters (its K candidates' first characters, each counted once): the
+  cheapest marginal. ~0 when the model has learned which characters start a candidate, about
+  log(36 / K) when it knows nothing. It tells a marginal over first characters apart from a
+  marginal over whole strings (``set_loss``).
 * ``exact match``: greedy decoding reproduces the target iff, under teacher forcing, the
   argmax at every target position is the correct token.
+
+The plateau verdict (``plateau_verdict``, the ``plateau`` block of ``summary.json``) compares the
+set loss on the plateau with two references: the **marginal floor** 0 (all mass on the group's
+candidates) and the **know-nothing reference** (``know_nothing_reference``), the set loss of a
+model that is uniform over the alphabet at every target position, computed exactly from the
+task's candidate sets. "Uniform over the alphabet" means over the characters targets are made of
+(not over ``<BOS>``/``<SEP>``, which never follow ``<SEP>`` in a target and which a model stops
+predicting there within a few steps): 4 ln 36 - ln 10 = 12.03 nats for the paper's task. A plateau
+evaluation is *marginal* when its set loss is below 0.1 log K, *shelf* when it is above 90% of the
+know-nothing reference, and *between* otherwise; the verdict names the kind that holds at least
+two thirds of the plateau's evaluations, or says ``mixed``.
 
 The forward task (A -> B) has no candidates and no selector: its candidate fields are None
 and its tau is defined on exact-match accuracy (first evaluated step above 50%).
@@ -24,6 +40,7 @@ and its tau is defined on exact-match accuracy (first evaluated step above 50%).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -99,9 +116,11 @@ def evaluate(model: nn.Module, task: Task, evalset: EvalSet, batch_size: int = 2
         diag = torch.arange(K)
         true_logp = logp.view(G, K, K, -1)[:, diag, diag]  # [G, K, T]
         out["accuracy"] = exact.view(G, K, K)[:, diag, diag].float().mean().item()
+        first_chars = evalset.candidate_seqs.view(G, K, K, -1)[:, 0, :, layout.target_span[0]]  # [G, K]
+        out["first_token_set_loss"] = first_token_set_loss(logp.view(G, K, K, -1)[..., 0], first_chars)
     else:
         true_logp, exact = target_logprobs(model, evalset.eval_seqs, layout, batch_size)
-        out.update(candidate_loss=None, candidate_acc=None, set_loss=None, delta_z=None,
+        out.update(candidate_loss=None, candidate_acc=None, set_loss=None, delta_z=None, first_token_set_loss=None,
                    seq_nll=-true_logp.sum(-1).mean().item())
         out["accuracy"] = exact.float().mean().item()
     out["loss"] = -true_logp.mean().item()
@@ -109,6 +128,43 @@ def evaluate(model: nn.Module, task: Task, evalset: EvalSet, batch_size: int = 2
     _, tracked_exact = target_logprobs(model, evalset.tracked_seqs, layout, batch_size)
     out["group_acc"] = [round(x, 4) for x in tracked_exact.view(-1, K).float().mean(-1).tolist()]
     return out
+
+
+def first_occurrence(items: Int[Tensor, "G K ..."]) -> Bool[Tensor, "G K"]:
+    """Whether item k of each row is the first of its value in the row (duplicates are False)."""
+    same = (items[:, :, None] == items[:, None, :])
+    if same.dim() > 3:
+        same = same.flatten(3).all(-1)
+    K = items.shape[1]
+    earlier = torch.ones(K, K, dtype=torch.bool).tril(-1)  # [k, k'] with k' < k
+    return ~(same & earlier).any(-1)
+
+
+def first_token_set_loss(first_logp: Float[Tensor, "G K K"], first_chars: Int[Tensor, "G K"]) -> float:
+    """Mean over (group, prefix j) of -log sum over the group's distinct first characters of their
+    probability; ``first_logp[g, j, k]`` is log p(first character of candidate k | prefix j)."""
+    keep = first_occurrence(first_chars)  # [G, K]: count each first character once
+    masked = first_logp.masked_fill(~keep[:, None, :], float("-inf"))
+    return (-masked.logsumexp(-1)).mean().item()
+
+
+def know_nothing_reference(task: Task, groups: Int[Tensor, " G"] | None = None) -> dict:
+    """Losses of a model uniform over the alphabet at every target position, exactly, from the task.
+
+    Per group: set loss = a_len log V - log(#distinct candidates), first-token set loss =
+    log V - log(#distinct first characters), first-token loss = log V (V = alphabet size);
+    averaged over ``groups`` (default: every group; every example of a group weighs the same).
+    """
+    cand = task.a_tokens if groups is None else task.a_tokens[groups]  # [G, K, a_len]
+    log_v = math.log(len(task.cfg.alphabet))
+    n_cand = first_occurrence(cand).sum(-1).double()
+    n_first = first_occurrence(cand[..., 0]).sum(-1).double()
+    return {
+        "alphabet_size": len(task.cfg.alphabet),
+        "set_loss": (cand.shape[-1] * log_v - n_cand.log()).mean().item(),
+        "first_token_set_loss": (log_v - n_first.log()).mean().item(),
+        "first_token_loss": log_v,
+    }
 
 
 def candidate_metrics(scores: Float[Tensor, "G K K"], shift: Int[Tensor, "G K"]) -> dict:
@@ -157,8 +213,53 @@ def plateau_span(records: list[dict], log_k: float, tau: int | None,
     return (steps[0], steps[-1]) if steps else None
 
 
-def summarize(records: list[dict], log_k: float, direction: str) -> dict:
-    """The contents of ``summary.json`` (without run bookkeeping)."""
+MARGINAL_REL = 0.1
+"""An evaluation is *marginal* when its set loss is below this many log K."""
+SHELF_REL = 0.9
+"""An evaluation is *shelf* when its set loss is above this share of the know-nothing reference."""
+VERDICT_MAJORITY = 2 / 3
+"""The verdict names the kind that holds at least this share of the plateau, else ``mixed``."""
+
+
+def t_marginal(records: list[dict], log_k: float, rel: float = MARGINAL_REL) -> int | None:
+    """First evaluated step with set loss below ``rel`` log K (None: never)."""
+    return next((r["step"] for r in records if r.get("set_loss") is not None and r["set_loss"] < rel * log_k), None)
+
+
+def plateau_verdict(records: list[dict], log_k: float, span: tuple[int, int] | list[int] | None,
+                    reference: dict, majority: float = VERDICT_MAJORITY) -> dict:
+    """The ``plateau`` block: references, shares of the plateau by kind, the verdict, first-token set loss.
+
+    ``reference`` is ``know_nothing_reference(task)``. The verdict is None when the run has no
+    plateau (or no set loss: the forward task).
+    """
+    on = [r for r in records if span and span[0] <= r["step"] <= span[1] and r.get("set_loss") is not None]
+    lo, hi = MARGINAL_REL * log_k, SHELF_REL * reference["set_loss"]
+    n = len(on)
+    share = {"marginal": sum(r["set_loss"] < lo for r in on) / n if n else None,
+             "shelf": sum(r["set_loss"] > hi for r in on) / n if n else None}
+    share["between"] = 1.0 - share["marginal"] - share["shelf"] if n else None
+    verdict = None
+    if n:
+        verdict = "marginal" if share["marginal"] >= majority else "shelf" if share["shelf"] >= majority else "mixed"
+    fts = [r["first_token_set_loss"] for r in on if r.get("first_token_set_loss") is not None]
+    return {
+        "verdict": verdict,
+        "know_nothing": reference,
+        "marginal_floor": 0.0,
+        "marginal_threshold": lo,
+        "shelf_threshold": hi,
+        "n_evaluations": n,
+        "share": share,
+        "median_set_loss": _median([r["set_loss"] for r in on]) if on else None,
+        "median_first_token_set_loss": _median(fts) if fts else None,
+        "t_marginal": t_marginal(records, log_k),
+    }
+
+
+def summarize(records: list[dict], log_k: float, direction: str, reference: dict | None = None) -> dict:
+    """The contents of ``summary.json`` (without run bookkeeping); ``reference`` (the task's
+    ``know_nothing_reference``) adds the ``plateau`` verdict block (backward runs)."""
     tau = compute_tau(records, log_k, direction)
     span = plateau_span(records, log_k, tau)
     on_plateau = [r for r in records if span and span[0] <= r["step"] <= span[1]]
@@ -170,6 +271,8 @@ def summarize(records: list[dict], log_k: float, direction: str) -> dict:
         "plateau_span": list(span) if span else None,
         "plateau_fraction_of_tau": (span[1] - span[0]) / tau if span and tau else None,
         "plateau_median_set_loss": _median([r["set_loss"] for r in on_plateau]) if on_plateau else None,
+        "plateau": plateau_verdict(records, log_k, span, reference)
+        if reference is not None and direction == "backward" else None,
         "final": final,
     }
 

@@ -214,6 +214,21 @@ class Run:
         path = self.path / SUMMARY_FILE
         return read_json(path) if path.exists() else None
 
+    def plateau(self) -> dict | None:
+        """The plateau verdict block: ``summary.json``'s, or computed from the metrics and the task for
+        runs written before it existed (None for the forward task or an empty run)."""
+        from training.metrics import compute_tau, know_nothing_reference, plateau_span, plateau_verdict
+
+        summary = self.summary() or {}
+        if "plateau" in summary:
+            return summary["plateau"]
+        records = self.metrics() if (self.path / METRICS_FILE).exists() else []
+        if self.config.task.direction != "backward" or not records:
+            return None
+        tau = compute_tau(records, self.log_k)
+        return plateau_verdict(records, self.log_k, plateau_span(records, self.log_k, tau),
+                               know_nothing_reference(self.task()))
+
     def task(self) -> Task:
         if self._task is None:
             self._task = Task.from_records(self.config.task, read_jsonl(self.path / DATASET_FILE))

@@ -65,6 +65,8 @@ EXECUTORS: tuple[str, ...] = ("local", "serial", "submitit-local", "slurm")
 # How each option appears in a run directory's name, and in which order (others: alphabetical, before seed).
 _NAME_ORDER: tuple[str, ...] = ("preset", "direction", "K", "D", "n_b", "lr", "batch_size")
 _NAME_ALIAS: dict[str, str] = {"preset": "", "direction": "", "n_b": "nb", "batch_size": "bs", "max_steps": "steps",
+                               "target_uniqueness": "uniq", "tails": "tails_", "order": "order_",
+                               "selectors": "sel_",
                                "eval_groups": "eg", "stop_after_tau": "stop", "weight_decay": "wd"}
 
 
@@ -389,6 +391,35 @@ _PAPER = {"stop_after_tau": 1.5, "eval_every": 50, "ckpt_every": 50, "tracked_gr
 _K_D_QUICK = 5040  # a multiple of 3, 10 and 36: the same D for every K
 _K_D_PAPER = 10080
 
+# The marginal search (issue 11): the `ci` model on D = 5,000 (n_b 500, K 10), evaluated every 25
+# steps, stopped at 1.3 tau or at 3,000 steps (the no-z control never reaches tau: its 3,000 steps
+# show how long the marginal alone takes; ci's own tau is ~1,000 steps). Cost: at most 30 x 3,000 =
+# 90k steps; the ci model takes ~20 ms a step on a quiet core plus ~15% for evaluation every 25
+# steps, so <= ~35 min with 2 workers (--ensemble: one vectorised job per variant, less). Measured
+# on a loaded machine (load ~10 on 2 cores): 400 steps in 96-142 s of run wall time. Cut to fit 60
+# minutes on 2 cores: the `ci` model only (the paper model is left to a variant that shows a
+# marginal stage), D = 5,000 and K = 10 only, 3 seeds, 3,000 steps at most, checkpoints every 50
+# steps, and only the pairs that test a hypothesis of their own (a_len 1 with zb; a_len 1 without
+# z; tails by first character with zb) - not every pair of the five knobs.
+_MARGINAL = {"stop_after_tau": 1.3, "eval_every": 25, "ckpt_every": 50, "max_steps": 3000, "tracked_groups": 50}
+_MARGINAL_VARIANTS: tuple[dict[str, tuple], ...] = (
+    {"a_len": (4,)},  # the paper's task (a_len 4 is its default): the shelf the issue starts from
+    # Short targets: is the marginal over 4-character strings what costs the time?
+    {"a_len": (1,), "target_uniqueness": ("group",)},
+    {"a_len": (2,), "target_uniqueness": ("group",)},
+    # Tails as a global function of the first character: 36 tail facts instead of D.
+    {"tails": ("by_first_char",), "target_uniqueness": ("group",)},
+    # z before B: the selector cannot be read at the answer with B's help before B arrives.
+    {"order": ("zb",)},
+    {"a_len": (1,), "target_uniqueness": ("group",), "order": ("zb",)},
+    {"tails": ("by_first_char",), "target_uniqueness": ("group",), "order": ("zb",)},
+    # Private selectors: z is no longer one shared code; the conditional costs D facts like the marginal.
+    {"selectors": ("private",)},
+    # The (B) -> A control: the price of the marginal alone.
+    {"no_z": (True,)},
+    {"no_z": (True,), "a_len": (1,), "target_uniqueness": ("group",)},
+)
+
 SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
     SweepSpec(
         name="quick-k", base="ci", fixed=_QUICK,
@@ -438,6 +469,20 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         grids=({"D": (2500, 5000, 10000), "direction": ("backward", "forward"), "seed": (0, 1, 2)},),
         description="forward A -> B against backward (B, z) -> A at D = 2,500, 5,000 and 10,000, 3 seeds",
         cost="~80k steps (forward up to ~4x backward), ~2 h on 2 cores"),
+    SweepSpec(
+        # Each block is one hypothesis about what keeps the marginal from coming first (see _MARGINAL).
+        name="marginal-search", base="ci", fixed=_MARGINAL,
+        grids=tuple({**variant, "seed": (0, 1, 2)} for variant in _MARGINAL_VARIANTS),
+        description="task variants (short A, tails by first character, z before B, private selectors, "
+                    "the no-z control, and pairs): which plateau - marginal or know-nothing shelf - each has",
+        cost="30 runs (10 variants x 3 seeds), 40-90k steps; <= ~35 min on 2 quiet cores (estimated, "
+             "not run: see the comment above _MARGINAL)"),
+    SweepSpec(
+        name="marginal-search-tiny", base="tiny",
+        fixed={"lr": 3e-3, "stop_after_tau": 1.5, "max_steps": 300, "eval_every": 10, "ckpt_every": 50},
+        grids=tuple({**variant, "seed": (0, 1)} for variant in _MARGINAL_VARIANTS),
+        description="machinery check of marginal-search: the same variants on the 1-layer tiny model, 2 seeds",
+        cost="20 runs, ~5k steps, ~1 min on 2 cores"),
     SweepSpec(
         name="tiny", base="tiny",
         fixed={"lr": 3e-3, "stop_after_tau": 1.5, "max_steps": 600, "eval_every": 10, "ckpt_every": 10},

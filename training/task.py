@@ -1,5 +1,11 @@
 """The wind tunnel: n_b base strings B, K shared selectors z, K unique targets A per B.
 
+The variants of ``TaskConfig`` change how the strings are drawn: ``target_uniqueness=group``
+(targets distinct within a group only), ``tails=by_first_char`` (A[1:] a fixed global function of
+A[0]), ``selectors=private`` (each group draws its own K selectors; ``z_tokens`` is then
+``[n_b, K, z_len]``), and the layout ones (``order``, ``no_z``, in ``training.layout``).
+With the default options the strings are drawn exactly as before the variants existed.
+
 ``Task.generate(cfg)`` is deterministic in ``cfg.seed``. Examples are ordered by group then
 selector, so example ``g * K + j`` is (B_g, z_j) -> A_gj. Both directions share the same
 strings; only the token layout (``training.layout``) differs.
@@ -37,12 +43,41 @@ def _digits(codes: np.ndarray, base: int, length: int) -> np.ndarray:
     return (codes[..., None] // powers) % base
 
 
+def _distinct_per_row(rng: np.random.Generator, rows: int, n: int, space: int) -> np.ndarray:
+    """``[rows, n]`` integers in ``[0, space)``, distinct within each row (n <= space)."""
+    if rows * space <= 4_000_000:
+        return np.argsort(rng.random((rows, space)), axis=1)[:, :n]
+    codes = rng.integers(0, space, size=(rows, n))
+    while True:  # redraw the repeats of a row until every row is distinct
+        order = np.argsort(codes, axis=1, kind="stable")
+        srt = np.take_along_axis(codes, order, axis=1)
+        dup_sorted = np.zeros_like(codes, dtype=bool)
+        dup_sorted[:, 1:] = srt[:, 1:] == srt[:, :-1]
+        if not dup_sorted.any():
+            return codes
+        dup = np.zeros_like(dup_sorted)
+        np.put_along_axis(dup, order, dup_sorted, axis=1)
+        codes[dup] = rng.integers(0, space, size=int(dup.sum()))
+
+
 def _unique_targets(rng: np.random.Generator, cfg: TaskConfig) -> np.ndarray:
-    """Digit array [n_b, K, a_len] of globally unique targets (distinct first digits per group if asked)."""
+    """Digit array [n_b, K, a_len] of targets, unique globally or within each group as asked
+    (distinct first digits per group if asked; tails by first digit if asked)."""
     n_chars = len(cfg.alphabet)
+    tail_space = n_chars ** (cfg.a_len - 1)
+    if cfg.tails == "by_first_char":  # validate() guarantees distinct_first_char
+        first = np.argsort(rng.random((cfg.n_b, n_chars)), axis=1)[:, : cfg.K]
+        tail_of = rng.integers(0, tail_space, size=n_chars)  # one global tail per first character
+        return _digits(first * tail_space + tail_of[first], n_chars, cfg.a_len)
+    if cfg.target_uniqueness == "group":
+        if cfg.distinct_first_char:
+            first = np.argsort(rng.random((cfg.n_b, n_chars)), axis=1)[:, : cfg.K]
+            codes = first * tail_space + rng.integers(0, tail_space, size=(cfg.n_b, cfg.K))
+        else:
+            codes = _distinct_per_row(rng, cfg.n_b, cfg.K, n_chars**cfg.a_len)
+        return _digits(codes, n_chars, cfg.a_len)
     if cfg.distinct_first_char:
         first = np.argsort(rng.random((cfg.n_b, n_chars)), axis=1)[:, : cfg.K]
-        tail_space = n_chars ** (cfg.a_len - 1)
         tails = rng.integers(0, tail_space, size=(cfg.n_b, cfg.K))
         while True:  # redraw the tails of repeated targets until every target is unique
             codes = (first * tail_space + tails).ravel()
@@ -66,7 +101,8 @@ class Task:
     layout: Layout
     vocab: list[str]
     b_tokens: Int[Tensor, "n_b b_len"]
-    z_tokens: Int[Tensor, "K z_len"]
+    z_tokens: Int[Tensor, "K z_len"] | Int[Tensor, "n_b K z_len"]
+    """The selectors: ``[K, z_len]`` shared by all groups, or ``[n_b, K, z_len]`` with ``selectors=private``."""
     a_tokens: Int[Tensor, "n_b K a_len"]
     tokens: Int[Tensor, "D seq"]
     """Every example as a full token sequence, example index = group * K + selector."""
@@ -79,7 +115,10 @@ class Task:
         rng = np.random.default_rng(cfg.seed)
         n_chars = len(cfg.alphabet)
         b = _digits(_distinct_codes(rng, cfg.n_b, n_chars**cfg.b_len), n_chars, cfg.b_len)
-        z = _digits(_distinct_codes(rng, cfg.K, n_chars**cfg.z_len), n_chars, cfg.z_len)
+        if cfg.selectors == "private":
+            z = _digits(_distinct_per_row(rng, cfg.n_b, cfg.K, n_chars**cfg.z_len), n_chars, cfg.z_len)
+        else:
+            z = _digits(_distinct_codes(rng, cfg.K, n_chars**cfg.z_len), n_chars, cfg.z_len)
         a = _unique_targets(rng, cfg)
         offset = len(SPECIAL_TOKENS)  # the alphabet's ids follow the special tokens'
         return cls.from_token_arrays(cfg, b + offset, z + offset, a + offset)
@@ -90,12 +129,13 @@ class Task:
         vocab = vocabulary(cfg.alphabet)
         index = {ch: i for i, ch in enumerate(vocab)}
         b = np.zeros((cfg.n_b, cfg.b_len), dtype=np.int64)
-        z = np.zeros((cfg.K, cfg.z_len), dtype=np.int64)
+        private = cfg.selectors == "private"
+        z = np.zeros((cfg.n_b, cfg.K, cfg.z_len) if private else (cfg.K, cfg.z_len), dtype=np.int64)
         a = np.zeros((cfg.n_b, cfg.K, cfg.a_len), dtype=np.int64)
         for r in records:
             g, j = r["group"], r["selector"]
             b[g] = [index[c] for c in r["b"]]
-            z[j] = [index[c] for c in r["z"]]
+            z[(g, j) if private else j] = [index[c] for c in r["z"]]
             a[g, j] = [index[c] for c in r["a"]]
         return cls.from_token_arrays(cfg, b, z, a)
 
@@ -113,18 +153,25 @@ class Task:
         tokens[:, slice(*layout.b_span)] = b_t[group]
         tokens[:, slice(*layout.a_span)] = a_t[group, selector]
         if layout.z_span is not None:
-            tokens[:, slice(*layout.z_span)] = z_t[selector]
+            tokens[:, slice(*layout.z_span)] = z_t[group, selector] if z_t.dim() == 3 else z_t[selector]
         return cls(cfg, layout, vocab, b_t, z_t, a_t, tokens, group, selector)
 
     def records(self) -> list[dict]:
         """One dict per example, for ``dataset.jsonl``."""
         b = ["".join(self.vocab[t] for t in row) for row in self.b_tokens.tolist()]
-        z = ["".join(self.vocab[t] for t in row) for row in self.z_tokens.tolist()]
+        z = self.selector_tokens()
+        z = [["".join(self.vocab[t] for t in row) for row in grp] for grp in z.tolist()]
         a = [["".join(self.vocab[t] for t in row) for row in grp] for grp in self.a_tokens.tolist()]
         return [
-            {"b": b[g], "z": z[j], "a": a[g][j], "group": g, "selector": j}
+            {"b": b[g], "z": z[g][j], "a": a[g][j], "group": g, "selector": j}
             for g, j in zip(self.group.tolist(), self.selector.tolist())
         ]
+
+    def selector_tokens(self) -> Int[Tensor, "n_b K z_len"]:
+        """Selector j of group g, for shared and private selectors alike."""
+        if self.z_tokens.dim() == 3:
+            return self.z_tokens
+        return self.z_tokens[None].expand(self.cfg.n_b, -1, -1)
 
     def decode(self, tokens: Int[Tensor, " seq"]) -> list[str]:
         return [self.vocab[t] for t in tokens.tolist()]

@@ -24,8 +24,9 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from training import run as rd
-from training.config import DIRECTIONS, ConfigError, RunConfig, TrainConfig
-from training.metrics import EvalSet, compute_tau, evaluate, summarize, target_cross_entropy
+from training.config import (DIRECTIONS, ORDERS, SELECTORS, TAILS, TARGET_UNIQUENESS, ConfigError, RunConfig,
+                             TrainConfig)
+from training.metrics import EvalSet, compute_tau, evaluate, know_nothing_reference, summarize, target_cross_entropy
 from training.model import build_hooked_transformer, hooked_config_dict
 from training.presets import PRESETS, get_preset
 from training.schedule import scheduled_steps
@@ -190,7 +191,11 @@ def prepare_run_dir(cfg: RunConfig, task: Task, out: Path, resume: bool) -> dict
         if not resume:
             raise ConfigError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
         stored = rd.read_json(existing)
-        if stored.get("run") != json.loads(json.dumps(cfg.to_dict())):
+        try:  # a config.json from before a field existed reads as that field's default
+            stored_cfg = json.loads(json.dumps(RunConfig.from_dict(stored.get("run") or {}).to_dict()))
+        except (ConfigError, TypeError):
+            stored_cfg = None
+        if stored_cfg != json.loads(json.dumps(cfg.to_dict())):
             raise ConfigError(f"{existing}: --resume with a different configuration than the stored run")
     else:
         out.mkdir(parents=True, exist_ok=True)
@@ -266,10 +271,15 @@ def finish(out: Path, records: list[dict], log_k: float, cfg: RunConfig, step: i
     summary_path = out / rd.SUMMARY_FILE
     if reuse and summary_path.exists():
         return rd.read_json(summary_path)
-    summary = {**summarize(records, log_k, cfg.task.direction), "final_step": step, "complete": True,
+    reference = know_nothing_reference(Task.generate(cfg.task)) if cfg.task.direction == "backward" else None
+    summary = {**summarize(records, log_k, cfg.task.direction, reference), "final_step": step, "complete": True,
                "D": cfg.task.D, "K": cfg.task.K, "direction": cfg.task.direction}
     rd.write_json_atomic(summary_path, summary)
     return summary
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
 
 
 def _bar_fields(record: dict, log_k: float) -> dict:
@@ -284,8 +294,15 @@ def default_run_name(cfg: RunConfig) -> str:
             f"_seed{tr.seed}")
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr (exit code 2), not usage + error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="python -m training.train",
         description="Train a HookedTransformer on the (B, z) -> A task, writing dense checkpoints, "
                     "metrics.jsonl and summary.json into a run directory.")
@@ -295,6 +312,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed of the initialisation and the data order")
     p.add_argument("--data-seed", type=int, help="seed of the data set itself")
     p.add_argument("--direction", choices=DIRECTIONS, help="backward: (B, z) -> A; forward: A -> B")
+    p.add_argument("--a-len", type=int, help="characters in a target A (1 or more)")
+    p.add_argument("--target-uniqueness", choices=TARGET_UNIQUENESS,
+                   help="global: every target differs (A -> B a function); group: only within a group")
+    p.add_argument("--tails", choices=TAILS, help="random, or by_first_char: A[1:] a fixed function of A[0]")
+    p.add_argument("--order", choices=ORDERS, help="bz: B then z in the prompt; zb: z then B")
+    p.add_argument("--selectors", choices=SELECTORS, help="shared K selectors, or private ones per group")
+    p.add_argument("--no-z", action="store_true", default=None, help="the (B) -> A control: no selector")
     p.add_argument("--lr", type=float, help="AdamW learning rate")
     p.add_argument("--batch-size", type=int, help="examples per step")
     p.add_argument("--max-steps", type=int, help="steps to train at most")
@@ -312,7 +336,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     overrides = {name: getattr(args, attr) for name, attr in [
         ("K", "K"), ("n_b", "n_b"), ("seed", "seed"), ("direction", "direction"), ("lr", "lr"),
         ("batch_size", "batch_size"), ("max_steps", "max_steps"), ("stop_after_tau", "stop_after_tau"),
-        ("threads", "threads")] if getattr(args, attr) is not None}
+        ("threads", "threads"), ("a_len", "a_len"), ("target_uniqueness", "target_uniqueness"), ("tails", "tails"),
+        ("order", "order"), ("selectors", "selectors"), ("no_z", "no_z")] if getattr(args, attr) is not None}
     cfg = cfg.replace(**overrides)
     if args.data_seed is not None:
         cfg = RunConfig(task=cfg.task.__class__(**{**cfg.task.to_dict(), "seed": args.data_seed}),
@@ -335,8 +360,12 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     tau = summary.get("tau")
     span = summary.get("plateau_span")
+    plateau = summary.get("plateau") or {}
+    verdict = (f"plateau verdict {plateau.get('verdict') or 'none'} (median set loss "
+               f"{_fmt(plateau.get('median_set_loss'))}, know-nothing {_fmt(plateau.get('know_nothing', {}).get('set_loss'))}); "
+               if plateau else "")
     print(f"tau = {tau if tau is not None else 'not reached'} steps (log K = {summary['log_k']:.3f}); "
-          f"plateau span {span}; run in {out}")
+          f"plateau span {span}; {verdict}run in {out}")
     return 0
 
 
