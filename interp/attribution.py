@@ -1,15 +1,18 @@
-"""Attribution patching: a first-order, three-pass approximation of :mod:`interp.patch`.
+"""Attribution patching: a first-order, two-pass approximation of :mod:`interp.patch`.
 
 Method. One clean forward (caching the activations), one corrupted forward (keeping them in
 the autograd graph) and one backward of the metric on the corrupted run give, for every
-activation entry, the clean-minus-corrupted difference and the metric's gradient. Patching a
+activation entry, the clean-minus-corrupted difference and the metric's gradient. The
+corrupted pass and its backward cover only the positions from the first one where the prompts
+differ (:mod:`interp.prefix`): before it the two runs' activations are equal, so their terms
+are exactly 0. Patching a
 component (a set of entries, given by the same :class:`interp.patch.PatchSpec` masks as exact
 patching) is approximated by the first-order Taylor term::
 
     patched - corrupt  ~=  sum over pairs, entries in the component, features of
                            (clean_act - corrupt_act) * d metric / d corrupt_act
 
-Every component set of every layer comes from those three passes, however many there are.
+Every component set of every layer comes from those passes, however many there are.
 
 Metric and sign: as in :mod:`interp.patch` — the mean logit difference (clean first target
 token minus corrupted one) at the prediction position; results are returned in the same

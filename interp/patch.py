@@ -22,11 +22,16 @@ corrupted runs give the same answer); the raw patched metric is always returned 
 Implementation. One generic function, :func:`patch_sweep`, does every sweep. A component set
 is a :class:`PatchSpec`: a hook (``transformer_lens.utilities.get_act_name``, ex ``utils``) and one boolean mask
 per patch over ``[layer, *site]`` (site = ``pos`` or ``pos head``) saying which activation
-entries come from the clean run. Many patches run in one forward pass: the corrupted batch is
-replicated P times along the batch dimension and each replica gets its own mask, applied with
-one ``torch.where`` per hooked layer; patches are chunked so a forward holds at most
-``max_batch`` rows. The thin wrappers (:func:`patch_head_out_all_pos` and friends) only pick a
-spec. :mod:`interp.attribution` uses the same specs for its first-order approximation.
+entries come from the clean run. The results are exactly TransformerLens's (one full forward
+per patch), with less arithmetic (:mod:`interp.prefix`): patches that only touch positions
+before the first one where clean and corrupted prompts differ are the corrupted metric, with
+no forward pass; every other patch starts at its first patched layer and position, on the
+cached corrupted residual stream, with the earlier positions' keys and values from the
+corrupted run; only the prediction position is unembedded. Patches with the same start run
+together: the batch is replicated P times and each replica gets its own mask, applied with one
+``torch.where`` per hooked layer; a forward holds at most ``max_batch`` rows. The thin
+wrappers (:func:`patch_head_out_all_pos` and friends) only pick a spec.
+:mod:`interp.attribution` uses the same specs for its first-order approximation.
 
 CLI::
 

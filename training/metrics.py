@@ -25,6 +25,7 @@ and its tau is defined on exact-match accuracy (first evaluated step above 50%).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -136,7 +137,7 @@ def evaluate(model: nn.Module, task: Task, evalset: EvalSet, batch_size: int = 2
 @torch.inference_mode()
 def shared_prefix_logprobs(
     model: HookedTransformer, seqs: Int[Tensor, "*tree seq"], splits: tuple[int, ...], layout: Layout,
-    batch_size: int = 2048,
+    batch_size: int = 2048, hooks_for: Callable[[Tensor, int], list] | None = None,
 ) -> tuple[Float[Tensor, "*tree T"], Bool[Tensor, " *tree"]]:
     """:func:`target_logprobs` of sequences that share prefixes, each prefix run once.
 
@@ -145,6 +146,10 @@ def shared_prefix_logprobs(
     candidate]`` with splits ``(z_start, target_start)``). Level ``i`` runs the positions
     ``[splits[i-1], splits[i])`` of one representative per distinct prefix, its attention reading
     the keys and values of its parent prefix (a frozen TransformerLens key/value cache).
+
+    ``hooks_for(roots, offset)``, if given, returns forward hooks for a batch whose rows descend
+    from the given indices along the first tree axis and whose activations start at position
+    ``offset`` (e.g. head ablations that differ per first-axis row).
     """
     dims = tuple(seqs.shape[:-1])
     if len(dims) != len(splits) + 1:
@@ -176,6 +181,8 @@ def shared_prefix_logprobs(
                 TransformerLensKeyValueCacheEntry(past[layer][parent[rows]], past[L + layer][parent[rows]], frozen=True)
                 for layer in range(L)]
             hooks = [] if last_level else [(n, save) for n in names]
+            if hooks_for is not None:
+                hooks += hooks_for(rows // math.prod(dims[1: lvl + 1]), bounds[lvl])
             resid = model.run_with_hooks(resid, fwd_hooks=hooks, start_at_layer=0, stop_at_layer=L,
                                          past_kv_cache=cache)
             x = resid[:, rel]
