@@ -20,12 +20,18 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q -e ".[dev]"
 	touch $(STAMP)
 
-demo: $(STAMP)
-	$(PY) -m training.train --preset demo --out $(DEMO) --resume
-	$(PY) -m interp.analyze --run $(DEMO) --every 2
-	$(PY) -m interp.report --run $(DEMO)
-	@echo "demo run: $(DEMO) (metrics.jsonl, summary.json, checkpoints/, analysis/)"
-	@echo "report:   $(DEMO)/report.html (open it in a browser; it needs no network)"
+# Each stage is timed; the times are printed at the end (target: under 5 minutes on 2 cores).
+demo:
+	@set -e; now() { date +%s.%N; }; t0=$$(now); \
+	$(MAKE) --no-print-directory install; t1=$$(now); \
+	$(PY) -m training.train --preset demo --out $(DEMO) --resume; t2=$$(now); \
+	$(PY) -m interp.analyze --run $(DEMO) --every 2; t3=$$(now); \
+	$(PY) -m interp.report --run $(DEMO); t4=$$(now); \
+	echo "demo run: $(DEMO) (metrics.jsonl, summary.json, checkpoints/, analysis/)"; \
+	echo "report:   $(DEMO)/report.html (open it in a browser; it needs no network)"; \
+	awk -v a=$$t0 -v b=$$t1 -v c=$$t2 -v d=$$t3 -v e=$$t4 'BEGIN { \
+	  printf "stage times: install %.0f s, train %.0f s, analyse %.0f s, report %.0f s; total %.0f s (%d min %02d s)\n", \
+	    b - a, c - b, d - c, e - d, e - a, int((e - a) / 60), int(e - a) % 60 }'
 
 test: $(STAMP)
 	$(PY) -m pytest

@@ -3,6 +3,13 @@ loop on the same preset, in one process, printed as ratios; the evaluation and c
 overhead as a share of training time; GFLOP/s; and the options (threads, fused AdamW,
 bf16 autocast) with their effect.
 
+Evaluation share (issue 10, target < 10% of wall time): one ``training.metrics.evaluate``
+(shared prefixes scored once) against scoring every evaluation sequence in full (the old
+computation, ``target_logprobs`` on all candidate and tracked sequences), and the share of the
+wall time evaluation takes on the ``demo`` run (``--demo-steps``, its length at 1.5 tau) and on
+the first 400 steps of the ``paper`` preset, each with its preset's evaluation schedule
+(training steps at the measured ms/step, plus the evaluations and checkpoints).
+
     .venv/bin/python bench/train_step.py --preset paper --steps 200
 """
 
@@ -16,7 +23,7 @@ from pathlib import Path
 import torch
 
 from training.config import RunConfig
-from training.metrics import EvalSet, evaluate
+from training.metrics import EvalSet, evaluate, target_logprobs
 from training.model import build_hooked_transformer, hooked_config_dict
 from training.presets import get_preset
 from training.task import Task
@@ -66,18 +73,37 @@ def best_of(rounds: int, fn, *args, **kw) -> float:
     return min(fn(*args, **kw) for _ in range(rounds))
 
 
-def eval_seconds(cfg: RunConfig) -> float:
+def eval_seconds(cfg: RunConfig, full: bool = False) -> float:
+    """Seconds of one evaluation with the preset's evaluation set; ``full``: every sequence scored
+    in full, the computation before prefixes were shared (the same numbers)."""
     task = Task.generate(cfg.task)
-    model = build_hooked_transformer(hooked_config_dict(cfg.model, task.layout, len(task.vocab)), seed=0)
+    model = build_hooked_transformer(hooked_config_dict(cfg.model, task.layout, len(task.vocab)), seed=0).eval()
     evalset = EvalSet.build(task, cfg.train.eval_groups, cfg.train.tracked_groups, 0)
-    evaluate(model, task, evalset)  # warm-up
+
+    def run() -> None:
+        if full:
+            target_logprobs(model, evalset.candidate_seqs, task.layout, cfg.train.eval_batch_size)
+            target_logprobs(model, evalset.tracked_seqs, task.layout, cfg.train.eval_batch_size)
+        else:
+            evaluate(model, task, evalset, cfg.train.eval_batch_size)
+
+    run()  # warm-up
 
     def once() -> float:
         t0 = time.perf_counter()
-        evaluate(model, task, evalset)
+        run()
         return time.perf_counter() - t0
 
     return best_of(3, once)
+
+
+def eval_share(cfg: RunConfig, steps: int, step_s: float, eval_s: float, ckpt_s: float) -> tuple[int, float]:
+    """(evaluations, share of the wall time) of a ``steps``-step run with ``cfg``'s schedule."""
+    tc = cfg.train
+    n_eval = len(scheduled_steps(tc.eval_every, steps, tc.early_log_points))
+    n_ckpt = len(scheduled_steps(tc.ckpt_every, steps, tc.early_log_points))
+    wall = steps * step_s + n_eval * eval_s + n_ckpt * ckpt_s
+    return n_eval, n_eval * eval_s / wall
 
 
 def checkpoint_seconds(cfg: RunConfig) -> float:
@@ -98,12 +124,29 @@ def checkpoint_seconds(cfg: RunConfig) -> float:
     return best_of(3, once)
 
 
+def print_eval_shares(args: argparse.Namespace, step_s: float, ckpt_s: float) -> None:
+    """Evaluation against the full-scoring baseline, and its share of the demo and paper-400 runs
+    (``step_s``: seconds per training step of the paper model, which the demo shares)."""
+    print("evaluation (target: under 10% of wall time)")
+    for name, steps in [("demo", args.demo_steps), ("paper", args.paper_steps)]:
+        cfg = get_preset(name)
+        ev, old = eval_seconds(cfg), eval_seconds(cfg, full=True)
+        n, share = eval_share(cfg, steps, step_s, ev, ckpt_s)
+        _, old_share = eval_share(cfg, steps, step_s, old, ckpt_s)
+        print(f"  {name:<6} {steps:>5} steps, {n:>3} evaluations: one evaluation {ev * 1e3:6.1f} ms "
+              f"(every sequence in full {old * 1e3:6.1f} ms, {old / ev:.1f}x); share of wall time "
+              f"{share:5.1%} (was {old_share:5.1%}; target < 10%: {'met' if share < 0.10 else 'NOT met'})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="demo")
     p.add_argument("--steps", type=int, default=60, help="steps per timed loop")
     p.add_argument("--rounds", type=int, default=3, help="each loop is timed this many times; the fastest counts")
     p.add_argument("--run-steps", type=int, default=2200, help="length of the run the overhead is estimated for")
+    p.add_argument("--demo-steps", type=int, default=2300, help="length of the demo run (default 2300 = 1.5 tau)")
+    p.add_argument("--paper-steps", type=int, default=400, help="first steps of the paper preset (default 400)")
+    p.add_argument("--only-eval", action="store_true", help="only the evaluation shares")
     args = p.parse_args()
     cfg = get_preset(args.preset)
     task = Task.generate(cfg.task)
@@ -113,6 +156,11 @@ def main() -> None:
     print(f"preset {args.preset}: {n_params / 1e6:.2f}M parameters, batch {cfg.train.batch_size}, "
           f"{torch.get_num_threads()} threads; best of {args.rounds} rounds of {args.steps} steps")
 
+    if args.only_eval:
+        base = best_of(args.rounds, plain_loop, get_preset("paper"), args.steps)
+        print(f"plain HookedTransformer loop (paper model): {base * 1e3:.1f} ms/step")
+        print_eval_shares(args, base, checkpoint_seconds(get_preset("paper")))
+        return
     base = bare = float("inf")
     for _ in range(args.rounds):  # interleaved, so a burst of load hits both alike
         base = min(base, plain_loop(cfg, args.steps))
@@ -130,6 +178,7 @@ def main() -> None:
     print(f"one checkpoint (+resume)     : {ck * 1e3:7.1f} ms = {ck / base:.2f} training steps")
     print(f"over a {args.run_steps}-step run      : {n_eval} evaluations = {n_eval * ev / train_s:.1%} and "
           f"{n_ckpt} checkpoints = {n_ckpt * ck / train_s:.1%} of the training time")
+    print_eval_shares(args, base, ck)
     for label, kw in [("fused AdamW", {"fused": True}), ("bf16 autocast", {"bf16": True})]:
         t = best_of(args.rounds, plain_loop, cfg, args.steps, **kw)
         print(f"{label:<29}: {t * 1e3:7.1f} ms/step  ratio {t / base:.2f}x")

@@ -36,7 +36,7 @@ from transformer_lens.utilities import get_act_name
 from interp.attention import head_table
 from interp.cli import CliError, add_ckpt_args, format_table, resolve_ckpt, run_cli, write_json
 from training.layout import Layout
-from training.metrics import EvalSet, candidate_metrics, target_logprobs
+from training.metrics import EvalSet, candidate_metrics, shared_prefix_logprobs
 from training.task import Task
 
 KINDS: tuple[str, ...] = ("zero", "mean")
@@ -130,16 +130,18 @@ def mean_head_outputs(
 
 
 def _ablation_hooks(
-    row_mask: Bool[Tensor, "B n_layers n_heads"], replacement: Float[Tensor, "n_layers pos n_heads d_head"] | None
+    row_mask: Bool[Tensor, "B n_layers n_heads"], replacement: Float[Tensor, "n_layers pos n_heads d_head"] | None,
+    offset: int = 0,
 ) -> list[tuple[str, Callable]]:
-    """One ``hook_z`` hook per layer replacing the masked (row, head) outputs (``None``: by zero)."""
+    """One ``hook_z`` hook per layer replacing the masked (row, head) outputs (``None``: by zero);
+    the hooked activations start at position ``offset``."""
 
     def make(layer: int) -> Callable:
         def hook(z: Float[Tensor, "B pos n_heads d_head"], hook: HookPoint) -> Float[Tensor, "B pos n_heads d_head"]:
             mask = row_mask[:, layer, None, :, None].to(z.device)  # [B, 1, H, 1]
             if replacement is None:
                 return z.masked_fill(mask, 0.0)
-            return torch.where(mask, replacement[layer, : z.shape[1]].to(z), z)
+            return torch.where(mask, replacement[layer, offset: offset + z.shape[1]].to(z), z)
 
         return hook
 
@@ -166,15 +168,14 @@ def ablation_scores(
     if tuple(masks.shape[1:]) != (L, H):
         raise ValueError(f"ablation masks have shape {tuple(masks.shape)}, the model has {L} layers x {H} heads")
     replacement = mean_head_outputs(model, evalset.eval_seqs, layout) if kind == "mean" else None
-    C, N = masks.shape[0], cand.shape[0]
-    flat = torch.arange(C * N)
-    logps = []
-    for rows in flat.split(max_rows):  # batches of (ablation copy, candidate sequence) rows
-        hooks = _ablation_hooks(masks[rows // N], replacement)
-        with model.hooks(fwd_hooks=hooks):
-            logp, _ = target_logprobs(model, cand[rows % N], layout, batch_size=len(rows))
-        logps.append(logp)
-    return torch.cat(logps).sum(-1).view(C, shift.shape[0], K, K)
+    C, G = masks.shape[0], shift.shape[0]
+    # Every (ablation copy, group) is a tree of K x K candidates whose prefixes are scored once:
+    # its <BOS> B <SEP>, then each z_j <SEP>, then the candidates (training.metrics.shared_prefix_logprobs).
+    tree = cand.view(1, G, K, K, -1).expand(C, -1, -1, -1, -1).reshape(C * G, K, K, -1)
+    logp, _ = shared_prefix_logprobs(
+        model, tree, (layout.z_span[0], layout.target_span[0]), layout, batch_size=max_rows,
+        hooks_for=lambda roots, offset: _ablation_hooks(masks[roots // G], replacement, offset))
+    return logp.sum(-1).view(C, G, K, K)
 
 
 def ablation_metrics(

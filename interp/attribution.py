@@ -1,15 +1,18 @@
-"""Attribution patching: a first-order, three-pass approximation of :mod:`interp.patch`.
+"""Attribution patching: a first-order, two-pass approximation of :mod:`interp.patch`.
 
 Method. One clean forward (caching the activations), one corrupted forward (keeping them in
 the autograd graph) and one backward of the metric on the corrupted run give, for every
-activation entry, the clean-minus-corrupted difference and the metric's gradient. Patching a
+activation entry, the clean-minus-corrupted difference and the metric's gradient. The
+corrupted pass and its backward cover only the positions from the first one where the prompts
+differ (:mod:`interp.prefix`): before it the two runs' activations are equal, so their terms
+are exactly 0. Patching a
 component (a set of entries, given by the same :class:`interp.patch.PatchSpec` masks as exact
 patching) is approximated by the first-order Taylor term::
 
     patched - corrupt  ~=  sum over pairs, entries in the component, features of
                            (clean_act - corrupt_act) * d metric / d corrupt_act
 
-Every component set of every layer comes from those three passes, however many there are.
+Every component set of every layer comes from those passes, however many there are.
 
 Metric and sign: as in :mod:`interp.patch` — the mean logit difference (clean first target
 token minus corrupted one) at the prediction position; results are returned in the same
@@ -40,8 +43,9 @@ from torch import Tensor
 from transformer_lens import HookedTransformer
 from transformer_lens.utilities import get_act_name
 
-from interp.inputs import PromptPairs, logit_diff
+from interp.inputs import PromptPairs, last_logit_diff
 from interp.patch import PatchResult, PatchSpec, normalise, patch_spec
+from interp.prefix import cached_run, first_difference, kv_entries, run_from
 
 
 def site_contributions(
@@ -50,33 +54,41 @@ def site_contributions(
     """Clean and corrupted metrics and, per hook kind, ``(clean - corrupt) * grad`` summed over
     pairs and features: one entry per ``[layer, *site]`` (site = ``pos`` or ``pos head``).
 
-    Three passes in all: clean forward, corrupted forward, one backward.
+    Two passes in all (:mod:`interp.prefix`): the clean forward, and the corrupted forward and
+    backward over the positions from the first one where the prompts differ (before it the
+    clean and corrupted activations are equal, so their contributions are exactly 0), reading
+    only the prediction position's logits.
     """
     device = model.cfg.device
     act_names = sorted(set(act_names))
-    names = {get_act_name(a, layer): (a, layer) for a in act_names for layer in range(model.cfg.n_layers)}
+    L = model.cfg.n_layers
+    start = min(first_difference(pairs.clean, pairs.corrupt), pairs.pred_pos)
     with torch.no_grad():
-        clean_logits, clean_cache = model.run_with_cache(pairs.clean.to(device), names_filter=lambda n: n in names)
-        clean_metric = logit_diff(clean_logits, pairs).item()
+        clean = cached_run(model, pairs.clean.to(device), pairs.pred_pos, act_names)
+    clean_metric = last_logit_diff(clean.last_logits, pairs).item()
+    names = [get_act_name(a, layer) for a in act_names for layer in range(L)]
     saved: dict[str, Tensor] = {}
 
     def save(act: Tensor, hook) -> None:
         saved[hook.name] = act
 
     with torch.enable_grad():
-        corrupt_logits = model.run_with_hooks(pairs.corrupt.to(device), fwd_hooks=[(n, save) for n in names])
-        metric = logit_diff(corrupt_logits, pairs)
-        order = list(names)
-        grads = torch.autograd.grad(metric, [saved[n] for n in order], allow_unused=True)
+        resid = model.input_to_embed(pairs.corrupt.to(device))[0][:, start:]
+        last = run_from(model, resid, 0, kv_entries(clean.keys, clean.values, start), pairs.pred_pos - start,
+                        [(n, save) for n in names])
+        metric = last_logit_diff(last, pairs)
+        grads = torch.autograd.grad(metric, [saved[n] for n in names], allow_unused=True)
     out: dict[str, Tensor] = {}
     for a in act_names:
         per_layer = []
-        for layer in range(model.cfg.n_layers):
+        for layer in range(L):
             name = get_act_name(a, layer)
-            g = grads[order.index(name)]
-            delta = clean_cache[name] - saved[name].detach()
-            c = torch.zeros_like(delta) if g is None else delta * g
-            per_layer.append(c.sum(dim=(0, -1)))  # over pairs and features -> [*site]
+            g = grads[names.index(name)]
+            c = torch.zeros(clean.acts[name].shape[1:-1], device=device)  # [pos, *site]
+            if g is not None:
+                delta = clean.acts[name][:, start:] - saved[name].detach()
+                c[start:] = (delta * g).sum(dim=(0, -1))  # over pairs and features
+            per_layer.append(c)
         out[a] = torch.stack(per_layer).float()
     return clean_metric, metric.item(), out
 

@@ -69,7 +69,13 @@ def logit_diff(
     logits: Float[Tensor, "N pos vocab"], pairs: PromptPairs, reduce: bool = True
 ) -> Float[Tensor, "..."]:
     """Clean-answer logit minus corrupted-answer logit at the prediction position."""
-    last = logits[:, pairs.pred_pos]
+    return last_logit_diff(logits[:, pairs.pred_pos], pairs, reduce)
+
+
+def last_logit_diff(
+    last: Float[Tensor, "N vocab"], pairs: PromptPairs, reduce: bool = True
+) -> Float[Tensor, "..."]:
+    """:func:`logit_diff` from the prediction position's logits alone."""
     diff = last.gather(-1, pairs.clean_answer[:, None].to(last.device))[:, 0] - last.gather(
         -1, pairs.corrupt_answer[:, None].to(last.device)
     )[:, 0]

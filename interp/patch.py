@@ -22,11 +22,16 @@ corrupted runs give the same answer); the raw patched metric is always returned 
 Implementation. One generic function, :func:`patch_sweep`, does every sweep. A component set
 is a :class:`PatchSpec`: a hook (``transformer_lens.utilities.get_act_name``, ex ``utils``) and one boolean mask
 per patch over ``[layer, *site]`` (site = ``pos`` or ``pos head``) saying which activation
-entries come from the clean run. Many patches run in one forward pass: the corrupted batch is
-replicated P times along the batch dimension and each replica gets its own mask, applied with
-one ``torch.where`` per hooked layer; patches are chunked so a forward holds at most
-``max_batch`` rows. The thin wrappers (:func:`patch_head_out_all_pos` and friends) only pick a
-spec. :mod:`interp.attribution` uses the same specs for its first-order approximation.
+entries come from the clean run. The results are exactly TransformerLens's (one full forward
+per patch), with less arithmetic (:mod:`interp.prefix`): patches that only touch positions
+before the first one where clean and corrupted prompts differ are the corrupted metric, with
+no forward pass; every other patch starts at its first patched layer and position, on the
+cached corrupted residual stream, with the earlier positions' keys and values from the
+corrupted run; only the prediction position is unembedded. Patches with the same start run
+together: the batch is replicated P times and each replica gets its own mask, applied with one
+``torch.where`` per hooked layer; a forward holds at most ``max_batch`` rows. The thin
+wrappers (:func:`patch_head_out_all_pos` and friends) only pick a spec.
+:mod:`interp.attribution` uses the same specs for its first-order approximation.
 
 CLI::
 
@@ -38,7 +43,6 @@ CLI::
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import math
 import sys
 from dataclasses import dataclass
@@ -51,7 +55,8 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens.utilities import get_act_name
 
-from interp.inputs import PromptPairs, logit_diff, prompt_pairs
+from interp.inputs import PromptPairs, last_logit_diff, prompt_pairs
+from interp.prefix import RunCache, cached_run, first_difference, kv_entries, run_from, suffix_run
 from training.layout import Layout
 
 NORMALISE_EPS = 1e-6
@@ -165,28 +170,28 @@ def patch_spec(model: HookedTransformer, target: str, n_pos: int) -> PatchSpec:
     return PatchSpec(target, _HOOK[target], axes, shape, masks)
 
 
-def _repeat_pairs(pairs: PromptPairs, p: int) -> PromptPairs:
-    """The pairs replicated ``p`` times along the batch (replica-major), for the batched metric."""
-    return dataclasses.replace(
-        pairs,
-        clean=pairs.clean.repeat(p, 1),
-        corrupt=pairs.corrupt.repeat(p, 1),
-        clean_answer=pairs.clean_answer.repeat(p),
-        corrupt_answer=pairs.corrupt_answer.repeat(p),
-        examples=pairs.examples.repeat(p),
-    )
-
-
 @torch.no_grad()
 def baselines(model: HookedTransformer, pairs: PromptPairs, act_name: str | None = None
               ) -> tuple[float, float, dict[str, Tensor]]:
     """Clean and corrupted metrics, and the clean activations of ``act_name`` at every layer."""
+    clean, corrupt, _ = _paired_runs(model, pairs, [act_name] if act_name else [])
+    return _mean_diff(clean.last_logits, pairs), _mean_diff(corrupt.last_logits, pairs), clean.acts
+
+
+def _paired_runs(model: HookedTransformer, pairs: PromptPairs, act_names: list[str]
+                 ) -> tuple[RunCache, RunCache, int]:
+    """The clean run (every position) and the corrupted one (computed from the first position
+    where the prompts differ, the rest shared with the clean run), and that position."""
     device = model.cfg.device
-    names = {get_act_name(act_name, layer) for layer in range(model.cfg.n_layers)} if act_name else set()
-    clean_logits, cache = model.run_with_cache(pairs.clean.to(device), names_filter=lambda n: n in names)
-    corrupt_logits = model(pairs.corrupt.to(device))
-    acts = {n: cache[n] for n in names}
-    return logit_diff(clean_logits, pairs).item(), logit_diff(corrupt_logits, pairs).item(), acts
+    first = first_difference(pairs.clean, pairs.corrupt)
+    clean = cached_run(model, pairs.clean.to(device), pairs.pred_pos, act_names)
+    corrupt = suffix_run(model, pairs.corrupt.to(device), clean, min(first, pairs.pred_pos), pairs.pred_pos,
+                         act_names)
+    return clean, corrupt, first
+
+
+def _mean_diff(last_logits: Float[Tensor, "N vocab"], pairs: PromptPairs) -> float:
+    return last_logit_diff(last_logits, pairs).item()
 
 
 @torch.no_grad()
@@ -199,36 +204,59 @@ def patch_sweep(
 ) -> PatchResult:
     """Run every patch of ``spec`` on the corrupted prompts; the generic engine of this module.
 
-    Patches run ``max(1, max_batch // N)`` at a time (N = number of pairs): the corrupted batch
-    is replicated once per patch and, at each layer's hook, ``torch.where(mask, clean, corrupt)``
-    writes each replica's clean entries. Returns the metric per patch in ``spec.shape``.
+    Exact, with less arithmetic than a full forward per patch (see :mod:`interp.prefix`):
+
+    * a patch whose entries all lie before the first position where the clean and corrupted
+      prompts differ changes nothing (the activations there are equal): its result is the
+      corrupted metric, with no forward pass;
+    * any other patch starts at its first patched layer ``l`` and position ``s``: the forward
+      runs the blocks from ``l`` on the corrupted residual stream of positions ``>= s``, with the
+      keys and values of earlier positions from the corrupted run (causal attention: the patch
+      cannot change them); only the prediction position is unembedded.
+
+    Patches sharing ``(l, s)`` run ``max(1, max_batch // N)`` at a time (N = number of pairs):
+    the batch is replicated once per patch and, at each hooked layer, ``torch.where(mask,
+    clean, corrupt)`` writes each replica's clean entries. Returns the metric per patch in
+    ``spec.shape``.
     """
-    n = pairs.corrupt.shape[0]
-    n_pos = pairs.corrupt.shape[1]
+    n, n_pos = pairs.corrupt.shape
     if spec.masks.shape[2] != n_pos:
         raise ValueError(f"the spec is for {spec.masks.shape[2]} positions, the prompts have {n_pos}")
     device = model.cfg.device
-    clean_metric, corrupt_metric, clean_acts = baselines(model, pairs, spec.act_name)
+    clean, corrupt, first = _paired_runs(model, pairs, [spec.act_name])
+    clean_metric, corrupt_metric = _mean_diff(clean.last_logits, pairs), _mean_diff(corrupt.last_logits, pairs)
     masks = spec.masks.to(device)
-    n_patch = masks.shape[0]
+    active = masks.clone()
+    active[:, :, : min(first, n_pos)] = False  # equal activations: patching them is a no-op
+    active[:, :, pairs.pred_pos + 1:] = False  # later positions cannot reach the prediction
+    n_patch, L = masks.shape[:2]
+    by_layer = active.flatten(2).any(-1)  # [P, layer]
+    by_pos = active.transpose(1, 2).flatten(2).any(-1)  # [P, pos]
+    todo = by_layer.any(-1)
+    start_layer = by_layer.float().argmax(-1)  # first True
+    start_pos = by_pos.float().argmax(-1)
+    raw = torch.full((n_patch,), corrupt_metric, dtype=torch.float64, device=device)
     per_chunk = max(1, max_batch // n)
-    corrupt = pairs.corrupt.to(device)
-    raw = torch.empty(n_patch, device=device)
-    starts = range(0, n_patch, per_chunk)
-    for start in tqdm(starts, desc=f"patch {spec.target}", disable=not progress or len(starts) <= 1,
-                      dynamic_ncols=True, leave=False):
-        chunk = masks[start : start + per_chunk]  # [p, layer, *site]
-        p = chunk.shape[0]
+    groups = []
+    for key in torch.unique(start_layer[todo] * n_pos + start_pos[todo]).tolist():
+        idx = (todo & (start_layer * n_pos + start_pos == key)).nonzero()[:, 0]
+        groups += [(key // n_pos, key % n_pos, idx[i: i + per_chunk]) for i in range(0, len(idx), per_chunk)]
+    clean_answer, corrupt_answer = pairs.clean_answer.to(device), pairs.corrupt_answer.to(device)
+    for layer, s, idx in tqdm(groups, desc=f"patch {spec.target}", disable=not progress or len(groups) <= 1,
+                              dynamic_ncols=True, leave=False):
+        p = len(idx)
+        chunk = active[idx][:, :, s:]  # [p, layer, pos - s, ...]
         hooks = []
-        for layer in range(model.cfg.n_layers):
-            m = chunk[:, layer]
-            if not m.any():
-                continue
-            name = get_act_name(spec.act_name, layer)
-            hooks.append((name, _make_hook(m, clean_acts[name], p, n)))
-        logits = model.run_with_hooks(corrupt.repeat(p, 1), fwd_hooks=hooks)
-        diff = logit_diff(logits, _repeat_pairs(pairs, p), reduce=False)  # [p * n], replica-major
-        raw[start : start + p] = diff.view(p, n).mean(1)
+        for later in range(layer, L):
+            m = chunk[:, later]
+            if m.any():
+                name = get_act_name(spec.act_name, later)
+                hooks.append((name, _make_hook(m, clean.acts[name][:, s:], p, n)))
+        resid = corrupt.resid_pre[layer][:, s:].repeat(p, 1, 1)
+        past = kv_entries(corrupt.keys, corrupt.values, s, layer, p)
+        last = run_from(model, resid, layer, past, pairs.pred_pos - s, hooks)
+        diff = (last.gather(-1, clean_answer.repeat(p)[:, None]) - last.gather(-1, corrupt_answer.repeat(p)[:, None]))
+        raw[idx] = diff.view(p, n).double().mean(1)
     raw = raw.reshape(spec.shape).float().cpu()
     return PatchResult(spec.target, spec.axes, raw, normalise(raw, clean_metric, corrupt_metric),
                        clean_metric, corrupt_metric, "exact", n)

@@ -158,3 +158,33 @@ def test_cli_errors_are_one_line(tiny, tmp_path, capsys, module):
         captured = capsys.readouterr()
         assert captured.out == ""
         assert captured.err.startswith("error: ") and captured.err.count("\n") == 1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ablation_scores_equal_full_forwards(tiny, kind):
+    """Ablation scores each shared prefix once; they must equal scoring every candidate sequence
+    in full with the head's output replaced at every position (brute force, here)."""
+    from training.model import build_hooked_transformer
+
+    run, _, task = tiny
+    model = build_hooked_transformer({**run.hooked_config, "n_layers": 2}, seed=4).eval()
+    evalset = build_evalset(task, n_groups=3, seed=2)
+    lay, K = task.layout, task.cfg.K
+    masks = torch.zeros(2, 2, model.cfg.n_heads, dtype=torch.bool)
+    masks[1, 0, 1] = masks[1, 1, 0] = True
+    got = ablate.ablation_scores(model, task, evalset, masks, kind, max_rows=50)
+    seqs = evalset.candidate_seqs
+    with torch.no_grad():
+        _, cache = model.run_with_cache(evalset.eval_seqs[:, : lay.input_len])
+        pos = torch.tensor(lay.target_pred_positions)
+        for c in range(2):
+            def hook(z, hook, layer=None):
+                layer = int(hook.name.split(".")[1])
+                value = torch.zeros_like(z) if kind == "zero" else cache[hook.name].mean(0).expand_as(z)
+                m = masks[c, layer][None, None, :, None]
+                return torch.where(m, value, z)
+
+            logits = model.run_with_hooks(seqs[:, : lay.input_len],
+                                          fwd_hooks=[(get_act_name("z", la), hook) for la in range(2)])[:, pos]
+            logp = logits.log_softmax(-1).gather(-1, seqs[:, pos + 1][..., None])[..., 0]
+            torch.testing.assert_close(got[c], logp.sum(-1).view(-1, K, K), atol=1e-4, rtol=1e-5)

@@ -105,3 +105,53 @@ def test_tau_and_plateau_from_records():
     assert compute_tau(recs, lk, direction="forward") == 50
     assert plateau_span(recs, lk, 50) == (10, 30)
     assert compute_tau(recs[:3], lk) is None
+
+
+def _brute_force_evaluate(model, task, evalset):
+    """The evaluation scored the plain way: every sequence run in full, every metric from its logits."""
+    lay, K = task.layout, task.cfg.K
+    pos = torch.tensor(lay.target_pred_positions)
+
+    def score(seqs):
+        with torch.no_grad():
+            logits = model(seqs[:, : lay.input_len])[:, pos]
+        target = seqs[:, pos + 1]
+        return logits.log_softmax(-1).gather(-1, target[..., None])[..., 0], (logits.argmax(-1) == target).all(-1)
+
+    G = evalset.shift.shape[0]
+    logp, exact = score(evalset.candidate_seqs)
+    logp, exact = logp.view(G, K, K, -1), exact.view(G, K, K)
+    s = logp.sum(-1)
+    diag = torch.arange(K)
+    cand = torch.stack([s[g, j].logsumexp(0) - s[g, j, j] for g in range(G) for j in range(K)])
+    shuffled = torch.stack([s[g, (j + int(evalset.shift[g, j])) % K].logsumexp(0) - s[g, (j + int(evalset.shift[g, j])) % K, j]
+                            for g in range(G) for j in range(K)])
+    true = logp[:, diag, diag]
+    _, tracked = score(evalset.tracked_seqs)
+    return {"candidate_loss": cand.mean().item(), "delta_z": (shuffled - cand).mean().item(),
+            "set_loss": -s.logsumexp(-1).mean().item(), "seq_nll": -s[:, diag, diag].mean().item(),
+            "candidate_acc": (s.argmax(-1) == diag).float().mean().item(),
+            "accuracy": exact[:, diag, diag].float().mean().item(), "loss": -true.mean().item(),
+            "first_token_loss": -true[..., 0].mean().item(),
+            "group_acc": tracked.view(-1, K).float().mean(-1).tolist()}
+
+
+@pytest.mark.parametrize("kind", ["trained", "random_2layer"])
+def test_shared_prefix_evaluation_equals_scoring_every_sequence(tiny_run, kind):
+    """evaluate scores each shared prefix once; it must give the numbers of the plain computation."""
+    from training.model import build_hooked_transformer
+    from training.run import Run
+
+    run = Run(tiny_run)
+    task = run.task()
+    model = run.load_model(run.steps()[-1]) if kind == "trained" else \
+        build_hooked_transformer({**run.hooked_config, "n_layers": 2}, seed=3).eval()
+    evalset = EvalSet.build(task, n_eval_groups=6, n_tracked_groups=5, seed=1)
+    ref = _brute_force_evaluate(model, task, evalset)
+    got = evaluate(model, task, evalset, batch_size=7)  # small batches: several chunks per level
+    assert got.keys() >= ref.keys()
+    for key, value in ref.items():
+        if key == "group_acc":
+            assert got[key] == pytest.approx(value, abs=1e-4)  # rounded to 4 places when logged
+        else:
+            assert got[key] == pytest.approx(value, abs=1e-5), key

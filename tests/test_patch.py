@@ -156,3 +156,31 @@ def test_cli_errors_are_one_line(tiny_run, tmp_path, capsys):
     fake.write_text("not a checkpoint\n")
     assert "x.safetensors" in _error(capsys, ["--ckpt", str(fake)])
     assert "no checkpoint at step 7" in _error(capsys, ["--ckpt", str(tiny_run), "--step", "7"])
+
+
+def test_patches_over_several_layers_and_positions_match_full_forwards(tiny):
+    """The engine starts each patch at its first patched layer and position; a spec whose patches
+    span two layers and start at different positions (before z, at z, at the prediction position)
+    must equal one full hooked forward per patch."""
+    run, pairs = tiny
+    model = _model(run, "random_2layer")
+    n_pos, L = pairs.corrupt.shape[1], model.cfg.n_layers
+    z0, pred = run.task().layout.z_span[0], pairs.pred_pos
+    masks = torch.zeros(5, L, n_pos, dtype=torch.bool)
+    masks[0, 0, : z0 - 1] = True  # before z only: the corrupted metric
+    masks[1, 0, z0] = masks[1, 1, pred] = True  # two layers
+    masks[2, 1, z0 - 2: z0 + 1] = True  # straddles the first difference
+    masks[3, :, pred] = True
+    masks[4] = True
+    spec = P.PatchSpec("custom", "resid_pre", ("patch",), (5,), masks)
+    with torch.no_grad():
+        _, clean_cache = model.run_with_cache(pairs.clean)
+        expected = []
+        for m in masks:
+            hooks = [(f"blocks.{layer}.hook_resid_pre",
+                      lambda act, hook, m=m[layer], c=clean_cache[f"blocks.{layer}.hook_resid_pre"]:
+                      torch.where(m[None, :, None], c, act)) for layer in range(L)]
+            expected.append(logit_diff(model.run_with_hooks(pairs.corrupt, fwd_hooks=hooks), pairs).item())
+    res = P.patch_sweep(model, pairs, spec, max_batch=2 * N_PAIRS)
+    torch.testing.assert_close(res.raw, torch.tensor(expected), atol=1e-5, rtol=0)
+    assert res.raw[0] == res.corrupt_metric

@@ -41,12 +41,16 @@ and its tau is defined on exact-match accuracy (first evaluated step above 50%).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from torch import nn
+from transformer_lens import HookedTransformer
+from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
+from transformer_lens.utilities import get_act_name
 
 from training.layout import Layout
 from training.task import Task
@@ -105,19 +109,32 @@ class EvalSet:
 
 
 def evaluate(model: nn.Module, task: Task, evalset: EvalSet, batch_size: int = 2048) -> dict:
-    """All logged metrics of one model on the evaluation set (plain floats and lists)."""
+    """All logged metrics of one model on the evaluation set (plain floats and lists).
+
+    Backward task: each prefix is scored once (:func:`shared_prefix_logprobs`): a group's
+    ``<BOS> B <SEP>`` once for its K x K candidate sequences and its K tracked sequences, each
+    ``z_j <SEP>`` once for the K candidates after it. The numbers are those of scoring every
+    sequence in full (:func:`target_logprobs`), up to float rounding.
+    """
     layout, K = task.layout, task.cfg.K
     out: dict = {}
+    # a HookedTransformer scores shared prefixes once; any other module scores every sequence in full
+    shared = isinstance(model, HookedTransformer) and layout.z_span is not None
     if evalset.candidate_seqs is not None:
-        logp, exact = target_logprobs(model, evalset.candidate_seqs, layout, batch_size)
         G = evalset.shift.shape[0]
-        scores = logp.sum(-1).view(G, K, K)  # [group, selector j (prefix), candidate k]
+        if shared:
+            logp, exact = shared_prefix_logprobs(model, evalset.candidate_seqs.view(G, K, K, -1),
+                                                 (layout.z_span[0], layout.target_span[0]), layout, batch_size)
+        else:
+            logp, exact = target_logprobs(model, evalset.candidate_seqs, layout, batch_size)
+            logp, exact = logp.view(G, K, K, -1), exact.view(G, K, K)
+        scores = logp.sum(-1)  # [group, selector j (prefix), candidate k]
         out.update(candidate_metrics(scores, evalset.shift))
         diag = torch.arange(K)
-        true_logp = logp.view(G, K, K, -1)[:, diag, diag]  # [G, K, T]
-        out["accuracy"] = exact.view(G, K, K)[:, diag, diag].float().mean().item()
+        true_logp = logp[:, diag, diag]  # [G, K, T]
+        out["accuracy"] = exact[:, diag, diag].float().mean().item()
         first_chars = evalset.candidate_seqs.view(G, K, K, -1)[:, 0, :, layout.target_span[0]]  # [G, K]
-        out["first_token_set_loss"] = first_token_set_loss(logp.view(G, K, K, -1)[..., 0], first_chars)
+        out["first_token_set_loss"] = first_token_set_loss(logp[..., 0], first_chars)
     else:
         true_logp, exact = target_logprobs(model, evalset.eval_seqs, layout, batch_size)
         out.update(candidate_loss=None, candidate_acc=None, set_loss=None, delta_z=None, first_token_set_loss=None,
@@ -125,8 +142,13 @@ def evaluate(model: nn.Module, task: Task, evalset: EvalSet, batch_size: int = 2
         out["accuracy"] = exact.float().mean().item()
     out["loss"] = -true_logp.mean().item()
     out["first_token_loss"] = -true_logp[..., 0].mean().item()
-    _, tracked_exact = target_logprobs(model, evalset.tracked_seqs, layout, batch_size)
-    out["group_acc"] = [round(x, 4) for x in tracked_exact.view(-1, K).float().mean(-1).tolist()]
+    tracked = evalset.tracked_seqs
+    if shared:  # a tracked group's K sequences share <BOS> B <SEP>
+        _, tracked_exact = shared_prefix_logprobs(model, tracked.view(-1, K, tracked.shape[-1]),
+                                                  (layout.z_span[0],), layout, batch_size)
+    else:
+        _, tracked_exact = target_logprobs(model, tracked, layout, batch_size)
+    out["group_acc"] = [round(x, 4) for x in tracked_exact.reshape(-1, K).float().mean(-1).tolist()]
     return out
 
 
@@ -165,6 +187,75 @@ def know_nothing_reference(task: Task, groups: Int[Tensor, " G"] | None = None) 
         "first_token_set_loss": (log_v - n_first.log()).mean().item(),
         "first_token_loss": log_v,
     }
+
+
+@torch.inference_mode()
+def shared_prefix_logprobs(
+    model: HookedTransformer, seqs: Int[Tensor, "*tree seq"], splits: tuple[int, ...], layout: Layout,
+    batch_size: int = 2048, hooks_for: Callable[[Tensor, int], list] | None = None,
+) -> tuple[Float[Tensor, "*tree T"], Bool[Tensor, " *tree"]]:
+    """:func:`target_logprobs` of sequences that share prefixes, each prefix run once.
+
+    ``seqs`` has one leading axis per level of the tree (``len(splits) + 1`` of them); the tokens
+    before ``splits[i]`` depend only on the first ``i + 1`` indices (e.g. ``[group, selector,
+    candidate]`` with splits ``(z_start, target_start)``). Level ``i`` runs the positions
+    ``[splits[i-1], splits[i])`` of one representative per distinct prefix, its attention reading
+    the keys and values of its parent prefix (a frozen TransformerLens key/value cache).
+
+    ``hooks_for(roots, offset)``, if given, returns forward hooks for a batch whose rows descend
+    from the given indices along the first tree axis and whose activations start at position
+    ``offset`` (e.g. head ablations that differ per first-axis row).
+    """
+    dims = tuple(seqs.shape[:-1])
+    if len(dims) != len(splits) + 1:
+        raise ValueError(f"{len(dims)} tree axes need {len(dims) - 1} split points, got {len(splits)}")
+    device = next(model.parameters()).device
+    bounds = [0, *splits, layout.input_len]
+    pred = torch.tensor(layout.target_pred_positions)
+    targets = seqs[..., pred + 1]  # [*tree, T]
+    L = model.cfg.n_layers
+    names = [get_act_name(kind, layer) for kind in ("k", "v") for layer in range(L)]
+    past: list[Tensor] | None = None  # keys then values per layer, [prefixes, pos, head, d_head]
+    logps, exacts = [], []
+    for lvl in range(len(dims)):
+        rep = seqs[(slice(None),) * (lvl + 1) + (0,) * (len(dims) - lvl - 1)]
+        tokens = rep.reshape(-1, seqs.shape[-1])[:, bounds[lvl]: bounds[lvl + 1]].to(device)
+        here = [i for i, p in enumerate(pred.tolist()) if bounds[lvl] <= p < bounds[lvl + 1]]
+        rel = pred[here] - bounds[lvl]
+        parent = torch.arange(math.prod(dims[:lvl])).repeat_interleave(dims[lvl]) if lvl else None
+        last_level = lvl == len(dims) - 1
+        new_kv, level_logits = [], []
+        for rows in torch.arange(len(tokens)).split(batch_size):
+            saved: dict[str, Tensor] = {}
+
+            def save(act: Tensor, hook) -> None:
+                saved[hook.name] = act
+
+            resid = model.embed(tokens[rows]) + model.pos_embed(tokens[rows], bounds[lvl])
+            cache = None if past is None else [
+                TransformerLensKeyValueCacheEntry(past[layer][parent[rows]], past[L + layer][parent[rows]], frozen=True)
+                for layer in range(L)]
+            hooks = [] if last_level else [(n, save) for n in names]
+            if hooks_for is not None:
+                hooks += hooks_for(rows // math.prod(dims[1: lvl + 1]), bounds[lvl])
+            resid = model.run_with_hooks(resid, fwd_hooks=hooks, start_at_layer=0, stop_at_layer=L,
+                                         past_kv_cache=cache)
+            x = resid[:, rel]
+            if model.cfg.normalization_type is not None:
+                x = model.ln_final(x)
+            level_logits.append(model.unembed(x).float().cpu())
+            if not last_level:
+                new = [saved[n] for n in names]
+                new_kv.append(new if past is None else
+                              [torch.cat([past[i][parent[rows]], a], dim=1) for i, a in enumerate(new)])
+        if not last_level:
+            past = [torch.cat([chunk[i] for chunk in new_kv]) for i in range(2 * L)]
+        if here:
+            logits = torch.cat(level_logits).view(*dims[: lvl + 1], *(1,) * (len(dims) - lvl - 1), len(here), -1)
+            tgt = targets[..., here]
+            logps.append(logits.log_softmax(-1).expand(*dims, len(here), -1).gather(-1, tgt[..., None])[..., 0])
+            exacts.append(logits.argmax(-1).expand(*dims, len(here)) == tgt)
+    return torch.cat(logps, -1), torch.cat(exacts, -1).all(-1)
 
 
 def candidate_metrics(scores: Float[Tensor, "G K K"], shift: Int[Tensor, "G K"]) -> dict:
