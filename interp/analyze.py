@@ -37,7 +37,8 @@ from interp.attention import attention_to_z
 from interp.attribution import agreement, attribute_all
 from interp.cli import CliError, run_cli
 from interp.inputs import prompt_pairs
-from interp.patch import PatchResult, patch
+from interp.components import PatchResult
+from interp.patch import patch
 from interp.results import (ABLATION_FILE, ATTENTION_FILE, ATTRIBUTION_FILE, PATCH_FILE, SELECTOR_FILE, analysis_dir,
                             append_records, load_records, median, na, settings_key, strict_json, write_json_result)
 from training.metrics import compute_tau
@@ -62,7 +63,7 @@ class AnalysisSettings:
     ablation_groups: int = 8
     """Evaluation groups scored per head ablation."""
     patch_targets: tuple[str, ...] = ("heads", "resid")
-    """Component sets of exact and attribution patching (``interp.patch.TARGETS``)."""
+    """Component sets of exact and attribution patching (``interp.components.TARGETS``)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types (the targets as a list)."""

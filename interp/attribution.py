@@ -6,7 +6,7 @@ activation entry, the clean-minus-corrupted difference and the metric's gradient
 corrupted pass and its backward cover only the positions from the first one where the prompts
 differ (:mod:`interp.prefix`): before it the two runs' activations are equal, so their terms
 are exactly 0. Patching a
-component (a set of entries, given by the same :class:`interp.patch.PatchSpec` masks as exact
+component (a set of entries, given by the same :class:`interp.components.PatchSpec` masks as exact
 patching) is approximated by the first-order Taylor term::
 
     patched - corrupt  ~=  sum over pairs, entries in the component, features of
@@ -16,7 +16,7 @@ Every component set of every layer comes from those passes, however many there a
 
 Metric and sign: as in :mod:`interp.patch` — the mean logit difference (clean first target
 token minus corrupted one) at the prediction position; results are returned in the same
-:class:`interp.patch.PatchResult`, ``raw = corrupt + approximate effect`` and
+:class:`interp.components.PatchResult`, ``raw = corrupt + approximate effect`` and
 ``normalised = approximate effect / (clean - corrupt)`` (1 = clean, 0 = corrupted; NaN when
 ``|clean - corrupt| < 1e-6``), same shapes, so the two can be compared directly
 (:func:`agreement`).
@@ -44,7 +44,7 @@ from transformer_lens import HookedTransformer
 from transformer_lens.utilities import get_act_name
 
 from interp.inputs import PromptPairs, last_logit_diff
-from interp.patch import PatchResult, PatchSpec, normalise, patch_spec
+from interp.components import PatchResult, PatchSpec, normalise, patch_spec
 from interp.prefix import cached_run, first_difference, kv_entries, run_from
 
 
@@ -114,7 +114,7 @@ def attribution_sweep(
 
 
 def attribute_all(model: HookedTransformer, pairs: PromptPairs, targets: Iterable[str]) -> dict[str, PatchResult]:
-    """Attribution patching of the named component sets (see ``interp.patch.TARGETS``), one backward."""
+    """Attribution patching of the named component sets (see ``interp.components.TARGETS``), one backward."""
     n_pos = pairs.corrupt.shape[1]
     return attribution_sweep(model, pairs, [patch_spec(model, t, n_pos) for t in targets])
 

@@ -45,7 +45,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -55,119 +54,12 @@ from tqdm.auto import tqdm
 from transformer_lens import HookedTransformer
 from transformer_lens.utilities import get_act_name
 
+from interp.attribution import agreement, attribute
+from interp.cli import CliError, add_ckpt_args, format_table, resolve_ckpt, run_cli, write_json
+from interp.components import (NORMALISE_EPS, TARGETS, PatchResult, PatchSpec, component_label, normalise, patch_spec,
+                               position_labels)
 from interp.inputs import PromptPairs, last_logit_diff, prompt_pairs
 from interp.prefix import RunCache, cached_run, first_difference, kv_entries, run_from, suffix_run
-from training.layout import Layout
-
-NORMALISE_EPS = 1e-6
-"""Below this |clean - corrupt| gap the normalised effects are NaN."""
-
-TARGETS: tuple[str, ...] = ("heads", "heads_by_pos", "resid", "attn", "mlp", "attn_layer", "mlp_layer")
-"""Component sets: head outputs over all positions [layer, head] or by position [layer, pos, head];
-resid_pre [layer, pos]; attn_out / mlp_out by position [layer, pos] or per layer [layer]."""
-
-_HOOK = {"heads": "z", "heads_by_pos": "z", "resid": "resid_pre", "attn": "attn_out", "mlp": "mlp_out",
-         "attn_layer": "attn_out", "mlp_layer": "mlp_out"}
-
-
-@dataclass(frozen=True)
-class PatchSpec:
-    """A set of patches: which hook, and for each patch which entries come from the clean run."""
-
-    target: str
-    act_name: str
-    """Short hook name for ``get_act_name`` ("z", "resid_pre", "attn_out", "mlp_out")."""
-    axes: tuple[str, ...]
-    """Names of the result's axes, e.g. ("layer", "head")."""
-    shape: tuple[int, ...]
-    """The result's shape; ``prod(shape) == P``."""
-    masks: Bool[Tensor, "P layer ..."]
-    """``masks[p, l, *site]``: patch p takes the clean activation at layer l, site ``*site``
-    (site = ``pos`` or ``pos head``, the activation's axes between batch and features)."""
-
-
-@dataclass
-class PatchResult:
-    """Patched metric per component, raw and normalised, with the unpatched baselines."""
-
-    target: str
-    axes: tuple[str, ...]
-    raw: Float[Tensor, "*shape"]
-    """The metric (mean logit difference) of the patched corrupted run."""
-    normalised: Float[Tensor, "*shape"]
-    """``(raw - corrupt_metric) / (clean_metric - corrupt_metric)``; NaN when the gap < 1e-6."""
-    clean_metric: float
-    corrupt_metric: float
-    method: str = "exact"
-    n_pairs: int = 0
-
-    @property
-    def effect(self) -> Float[Tensor, "*shape"]:
-        """``raw - corrupt_metric``: the change the patch makes, in logits."""
-        return self.raw - self.corrupt_metric
-
-    @property
-    def normalisable(self) -> bool:
-        return abs(self.clean_metric - self.corrupt_metric) >= NORMALISE_EPS
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "target": self.target,
-            "method": self.method,
-            "axes": list(self.axes),
-            "shape": list(self.raw.shape),
-            "n_pairs": self.n_pairs,
-            "clean_metric": self.clean_metric,
-            "corrupt_metric": self.corrupt_metric,
-            "raw": _nested(self.raw),
-            "normalised": _nested(self.normalised),
-        }
-
-
-def _nested(t: Tensor) -> Any:
-    """Nested lists with NaN / inf as None (valid JSON)."""
-    def clean(x):
-        if isinstance(x, list):
-            return [clean(v) for v in x]
-        return x if math.isfinite(x) else None
-    return clean(t.detach().cpu().double().tolist())
-
-
-def normalise(raw: Float[Tensor, "*shape"], clean: float, corrupt: float) -> Float[Tensor, "*shape"]:
-    """``(raw - corrupt) / (clean - corrupt)``; all NaN when ``|clean - corrupt| < 1e-6``."""
-    gap = clean - corrupt
-    if abs(gap) < NORMALISE_EPS:
-        return torch.full_like(raw, float("nan"))
-    return (raw - corrupt) / gap
-
-
-def patch_spec(model: HookedTransformer, target: str, n_pos: int) -> PatchSpec:
-    """The masks of one component set for ``model`` on prompts of ``n_pos`` positions."""
-    if target not in _HOOK:
-        raise ValueError(f"unknown patch target {target!r}; choose one of {', '.join(TARGETS)}")
-    L, H = model.cfg.n_layers, model.cfg.n_heads
-    layer = torch.arange(L)
-    if target == "heads":  # [layer, head]: head h of layer l at every position
-        m = torch.zeros(L, H, L, n_pos, H, dtype=torch.bool)
-        h = torch.arange(H)
-        m[layer[:, None], h[None, :], layer[:, None], :, h[None, :]] = True
-        axes, shape = ("layer", "head"), (L, H)
-    elif target == "heads_by_pos":  # [layer, pos, head]
-        m = torch.zeros(L, n_pos, H, L, n_pos, H, dtype=torch.bool)
-        lx, px, hx = torch.meshgrid(layer, torch.arange(n_pos), torch.arange(H), indexing="ij")
-        m[lx, px, hx, lx, px, hx] = True
-        axes, shape = ("layer", "pos", "head"), (L, n_pos, H)
-    elif target.endswith("_layer"):  # [layer]: the whole attn_out / mlp_out of a layer
-        m = torch.zeros(L, L, n_pos, dtype=torch.bool)
-        m[layer, layer] = True
-        axes, shape = ("layer",), (L,)
-    else:  # resid / attn / mlp: [layer, pos]
-        m = torch.zeros(L, n_pos, L, n_pos, dtype=torch.bool)
-        lx, px = torch.meshgrid(layer, torch.arange(n_pos), indexing="ij")
-        m[lx, px, lx, px] = True
-        axes, shape = ("layer", "pos"), (L, n_pos)
-    masks = m.reshape(math.prod(shape), *m.shape[len(shape):])
-    return PatchSpec(target, _HOOK[target], axes, shape, masks)
 
 
 @torch.no_grad()
@@ -307,36 +199,6 @@ def patch_mlp_out(model: HookedTransformer, pairs: PromptPairs, by_pos: bool = T
 # ---------------------------------------------------------------------------------------- CLI
 
 
-def position_labels(layout: Layout, n_pos: int) -> list[str]:
-    """Readable names of prompt positions: BOS, b1.., SEP, z1.., a1.. (from the run's layout)."""
-    labels = [str(i) for i in range(n_pos)]
-    if n_pos:
-        labels[0] = "BOS"
-    spans = [("b", layout.b_span), ("z", layout.z_span), ("a", layout.a_span)]
-    for name, span in spans:
-        if span is None:
-            continue
-        for i, pos in enumerate(range(*span)):
-            if pos < n_pos:
-                labels[pos] = f"{name}{i + 1}"
-    for pos in layout.sep_positions:
-        if pos < n_pos:
-            labels[pos] = "SEP"
-    return labels
-
-
-def component_label(target: str, index: tuple[int, ...], pos_names: list[str]) -> str:
-    """E.g. ``L0H3``, ``L0H3@z1``, ``resid_pre L1@SEP``, ``mlp_out L2``."""
-    if target == "heads":
-        return f"L{index[0]}H{index[1]}"
-    if target == "heads_by_pos":
-        return f"L{index[0]}H{index[2]}@{pos_names[index[1]]}"
-    hook = _HOOK[target]
-    if target.endswith("_layer"):
-        return f"{hook} L{index[0]}"
-    return f"{hook} L{index[0]}@{pos_names[index[1]]}"
-
-
 def _score(res: PatchResult) -> Tensor:
     """What tables show: normalised if defined, else the raw effect in logits."""
     return res.normalised if res.normalisable else res.effect
@@ -344,7 +206,6 @@ def _score(res: PatchResult) -> Tensor:
 
 def format_result(res: PatchResult, pos_names: list[str], top: int) -> str:
     """A grid (layers x heads / positions) for 2-D results and the top components by |effect|."""
-    from interp.cli import format_table
 
     unit = "normalised (1 = clean, 0 = corrupted)" if res.normalisable else "raw effect, logits (normalisation undefined)"
     lines = [f"{res.method} patching of {res.target}, {res.n_pairs} pairs: "
@@ -369,7 +230,6 @@ def format_result(res: PatchResult, pos_names: list[str], top: int) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from interp.cli import add_ckpt_args
 
     p = argparse.ArgumentParser(prog="python -m interp.patch", description=__doc__.split("\n\n")[0])
     add_ckpt_args(p)
@@ -383,7 +243,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from interp.cli import CliError, resolve_ckpt, run_cli, write_json
 
     def body(args: argparse.Namespace) -> None:
         if args.n_examples < 1 or args.top < 0 or args.max_batch < 1:
@@ -398,7 +257,6 @@ def main(argv: list[str] | None = None) -> int:
             results["exact"] = patch(model, pairs, args.target, max_batch=args.max_batch,
                                      progress=not args.no_progress)
         if args.method in ("attribution", "both"):
-            from interp.attribution import attribute
 
             results["attribution"] = attribute(model, pairs, args.target)
         out: dict[str, Any] = {"ckpt": str(args.ckpt), "run": str(run.path), "step": step,
@@ -410,7 +268,6 @@ def main(argv: list[str] | None = None) -> int:
             print(format_result(res, pos_names, args.top))
             out[name] = res.to_dict()
         if len(results) == 2:
-            from interp.attribution import agreement
 
             agree = agreement(results["exact"], results["attribution"])
             print(f"\nattribution vs exact: spearman {agree['spearman']:+.3f}, "

@@ -4,7 +4,6 @@ import itertools
 import math
 
 import pytest
-import torch
 
 from tests.handbuilt import UniformOverAlphabet, UniformOverCandidates
 from training.config import TaskConfig
