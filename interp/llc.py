@@ -302,7 +302,7 @@ def half_change_step(steps: list[int], values: list[float], start_step: int = 0)
     return None
 
 
-def nearest(steps: list[int], values: list[float], target: float | None) -> dict[str, Any] | None:
+def nearest(steps: list[int], values: list[float], target: float | int | None) -> dict[str, Any] | None:
     """The (step, value) of the analysed step nearest ``target``."""
     if target is None or not steps:
         return None
