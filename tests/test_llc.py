@@ -176,3 +176,18 @@ def test_missing_extra_is_one_clear_line(monkeypatch, capsys, tmp_path):
     assert L.main(["--run", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("skipped:") and err.count("\n") == 1
+
+
+def test_llc_figure_marks_t_form_and_tau():
+    from interp.llc_figures import llc_figure
+
+    summary = {"steps": [0, 100, 200, 300], "llc": [5.0, 6.0, 20.0, 40.0], "llc_std": [0.1, 0.2, 0.3, 0.4],
+               "stationary": [True, False, True, True], "tau": 250, "t_form": 150,
+               "settings": L.LLCSettings().to_dict(),
+               "calibration": {"step": 300, "rel_change": 0.04}}
+    fig, caption = llc_figure(summary)
+    assert list(fig.data[0].x) == summary["steps"] and list(fig.data[0].y) == summary["llc"]
+    assert list(fig.data[1].x) == [100]  # the non-stationary checkpoint is flagged
+    assert sorted(s.x0 for s in fig.layout.shapes) == [125, 150, 250]  # tau/2, t_form, tau
+    assert "4%" in caption and "t_form" in caption
+    assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
