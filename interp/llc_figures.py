@@ -42,7 +42,7 @@ def llc_figure(summary: dict[str, Any], title: str = "Local learning coefficient
     fig.update_layout(title=title, xaxis_title="training step", yaxis_title="LLC estimate (SGLD)", height=460,
                       template="plotly_white", legend={"orientation": "h", "y": -0.2})
     calib = summary.get("calibration")
-    calib_text = (f" Doubling the draws at step {calib['step']} changes it by {100 * calib['rel_change']:.0f}%."
+    calib_text = (f" Doubling the draws at step {calib['step']} changes it by {100 * calib['rel_change']:.1f}%."
                   if calib else "")
     caption = (f"The local learning coefficient (SGLD: {s['num_chains']} chains x {s['num_draws']} draws, "
                f"eps {s['lr']:g}, gamma {s['localization']:g}, nbeta {s['nbeta']:g}) at each analysed checkpoint; "

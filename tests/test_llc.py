@@ -189,5 +189,5 @@ def test_llc_figure_marks_t_form_and_tau():
     assert list(fig.data[0].x) == summary["steps"] and list(fig.data[0].y) == summary["llc"]
     assert list(fig.data[1].x) == [100]  # the non-stationary checkpoint is flagged
     assert sorted(s.x0 for s in fig.layout.shapes) == [125, 150, 250]  # tau/2, t_form, tau
-    assert "4%" in caption and "t_form" in caption
+    assert "4.0%" in caption and "t_form" in caption
     assert fig.layout.xaxis.title.text and fig.layout.yaxis.title.text
