@@ -105,7 +105,9 @@ def load_analysis(run_dir: str | Path, settings: AnalysisSettings | None = None)
 
 
 def pick_steps(available: list[int], every: int = 1, steps: list[int] | None = None) -> list[int]:
-    """The checkpoints to analyse: explicit ``steps`` (each must exist) or every ``every``-th one."""
+    """The checkpoints to analyse: explicit ``steps`` (each must exist) or every ``every``-th one and the last."""
+    if every < 1:
+        raise ValueError(f"--every must be at least 1, got {every}")
     if steps:
         missing = sorted(set(steps) - set(available))
         if missing:

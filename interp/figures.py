@@ -453,6 +453,39 @@ def hessian_noise(records: Sequence[dict[str, Any]], tau: int | None = None) -> 
     return fig, caption
 
 
+# ---- local learning coefficient (interp.llc summary) ---------------------------------------
+
+
+def llc_figure(summary: dict[str, Any], title: str = "Local learning coefficient over training") -> Captioned:
+    """LLC (mean over chains, +- the chains' std) against step, with t_form, tau/2 and tau marked.
+
+    ``summary`` is the dict of ``interp.llc.llc_series`` (``RUN/analysis/llc.json``).
+    Checkpoints whose chains failed the stationarity check are drawn as red crosses.
+    """
+    steps, llc, std = summary["steps"], summary["llc"], summary["llc_std"]
+    stationary = summary.get("stationary") or [True] * len(steps)
+    fig = go.Figure()
+    fig.add_trace(go.Scatter(x=steps, y=llc, mode="lines+markers", name="LLC", line={"color": "#9467bd"},
+                             error_y={"type": "data", "array": std, "visible": True, "thickness": 1},
+                             hovertemplate="step %{x}<br>LLC %{y:.2f}<extra></extra>"))
+    bad = [i for i, ok in enumerate(stationary) if not ok]
+    if bad:
+        fig.add_trace(go.Scatter(x=[steps[i] for i in bad], y=[llc[i] for i in bad], mode="markers",
+                                 name="chains not stationary", marker={"symbol": "x", "size": 10, "color": SELECTOR_COLOR}))
+    _add_landmarks(fig, summary.get("tau"), summary.get("t_form"))
+    _layout(fig, title, "step", "LLC estimate (SGLD)")
+    _log_x_toggle(fig)
+    s = summary["settings"]
+    calib = summary.get("calibration")
+    calib_text = (f" Doubling the draws at step {calib['step']} changes it by {100 * calib['rel_change']:.1f}%."
+                  if calib else "")
+    caption = (f"The local learning coefficient (SGLD: {s['num_chains']} chains x {s['num_draws']} draws, "
+               f"eps {s['lr']:g}, gamma {s['localization']:g}, nbeta {s['nbeta']:g}) at each analysed checkpoint; "
+               f"compare where it moves with t_form (the selector head forms) and tau (the loss drops)."
+               + calib_text)
+    return fig, caption
+
+
 # ---- all of them --------------------------------------------------------------------------
 
 

@@ -34,11 +34,11 @@ from circuitsvis.utils.render import RenderedHTML
 from interp.analyze import analyze_run, load_analysis
 from interp.attention import attention_patterns, sample_examples
 from interp.cli import run_cli
-from interp.figures import all_figures, head_label
+from interp.figures import all_figures, head_label, llc_figure
 from interp.pages import figure_section, page, table_html, write_page
-from interp.results import REPORT_FILE, SELECTOR_FILE, analysis_dir, median, na
+from interp.results import LLC_SUMMARY_FILE, REPORT_FILE, SELECTOR_FILE, analysis_dir, median, na
 from interp.snap import snap_statistics
-from training.run import Run, RunError
+from training.run import Run, RunError, read_json
 MOMENTS: tuple[str, ...] = ("plateau start", "tau/2", "tau", "end")
 """The moments at which attention patterns are shown (each at the nearest checkpoint)."""
 
@@ -187,12 +187,17 @@ def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str
              f"{len(run.steps())} checkpoints up to step {run.steps()[-1] if run.steps() else 'n/a'}</p>",
              "<h2>Summary</h2>", table_html(summary_rows(run, metrics, sel, snap))]
     figures = all_figures(metrics, analysis, run.log_k, tau, run.plateau())
+    llc_path = analysis_dir(run.path) / LLC_SUMMARY_FILE
+    if llc_path.exists():  # written by python -m interp.llc; landmarks from the current selector summary
+        llc = {**read_json(llc_path), "tau": tau, "t_form": sel.get("t_form")}
+        figures.append(("llc", "Local learning coefficient", *llc_figure(llc)))
     for i, (key, heading, fig, caption) in enumerate(figures):
         parts += figure_section(key, heading, fig, caption, include_plotlyjs=(i == 0))
     parts += _attention_section(run, sel, n_examples, seed)
     parts.append('<p class="note">Written by <code>python -m interp.report</code>; definitions: '
                  "<code>interp.selector</code> (selector head, t_form, lead fraction), "
-                 "<code>interp.figures</code> (snap statistics), <code>training.metrics</code> (tau, plateau).</p>")
+                 "<code>interp.snap</code> (snap statistics), <code>training.metrics</code> (tau, plateau), "
+                 "<code>interp.llc</code> (local learning coefficient).</p>")
     return page(f"Report: {run.path.name}", parts)
 
 
