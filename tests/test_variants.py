@@ -128,3 +128,15 @@ def test_group_uniqueness_without_distinct_first_char_needs_enough_strings():
     with pytest.raises(ConfigError, match="K=40 distinct targets per group: there are only 36"):
         TaskConfig(K=40, a_len=1, target_uniqueness="group", distinct_first_char=False, z_len=2).validate()
     assert RunConfig.from_dict({"task": {"a_len": 2}}).task.order == "bz"
+
+
+def test_cli_trains_a_variant_and_prints_the_verdict(tmp_path, capsys):
+    out = tmp_path / "v"
+    argv = ["--preset", "tiny", "--no-progress", "--max-steps", "5", "--out", str(out),
+            "--a-len", "1", "--target-uniqueness", "group", "--order", "zb"]
+    assert main(argv) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    verdict = rd.read_json(out / rd.SUMMARY_FILE)["plateau"]["verdict"]
+    assert f"plateau verdict {verdict or 'none'}" in last and str(out) in last
+    task = rd.read_json(out / rd.CONFIG_FILE)["run"]["task"]
+    assert (task["a_len"], task["target_uniqueness"], task["order"]) == (1, "group", "zb")

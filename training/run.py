@@ -30,6 +30,7 @@ from transformer_lens import HookedTransformer
 
 from training.config import RunConfig
 from training.layout import Layout
+from training.metrics import compute_tau, know_nothing_reference, plateau_span, plateau_verdict
 from training.model import build_hooked_transformer
 from training.task import Task
 
@@ -217,8 +218,6 @@ class Run:
     def plateau(self) -> dict | None:
         """The plateau verdict block: ``summary.json``'s, or computed from the metrics and the task for
         runs written before it existed (None for the forward task or an empty run)."""
-        from training.metrics import compute_tau, know_nothing_reference, plateau_span, plateau_verdict
-
         summary = self.summary() or {}
         if "plateau" in summary:
             return summary["plateau"]
