@@ -187,7 +187,7 @@ def _circuit_text(c: dict[str, Any] | None) -> str:
     ch = c["chosen"]
 
     def cl(e: dict[str, Any]) -> str:
-        return na(e["candidate_loss"]) + (" (log K)" if e["near_log_k"] else "")
+        return na(e["candidate_loss"]) + (" (>= log K)" if e.get("reaches_log_k") else "")
 
     return (f"{c['verdict']}" + (f": {', '.join(c['heads'])}" if c["heads"] else "")
             + f" at step {c['step']} (top head {c['top']}: {c['top_share']:.0%} of all heads' positive patching effect, "

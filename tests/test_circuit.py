@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from interp.circuit import circuit_record, circuit_summary, head_shares, set_masks, verdict
+from interp.circuit import circuit_record, circuit_summary, head_shares, reaches_log_k, set_masks, verdict
 from interp.inputs import prompt_pairs
 from tests.handbuilt import ALPHA, K, SELECTOR_HEAD, SPLIT_HEADS, handbuilt_task, selector_copy_model
 
@@ -42,7 +42,10 @@ def test_one_head_copies_z_single_head(task):
     assert norm[layer, -1, head] == pytest.approx(1.0, abs=1e-4)
     assert np.abs(norm[layer, :-1, head]).max() < 1e-4
     summary = circuit_summary([{"step": 10, **rec}], SELECTOR_HEAD, LOG_K, tau=5)
-    assert summary["verdict"] == "single head" and summary["chosen"]["alone"]["near_log_k"]
+    chosen = summary["chosen"]
+    assert summary["verdict"] == "single head" and chosen["alone"]["near_log_k"] and chosen["alone"]["reaches_log_k"]
+    assert chosen["others"]["L0H0"]["reaches_log_k"] is False and chosen["layer"]["reaches_log_k"]
+    assert circuit_summary([{"step": 10, **rec}], SELECTOR_HEAD, LOG_K, tau=None)["verdict"] == "none"
 
 
 def test_two_heads_split_the_copy_distributed(task):
@@ -66,6 +69,8 @@ def test_shares_and_masks_by_hand():
     assert np.allclose(sh["layer_share"], [[0.75, 0.0, 0.25], [0.0, 4 / 6, 2 / 6]])
     assert sh["top"] == [1, 1] and sh["n_for_80"] == 3  # 0.4 + 0.3 + 0.2 >= 0.8
     assert head_shares([[0.0, -1.0]])["n_for_80"] == 0
+    # Back to log K: at least 0.75 log K; overshooting counts, a loss still well below does not.
+    assert reaches_log_k(0.76, 1.0) and reaches_log_k(3.0, 1.0) and not reaches_log_k(0.7, 1.0)
     m = set_masks(2, 3)
     assert m.shape == (1 + 6 + 2 + 6, 2, 3) and not m[0].any()
     assert m[1 + 6 + 1].sum() == 3 and m[1 + 6 + 1][1].all()  # layer 1 whole
