@@ -337,7 +337,8 @@ def head_share_lines(records: list[dict[str, Any]], head: Sequence[int] | None =
         top = head_label(*last["top"])
         caption = (f"At the last exact step ({steps[-1]}) the top head {top} holds {last['top_share']:.0%} of the heads' "
                    f"positive patching effect ({last['top_layer_share']:.0%} of its layer's) and "
-                   f"{last['n_for_80']} heads together hold 80%; before the drop the shares are noise on a ~0 effect.")
+                   f"{last['n_for_80']} head{'' if last['n_for_80'] == 1 else 's'} together hold 80% (before the drop "
+                   f"the shares divide an effect near 0).")
     else:
         caption = "No exact-patching steps analysed."
     return fig, caption
