@@ -68,9 +68,11 @@ def moment_targets(steps: Sequence[int], plateau_start: int | None, tau: int | N
 
 def moment_steps(steps: Sequence[int], plateau_start: int | None, tau: int | None,
                  t_form: int | None = None) -> dict[str, int]:
-    """``{moment: checkpoint step}`` for the moments that exist (no tau: no tau/2, no tau; no t_form)."""
+    """``{moment: checkpoint step}`` for the moments that exist (no tau: no tau/2, no tau; no t_form), in
+    the order of their steps (t_form may come before or after tau/2)."""
     targets = moment_targets(steps, plateau_start, tau, t_form)
-    return {name: nearest(steps, t) for name, t in targets.items() if t is not None}
+    found = [(t, i, name) for i, (name, t) in enumerate(targets.items()) if t is not None]
+    return {name: nearest(steps, t) for t, _, name in sorted(found)}
 
 
 def attention_views(run: Run, step: int, layers: Sequence[int], examples: Sequence[int],
@@ -191,7 +193,7 @@ def _circuit_text(c: dict[str, Any] | None) -> str:
 
     return (f"{c['verdict']}" + (f": {', '.join(c['heads'])}" if c["heads"] else "")
             + f" at step {c['step']} (top head {c['top']}: {c['top_share']:.0%} of all heads' positive patching effect, "
-              f"{c['top_layer_share']:.0%} of its layer's; {c['shares']['n_for_80']} heads hold 80%). "
+              f"{c['top_layer_share']:.0%} of its layer's; heads holding 80%: {c['shares']['n_for_80']}). "
               f"{ch['kind']} ablation, candidate loss: selector alone {cl(ch['alone'])}, its layer {cl(ch['layer'])}, "
               f"its layer but it {cl(ch['layer_but'])}, base {cl(ch['base'])}")
 
