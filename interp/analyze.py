@@ -297,7 +297,7 @@ def format_summary(s: dict[str, Any]) -> str:
                      f"{na(r['lead_fraction'])}  bracket {lb}")
     if s.get("smoothing"):
         lines.append(f"smoothing       {s['smoothing']['window']} point(s), {s['smoothing']['kind']}")
-    lines += format_circuit(s.get("circuit"), s["log_k"])
+    lines += format_circuit(s.get("circuit"), s["log_k"], s["head"])
     if s["agreement"]:
         rho = [a["spearman"] for a in s["agreement"] if a["spearman"] is not None]
         lines.append(f"attribution vs exact (heads, {len(s['agreement'])} steps): Spearman median "

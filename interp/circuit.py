@@ -42,7 +42,7 @@ from transformer_lens import HookedTransformer
 
 from interp.ablate import MARGINAL_TOL, ablation_metrics, build_evalset, near_log_k
 from interp.inputs import PromptPairs
-from interp.patch import PatchSpec, patch, patch_sweep
+from interp.patch import PatchSpec, patch, patch_sweep, position_labels
 from training.task import Task
 
 SINGLE_HEAD_SHARE = 0.6
@@ -139,8 +139,10 @@ def circuit_record(model: HookedTransformer, task: Task, pairs: PromptPairs, kin
     """One checkpoint's circuit record: shares (from ``heads_patch`` or a fresh patch), set ablations, reads-z."""
     if heads_patch is None:
         heads_patch = patch(model, pairs, "heads").to_dict()
+    positions = read_positions(task)
+    names = position_labels(task.layout, pairs.corrupt.shape[1])
     return {"shares": head_shares(head_effects(heads_patch)), "ablation": ablate_sets(model, task, kind, n_groups, seed),
-            "reads_z": reads_z(model, pairs, read_positions(task))}
+            "reads_z": {**reads_z(model, pairs, positions), "labels": [names[p] for p in positions]}}
 
 
 def chosen_ablation(record: dict[str, Any], head: tuple[int, int] | list[int], log_k: float) -> dict[str, Any]:
@@ -195,12 +197,22 @@ def circuit_summary(records: list[dict[str, Any]], head: tuple[int, int] | list[
     return {**final, "step": last["step"], "rule": f"single head: top head >= {SINGLE_HEAD_SHARE:.0%} of its layer's "
             "positive head-patching effect and ablating it alone returns the candidate loss to log K; "
             "none before tau", "chosen": chosen_ablation(last, head, log_k),
-            "shares": last["shares"], "reads_z": {"positions": rz["positions"], "normalised": rz["normalised"],
+            "shares": last["shares"], "reads_z": {"positions": rz["positions"], "labels": rz.get("labels"),
+                                                  "normalised": rz["normalised"],
                                                   "raw": rz["raw"], "corrupt_metric": rz["corrupt_metric"]},
             "series": steps}
 
 
-def format_circuit(c: dict[str, Any] | None, log_k: float) -> list[str]:
+def reads_z_text(c: dict[str, Any], head: tuple[int, int] | list[int]) -> str:
+    """The head's normalised patching effect at the z positions and the last ``<SEP>``, as text."""
+    rz = c["reads_z"]
+    layer, h = int(head[0]), int(head[1])
+    labels = rz.get("labels") or [str(p) for p in rz["positions"]]
+    vals = [row[h] for row in rz["normalised"][layer]]
+    return ", ".join(f"{lab} {'n/a' if v is None else f'{v:+.2f}'}" for lab, v in zip(labels, vals))
+
+
+def format_circuit(c: dict[str, Any] | None, log_k: float, head: tuple[int, int] | list[int] | None = None) -> list[str]:
     """The circuit summary as text lines (``python -m interp.analyze``)."""
     if not c:
         return ["circuit         n/a (no exact-patching steps)"]
@@ -216,4 +228,6 @@ def format_circuit(c: dict[str, Any] | None, log_k: float) -> list[str]:
             + f"  (step {c['step']}; top head {c['top']} holds {c['top_share']:.0%} of all heads' effect, "
               f"{c['top_layer_share']:.0%} of its layer's; {n80} head{'' if n80 == 1 else 's'} hold{'s' if n80 == 1 else ''} 80%)",
             f"{ch['kind']} ablation  base {cl(ch['base'])}; chosen alone {cl(ch['alone'])}, its layer {cl(ch['layer'])}, "
-            f"layer but it {cl(ch['layer_but'])}; others alone: {others}  (log K = {log_k:.3f})"]
+            f"layer but it {cl(ch['layer_but'])}; others alone: {others}  (log K = {log_k:.3f})"] + (
+        [f"reads z         {head_label(*head)} output patched at one position (normalised): {reads_z_text(c, head)}"]
+        if head is not None else [])

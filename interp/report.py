@@ -35,6 +35,7 @@ from circuitsvis.utils.render import RenderedHTML
 
 from interp.analyze import analyze_run, load_analysis
 from interp.attention import attention_patterns, sample_examples
+from interp.circuit import reads_z_text
 from interp.cli import run_cli
 from interp.figures import all_figures, head_label
 from interp.pages import figure_section, page, table_html, write_page
@@ -167,6 +168,8 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
            + f"; lead {na(r.get('lead_fraction'))}" + _bracket(r.get("lead_bracket"), "{:.3f}"))
           for rule, r in (sel.get("t_form_rules") or {}).items()],
         ("circuit verdict", _circuit_text(sel.get("circuit"))),
+        ("where the selector head reads z (its output patched at one position; 1 = clean answer)",
+         reads_z_text(sel["circuit"], sel["head"]) if sel.get("circuit") else "n/a"),
         ("selector head ablated at the end (candidate loss)",
          f"{na(abl['base_candidate_loss'])} -> zero {na(abl['zero_candidate_loss'])}, mean {na(abl['mean_candidate_loss'])} "
          f"(falls back to the marginal: {sel.get('falls_back_to_marginal')})" if abl else "n/a"),

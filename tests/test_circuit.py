@@ -5,7 +5,8 @@ import math
 import numpy as np
 import pytest
 
-from interp.circuit import circuit_record, circuit_summary, head_shares, reaches_log_k, set_masks, verdict
+from interp.circuit import (circuit_record, circuit_summary, head_shares, reaches_log_k, reads_z_text, set_masks,
+                            verdict)
 from interp.inputs import prompt_pairs
 from tests.handbuilt import ALPHA, K, SELECTOR_HEAD, SPLIT_HEADS, handbuilt_task, selector_copy_model
 
@@ -38,10 +39,12 @@ def test_one_head_copies_z_single_head(task):
     assert verdict(rec, LOG_K, after_drop=False)["verdict"] == "none"
     # It reads z at the last <SEP>: patching its output there alone restores the clean answer;
     # at the z positions (where the head's query is zero) it does nothing.
+    assert rec["reads_z"]["labels"] == ["z1", "z2", "SEP"]  # the positions come from the layout
     norm = np.asarray(rec["reads_z"]["normalised"], dtype=float)  # [layer, position, head]
     assert norm[layer, -1, head] == pytest.approx(1.0, abs=1e-4)
     assert np.abs(norm[layer, :-1, head]).max() < 1e-4
     summary = circuit_summary([{"step": 10, **rec}], SELECTOR_HEAD, LOG_K, tau=5)
+    assert reads_z_text(summary, SELECTOR_HEAD) == "z1 +0.00, z2 +0.00, SEP +1.00"
     chosen = summary["chosen"]
     assert summary["verdict"] == "single head" and chosen["alone"]["near_log_k"] and chosen["alone"]["reaches_log_k"]
     assert chosen["others"]["L0H0"]["reaches_log_k"] is False and chosen["layer"]["reaches_log_k"]
