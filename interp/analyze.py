@@ -223,7 +223,8 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
     circ = cache.get("circuit") or []
     rules = sel.t_form_rules(
         tau, tau_lo, plateau_start, run.log_k, (steps, series),
-        ([r["step"] for r in circ], [r["shares"]["share"][layer][head] for r in circ]),
+        ([r["step"] for r in circ], sel.gated_shares([r["shares"]["share"][layer][head] for r in circ],
+                                                     [r["shares"]["total_positive"] for r in circ])),
         ([r["step"] for r in records if "delta_z" in r], [r["delta_z"] for r in records if "delta_z" in r]), smooth)
 
     def ablation_at(target: int | None) -> dict | None:

@@ -14,7 +14,10 @@ t_form by three rules, side by side (:func:`t_form_rules`), each with its lead f
 
 * ``attention``: the rule above (the chosen head's attention-to-z halfway up);
 * ``patch_share``: the same halfway rule on the chosen head's share of the summed positive
-  head-patching effect (``interp.circuit``), at the exact-patching steps;
+  head-patching effect (``interp.circuit``), at the exact-patching steps. On the plateau that
+  sum is ~0 and a share of it is noise (any head can hold "100%" of nothing), so a share counts
+  as 0 where the summed positive effect is below :data:`SHARE_MIN_EFFECT` of its value at the
+  last step (:func:`gated_shares`);
 * ``delta_z``: the first evaluation step at which delta_z (``metrics.jsonl``) exceeds a noise
   threshold. delta_z is itself a shuffled-z comparison (candidate loss with z replaced by another
   selector minus with the true z), ~0 while the model ignores z; so its spread over the first
@@ -79,12 +82,23 @@ def lead_fraction(tau: int | None, tau_lo: int | None, t_form: int | None, t_lo:
 
 RULES: tuple[str, ...] = ("attention", "patch_share", "delta_z")
 """The t_form rules, in the order they are reported."""
+SHARE_MIN_EFFECT = 0.05
+"""A head's patching share counts only where the summed positive effect is at least this fraction of the final one."""
 DZ_BASELINE_EVALS = 5
 """Evaluations from the plateau start whose delta_z sets the noise baseline."""
 DZ_SIGMAS = 3.0
 """Standard deviations of the baseline above its mean that delta_z must exceed."""
 DZ_FLOOR = 0.02
 """The threshold is at least this fraction of log K."""
+
+
+def gated_shares(shares: list[float | None], totals: list[float], min_frac: float = SHARE_MIN_EFFECT
+                 ) -> list[float | None]:
+    """``shares`` with 0 where ``totals`` (summed positive effect) is below ``min_frac`` of its last value."""
+    if not totals:
+        return []
+    floor = min_frac * totals[-1]
+    return [0.0 if t < floor or t <= 0 else s for s, t in zip(shares, totals)]
 
 
 def smooth_series(values: list[float | None], window: int = 1) -> list[float | None]:

@@ -56,3 +56,14 @@ def test_smoothing_is_a_centred_mean_and_moves_a_spike():
     # Smoothed, the spike is 0.9 / 5 < 0.5; at index 30 the window holds three of the final 1s: 0.6.
     assert smooth["rules"]["attention"]["t_form"] == STEPS[30]
     assert smooth["smoothing"]["window"] == 5 and raw["rules"]["attention"]["lead_fraction"] is None
+
+
+def test_shares_of_a_vanishing_effect_count_as_zero():
+    # On the plateau the summed effect is ~0 and the head "holds" 90% of it: noise, counted as 0.
+    shares = [0.9, 0.8, 0.2, 0.5, 0.6, 0.6]
+    totals = [0.01, 0.02, 0.5, 4.0, 9.0, 10.0]  # 5% of the final 10 is 0.5
+    assert sel.gated_shares(shares, totals) == [0.0, 0.0, 0.2, 0.5, 0.6, 0.6]
+    steps = [0, 10, 20, 30, 40, 50]
+    form = sel.formation_step(steps, sel.gated_shares(shares, totals))
+    assert form["t_form"] == 30  # halfway from 0 to 0.6; ungated, the share never rises
+    assert sel.formation_step(steps, shares)["t_form"] is None
