@@ -76,9 +76,25 @@ def test_series_end_to_end_on_the_ci_run(analysed_run):
         exact = next(r for r in cache["patch"] if r["step"] == a["step"])["heads"]["raw"]
         approx = attribution[a["step"]]["heads"]["raw"]
         assert a["max_abs_err"] == pytest.approx(float(np.abs(np.subtract(exact, approx)).max()), rel=1e-5, abs=1e-6)
+    check_circuit_against_patching(cache, analysed)
     # After the drop, the selector head matters: zero-ablating it costs candidate loss.
     end = analysed["ablation"]["end"]
     assert end["zero_candidate_loss"] > end["base_candidate_loss"]
+
+
+def check_circuit_against_patching(cache, analysed):
+    """The circuit's shares are the cached exact head patching's positive effects over their sum, at the same steps."""
+    circuit = {r["step"]: r for r in cache["circuit"]}
+    assert set(circuit) == {r["step"] for r in cache["patch"]}
+    for p in cache["patch"]:
+        heads = p["heads"]
+        sign = 1.0 if heads["clean_metric"] >= heads["corrupt_metric"] else -1.0
+        pos = np.clip((np.asarray(heads["raw"], dtype=float) - heads["corrupt_metric"]) * sign, 0.0, None)
+        expected = pos / pos.sum() if pos.sum() > 0 else np.zeros_like(pos)
+        np.testing.assert_allclose(circuit[p["step"]]["shares"]["share"], expected, atol=1e-9)
+    last = max(circuit)
+    after = analysed["tau"] is not None and last >= analysed["tau"]
+    assert (analysed["circuit"]["verdict"] != "none") == after and analysed["circuit"]["step"] == last
 
 
 def test_cache_is_reused_and_extended(analysed_run):
