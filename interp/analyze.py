@@ -6,14 +6,18 @@ For each chosen checkpoint (lazily, one model in memory at a time):
   residual stream (``interp.attribution``, the fast first-order mode) at every chosen step;
 * exact activation patching (``interp.patch``) and zero / mean head ablation
   (``interp.ablate``) at a subset: evenly spaced steps plus those nearest the plateau start,
-  tau/2 and tau, and the last step.
+  tau/2 and tau, and the last step;
+* at the same subset, the concentration of the routing (``interp.circuit``): each head's share
+  of the head-patching effect, ablation of sets of heads (mean by default), and patching of head
+  outputs at the z positions and the last ``<SEP>``.
 
 Results go to ``RUN/analysis/`` as one JSON-lines file per analysis (``interp.results``); each
 record stores the settings it was made with (:class:`AnalysisSettings`), and a second call only
 computes the steps that have no record with the same settings. Where exact and attribution patching both ran, their
 agreement (Spearman rank correlation, max error) is reported, so the fast mode can be trusted,
 or not, with numbers. ``selector.json`` holds the selector head, t_form, tau and the lead fraction
-(``interp.selector``).
+(``interp.selector``), t_form and the lead by each of the three rules (``t_form_rules``) and
+the circuit verdict (``circuit``: ``single head`` / ``distributed`` / ``none``).
 
     python -m interp.analyze --run checkpoints/demo [--every N | --steps 0 100 200] [--n-exact 12]
 """
@@ -33,13 +37,14 @@ from tqdm.auto import tqdm
 
 from interp import selector as sel
 from interp.ablate import ablate_each_head, near_log_k
+from interp.circuit import circuit_record, circuit_summary, format_circuit
 from interp.attention import attention_to_z
 from interp.attribution import agreement, attribute_all
 from interp.cli import CliError, run_cli
 from interp.inputs import prompt_pairs
 from interp.components import PatchResult
 from interp.patch import patch
-from interp.results import (ABLATION_FILE, ATTENTION_FILE, ATTRIBUTION_FILE, PATCH_FILE, SELECTOR_FILE, analysis_dir,
+from interp.results import (ABLATION_FILE, ATTENTION_FILE, ATTRIBUTION_FILE, CIRCUIT_FILE, PATCH_FILE, SELECTOR_FILE, analysis_dir,
                             append_records, load_records, median, na, settings_key, strict_json, write_json_result)
 from training.metrics import compute_tau
 from training.run import Run, RunError, read_json
@@ -47,7 +52,7 @@ from training.run import Run, RunError, read_json
 log = logging.getLogger(__name__)
 
 CACHE_FILES = {"attention": ATTENTION_FILE, "attribution": ATTRIBUTION_FILE, "patch": PATCH_FILE,
-               "ablation": ABLATION_FILE}
+               "ablation": ABLATION_FILE, "circuit": CIRCUIT_FILE}
 """The per-step caches of :func:`analyze_run`, by analysis name."""
 ABLATION_KINDS = ("zero", "mean")
 
@@ -64,6 +69,10 @@ class AnalysisSettings:
     """Evaluation groups scored per head ablation."""
     patch_targets: tuple[str, ...] = ("heads", "resid")
     """Component sets of exact and attribution patching (``interp.components.TARGETS``)."""
+    circuit_ablation: str = "mean"
+    """Ablation kind of the circuit's head sets (``interp.circuit``): ``mean`` or ``zero``."""
+    smooth: int = 1
+    """Smoothing window of the t_form rules' series (1 = none; only the summary depends on it)."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types (the targets as a list)."""
@@ -77,7 +86,8 @@ class AnalysisSettings:
     def for_cache(self, name: str) -> dict[str, Any]:
         """The settings that analysis ``name`` depends on: the key its records are stored under."""
         keys = {"attention": ("n_examples", "seed"), "attribution": ("n_examples", "seed", "patch_targets"),
-                "patch": ("n_examples", "seed", "patch_targets"), "ablation": ("ablation_groups", "seed")}[name]
+                "patch": ("n_examples", "seed", "patch_targets"), "ablation": ("ablation_groups", "seed"),
+                "circuit": ("n_examples", "seed", "ablation_groups", "circuit_ablation")}[name]
         return {k: v for k, v in self.to_dict().items() if k in keys}
 
 
@@ -154,12 +164,15 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     folder = analysis_dir(run.path)
     cache = load_analysis(run.path, settings)
     done = {name: {r["step"] for r in cache[name]} for name in CACHE_FILES}
-    wanted = {"attention": set(chosen), "attribution": set(chosen), "patch": exact, "ablation": exact}
+    wanted = {"attention": set(chosen), "attribution": set(chosen), "patch": exact, "ablation": exact,
+              "circuit": exact}
     todo = sorted(s for name in CACHE_FILES for s in wanted[name] - done[name])
     pairs = prompt_pairs(task, settings.n_examples, settings.seed)
     targets = settings.patch_targets
 
-    def compute(name: str, step: int, model: torch.nn.Module) -> dict[str, Any]:
+    cached_heads = {r["step"]: r["heads"] for r in cache["patch"] if "heads" in r}
+
+    def compute(name: str, step: int, model: torch.nn.Module, fresh: dict[str, Any]) -> dict[str, Any]:
         if name == "attention":
             return attention_to_z(model, task, settings.n_examples, settings.seed).to_dict()
         if name == "attribution":
@@ -167,16 +180,22 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
             return {t: res[t].to_dict() for t in targets}
         if name == "patch":
             return {t: patch(model, pairs, t).to_dict() for t in targets}
+        if name == "circuit":
+            heads = (fresh.get("patch") or {}).get("heads") or cached_heads.get(step)
+            return circuit_record(model, task, pairs, settings.circuit_ablation, settings.ablation_groups,
+                                  settings.seed, heads)
         return {k: ablate_each_head(model, task, k, settings.ablation_groups, settings.seed).to_dict()
                 for k in ABLATION_KINDS}
 
     for step in tqdm(sorted(set(todo)), desc=f"analyse {run.path.name}", disable=not progress, dynamic_ncols=True):
         model = run.load_model(step, device)
+        fresh: dict[str, Any] = {}
         for name, file in CACHE_FILES.items():
             if step in wanted[name] and step not in done[name]:
-                append_records(folder / file, [{"step": step, "settings": settings.for_cache(name),
-                                                **compute(name, step, model)}])
-    result = {**summarize(run, load_analysis(run.path, settings), tau, records), "settings": settings.to_dict()}
+                fresh[name] = compute(name, step, model, fresh)
+                append_records(folder / file, [{"step": step, "settings": settings.for_cache(name), **fresh[name]}])
+    result = {**summarize(run, load_analysis(run.path, settings), tau, records, settings.smooth),
+              "settings": settings.to_dict()}
     write_json_result(folder / SELECTOR_FILE, result)
     return result
 
@@ -186,8 +205,10 @@ def _previous(values: list[int], x: int) -> int | None:
     return before[-1] if before else None
 
 
-def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[dict]) -> dict[str, Any]:
-    """Selector head, t_form, tau, lead fraction, ablation before/mid/after, exact-vs-attribution agreement."""
+def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[dict],
+              smooth: int = 1) -> dict[str, Any]:
+    """Selector head, t_form, tau, lead fraction (by each rule), ablation before/mid/after, the circuit
+    verdict, exact-vs-attribution agreement."""
     attn, patches, ablations = cache["attention"], cache["patch"], cache["ablation"]
     if not attn or not patches:
         raise RunError(f"{run.path}: nothing analysed yet")
@@ -204,6 +225,12 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
     tau_lo = _previous(eval_steps, tau) if tau is not None else None
     t_lo = form["t_form_bracket"][0] if form["t_form_bracket"] else None
     lead = sel.lead_fraction(tau, tau_lo, form["t_form"], t_lo)
+    circ = cache.get("circuit") or []
+    rules = sel.t_form_rules(
+        tau, tau_lo, plateau_start, run.log_k, (steps, series),
+        ([r["step"] for r in circ], sel.gated_shares([r["shares"]["share"][layer][head] for r in circ],
+                                                     [r["shares"]["total_positive"] for r in circ])),
+        ([r["step"] for r in records if "delta_z" in r], [r["delta_z"] for r in records if "delta_z" in r]), smooth)
 
     def ablation_at(target: int | None) -> dict | None:
         if target is None or not ablations:
@@ -237,6 +264,9 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
         "ablation": {"plateau_start": ablation_at(plateau_start),
                      "tau_half": ablation_at(tau // 2 if tau else None), "end": after},
         "falls_back_to_marginal": near_log_k(after["zero_candidate_loss"], log_k) if after else None,
+        "t_form_rules": rules["rules"],
+        "smoothing": rules["smoothing"],
+        "circuit": circuit_summary(circ, (layer, head), log_k, tau),
         "agreement": agree,
         "analysed_steps": len(steps),
     }
@@ -267,6 +297,13 @@ def format_summary(s: dict[str, Any]) -> str:
             lines.append(f"ablation {name:<12} step {a['step']:>6}: candidate loss {a['base_candidate_loss']:.3f} -> "
                          f"zero {a['zero_candidate_loss']:.3f}, mean {a['mean_candidate_loss']:.3f} (log K = {s['log_k']:.3f})")
     lines.append(f"falls back to the marginal when ablated at the end: {s['falls_back_to_marginal']}")
+    for rule, r in (s.get("t_form_rules") or {}).items():
+        lb = [round(x, 3) for x in r["lead_bracket"]] if r["lead_bracket"] else None
+        lines.append(f"t_form {rule:<12} {na(r['t_form'], '{}'):>6}  bracket {r['t_form_bracket']}  lead "
+                     f"{na(r['lead_fraction'])}  bracket {lb}")
+    if s.get("smoothing"):
+        lines.append(f"smoothing       {s['smoothing']['window']} point(s), {s['smoothing']['kind']}")
+    lines += format_circuit(s.get("circuit"), s["log_k"], s["head"])
     if s["agreement"]:
         rho = [a["spearman"] for a in s["agreement"] if a["spearman"] is not None]
         lines.append(f"attribution vs exact (heads, {len(s['agreement'])} steps): Spearman median "
@@ -285,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-examples", type=int, default=256, help="prompt pairs / examples per analysis")
     p.add_argument("--ablation-groups", type=int, default=8, help="eval groups scored per ablation")
     p.add_argument("--seed", type=int, default=0, help="seed of the example samples (default 0)")
+    p.add_argument("--circuit-ablation", choices=ABLATION_KINDS, default="mean",
+                   help="ablation kind of the circuit's head sets (default mean)")
+    p.add_argument("--smooth", type=int, default=1,
+                   help="centred moving-mean window of the t_form rules' series (default 1: none)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -295,7 +336,10 @@ def main(argv: list[str] | None = None) -> int:
     def body(args: argparse.Namespace) -> None:
         if args.every < 1:
             raise CliError(f"--every must be at least 1, got {args.every}")
-        settings = AnalysisSettings(args.n_examples, args.seed, args.ablation_groups)
+        if args.smooth < 1:
+            raise CliError(f"--smooth must be at least 1, got {args.smooth}")
+        settings = AnalysisSettings(args.n_examples, args.seed, args.ablation_groups,
+                                    circuit_ablation=args.circuit_ablation, smooth=args.smooth)
         result = analyze_run(args.run, args.steps, args.every, args.n_exact, settings, args.device,
                              progress=not args.no_progress)
         print(format_summary(result))

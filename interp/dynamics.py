@@ -1,6 +1,6 @@
 """The paper's dynamics from a sweep directory: one row per run, and the fits across runs.
 
-    python -m interp.dynamics --sweep DIR [--csv FILE] [--report] [--n-boot 2000]
+    python -m interp.dynamics --sweep DIR [--analyze [--every 10]] [--csv FILE] [--report] [--n-boot 2000]
 
 (the command, the figures and the page are ``interp.sweep_report`` and ``interp.sweep_figures``;
 this module computes).
@@ -39,6 +39,13 @@ the largest such family is used):
   0.1 log K while the candidate loss stays within 10% of log K, for at least 30% of tau. Each number
   is the mean over seeds with the seed range [min, max]. A t_marginal / tau below 1 means the
   marginal came first.
+* seeds (:func:`seed_summary`), over the runs analysed by ``python -m interp.analyze`` (or
+  ``--analyze``, which analyses every run of the sweep first): the median lead fraction by each
+  t_form rule of ``interp.selector`` (``attention``, ``patch_share``, ``delta_z``) with a
+  bootstrap 95% interval (runs resampled with replacement, the median recomputed; 2.5 / 97.5
+  percentiles), the selector head per seed and how many are in layer 0, and the circuit verdict
+  per seed (``interp.circuit``). All runs of the sweep are pooled: run it on one configuration
+  over seeds (``python -m training.sweep --preset seeds-ci``).
 
 Every fit is repeated with tau at the thresholds 0.3 and 0.7 log K (``sensitivity``), to show
 how much a conclusion depends on where tau is read off. Signs: alpha > 0 means larger data
@@ -60,6 +67,7 @@ import numpy as np
 
 from interp.cli import format_table
 from interp.results import SELECTOR_FILE, analysis_dir, median, na
+from interp.selector import RULES
 from interp.snap import SNAP_HI, snap_statistics
 from training import run as rd
 from training.metrics import MARGINAL_REL, compute_tau
@@ -106,8 +114,10 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
     tokens_per_step = cfg.train.batch_size * run.layout.target_len
     snap = snap_statistics(metrics, tau)
     span = summary.get("plateau_span")
-    selector = analysis_dir(run.path) / SELECTOR_FILE
-    lead = rd.read_json(selector).get("lead_fraction") if selector.exists() else None
+    path = analysis_dir(run.path) / SELECTOR_FILE
+    selector = rd.read_json(path) if path.exists() else {}
+    rules = selector.get("t_form_rules") or {}
+    circuit = selector.get("circuit") or {}
     plateau = run.plateau() or {}
     t_m = plateau.get("t_marginal")
     return {
@@ -118,7 +128,10 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
         "tokens_per_step": tokens_per_step, "tau_tokens": tau * tokens_per_step if tau is not None else None,
         "t_acc50": compute_tau(metrics, log_k, "forward", 0.5),
         "plateau_start": span[0] if span else None, "plateau_end": span[1] if span else None,
-        "lead_fraction": lead,
+        "lead_fraction": selector.get("lead_fraction"),
+        **{f"lead_{rule}": (rules.get(rule) or {}).get("lead_fraction") for rule in RULES},
+        "selector_head": selector.get("label"), "selector_layer": (selector.get("head") or [None])[0],
+        "circuit": circuit.get("verdict"), "circuit_heads": " ".join(circuit.get("heads") or []) or None,
         "model": f"{cfg.model.n_layers}L d{cfg.model.d_model}", "variant": cfg.task.variant_label(),
         "verdict": plateau.get("verdict"), "t_marginal": t_m,
         "t_marginal_over_tau": t_m / tau if t_m is not None and tau else None,
@@ -198,16 +211,21 @@ def variant_table_text(table: list[dict]) -> str:
     return format_table(body, header)
 
 
-def load_sweep(sweep_dir: str | Path) -> Sweep:
-    """Every run of a sweep directory (the points of ``sweep.json``, or every run directory in it)."""
+def sweep_runs(sweep_dir: str | Path) -> tuple[str, list[str]]:
+    """A sweep's name and its run names (the points of ``sweep.json``, or every run directory in it)."""
     path = Path(sweep_dir)
     if not path.is_dir():
         raise RunError(f"{path}: no such sweep directory")
     if (path / MANIFEST_FILE).exists():
         manifest = rd.read_json(path / MANIFEST_FILE)
-        name, names = manifest.get("sweep", path.name), [p["name"] for p in manifest.get("points", [])]
-    else:
-        name, names = path.name, sorted(p.name for p in path.iterdir() if (p / rd.CONFIG_FILE).exists())
+        return manifest.get("sweep", path.name), [p["name"] for p in manifest.get("points", [])]
+    return path.name, sorted(p.name for p in path.iterdir() if (p / rd.CONFIG_FILE).exists())
+
+
+def load_sweep(sweep_dir: str | Path) -> Sweep:
+    """Every run of a sweep directory (the points of ``sweep.json``, or every run directory in it)."""
+    path = Path(sweep_dir)
+    name, names = sweep_runs(path)
     sweep = Sweep(path, name, [])
     for run_name in names:
         if not (path / run_name / rd.METRICS_FILE).exists():
@@ -351,15 +369,58 @@ def snap_summary(rows: list[dict]) -> dict[str, Any] | None:
             "median_window_tau": median(windows), "median_spread_tau": median(spreads)}
 
 
+def bootstrap_median(values: list[float], n_boot: int = 2000, seed: int = 0) -> list[float] | None:
+    """2.5 / 97.5 percentiles of the median over ``n_boot`` resamples (with replacement) of ``values``."""
+    if len(values) < 2:
+        return None
+    x = np.asarray(values, dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(x), size=(n_boot, len(x)))
+    meds = np.median(x[idx], axis=1)
+    return [float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))]
+
+
+def seed_summary(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict[str, Any] | None:
+    """Over the analysed runs: median lead per t_form rule with a bootstrap interval, head and verdict per seed."""
+    rs = [r for r in rows if r.get("selector_head")]
+    if not rs:
+        return None
+    leads = {}
+    for rule in RULES:
+        vals = [r[f"lead_{rule}"] for r in rs if r.get(f"lead_{rule}") is not None]
+        leads[rule] = {"median": median(vals), "ci": bootstrap_median(vals, n_boot, seed), "n": len(vals),
+                       "values": vals}
+    return {"runs": len(rs), "lead": leads,
+            "per_seed": [{"name": r["name"], "seed": r["seed"], "head": r["selector_head"],
+                          "verdict": r.get("circuit"), "heads": r.get("circuit_heads")} for r in rs],
+            "layer0": sum(r.get("selector_layer") == 0 for r in rs)}
+
+
+def seed_lines(s: dict[str, Any] | None) -> list[str]:
+    """The seed summary as text lines."""
+    if not s:
+        return ["seeds: no analysed runs (python -m interp.dynamics --sweep DIR --analyze)"]
+    lines = [f"over {s['runs']} analysed runs (median lead fraction, bootstrap 95% interval of the median):"]
+    for rule, d in s["lead"].items():
+        ci = f"[{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]" if d["ci"] else "(no interval)"
+        vals = ", ".join(f"{v:.2f}" for v in d["values"])
+        lines.append(f"  lead by {rule:<12} {na(d['median'])} {ci}  n={d['n']}  ({vals})")
+    lines.append(f"  selector head in layer 0: {s['layer0']} of {s['runs']}")
+    for p in s["per_seed"]:
+        lines.append(f"  {p['name']}: seed {p['seed']}, head {p['head']}, circuit {p['verdict'] or 'n/a'}"
+                     + (f" ({p['heads']})" if p["heads"] else ""))
+    return lines
+
+
 def analyze_sweep(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
-    """Every fit, at tau's threshold 0.5 (``main``) and at 0.3 / 0.7 (``sensitivity``)."""
+    """Every fit, at tau's threshold 0.5 (``main``) and at 0.3 / 0.7 (``sensitivity``); the seed summary."""
     def fits(t: float) -> dict[str, Any]:
         return {"scaling": scaling_law(rows, t, n_boot, seed), "k": k_dependence(rows, t, n_boot, seed),
                 "batch": batch_effect(rows, t), "lr": lr_effect(rows, t),
                 "direction": direction_ratios(rows, tau_key(t))}
 
     return {"main": {**fits(0.5), "direction_acc50": direction_ratios(rows, "t_acc50"), "snap": snap_summary(rows)},
-            "sensitivity": {str(t): fits(t) for t in THRESHOLDS if t != 0.5}}
+            "sensitivity": {str(t): fits(t) for t in THRESHOLDS if t != 0.5},
+            "seeds": seed_summary(rows, n_boot, seed)}
 
 
 # ---- text ---------------------------------------------------------------------------------
@@ -421,6 +482,7 @@ def summary_lines(result: dict[str, Any]) -> list[tuple[str, str]]:
 TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("name", "run"), ("tau", "tau"), (tau_key(0.3), "tau@.3"), (tau_key(0.7), "tau@.7"), ("tau_tokens", "tokens"),
     ("t_acc50", "acc50"), ("plateau_start", "plat0"), ("plateau_end", "plat1"), ("lead_fraction", "lead"),
+    ("lead_patch_share", "lead(share)"), ("lead_delta_z", "lead(dz)"), ("selector_head", "head"), ("circuit", "circuit"),
     ("snap_share_at_half_tau", "snap@tau/2"), ("snap_window_tau", "window/tau"), ("final_step", "steps"),
     ("complete", "done"))
 

@@ -332,6 +332,40 @@ def ablation_lines(records: list[dict[str, Any]], log_k: float, head: Sequence[i
     return fig, caption
 
 
+# ---- circuit ------------------------------------------------------------------------------
+
+
+def head_share_lines(records: list[dict[str, Any]], head: Sequence[int] | None = None, tau: int | None = None,
+                     t_form: int | None = None) -> Captioned:
+    """Each head's share of the summed positive head-patching effect over the exact steps (``interp.circuit``)."""
+    steps = [int(r["step"]) for r in records]
+    grid = np.stack([_array(r["shares"]["share"]) for r in records]) if records else np.zeros((0, 0, 0))
+    fig = go.Figure()
+    sel = tuple(head) if head is not None else None
+    n_layers, n_heads = grid.shape[1:] if grid.size else (0, 0)
+    for i, (l, h) in enumerate((l, h) for l in range(n_layers) for h in range(n_heads)):
+        is_sel = (l, h) == sel
+        fig.add_trace(go.Scatter(
+            x=steps, y=_nan_to_none(grid[:, l, h]), mode="lines+markers",
+            name=head_label(l, h) + (" (selector)" if is_sel else ""),
+            line={"color": SELECTOR_COLOR if is_sel else HEAD_COLORS[i % len(HEAD_COLORS)],
+                  "width": 3.5 if is_sel else 1.3}, opacity=1.0 if is_sel else 0.75))
+    _add_landmarks(fig, tau, t_form)
+    _layout(fig, "Each head's share of the positive head-patching effect", "step", "share of summed positive effect")
+    fig.update_yaxes(range=[0, 1])
+    _log_x_toggle(fig)
+    if records:
+        last = records[-1]["shares"]
+        top = head_label(*last["top"])
+        caption = (f"At the last exact step ({steps[-1]}) the top head {top} holds {last['top_share']:.0%} of the heads' "
+                   f"positive patching effect ({last['top_layer_share']:.0%} of its layer's) and "
+                   f"{last['n_for_80']} head{'' if last['n_for_80'] == 1 else 's'} together hold 80% (before the drop "
+                   f"the shares divide an effect near 0).")
+    else:
+        caption = "No exact-patching steps analysed."
+    return fig, caption
+
+
 # ---- collective snap ----------------------------------------------------------------------
 
 
@@ -514,5 +548,8 @@ def all_figures(metrics: list[dict[str, Any]], analysis: dict[str, Any], log_k: 
                     *selector_patching_lines(analysis.get("patch", []), analysis.get("attribution", []), head, tau, t_form)))
     if analysis.get("ablation"):
         out.append(("ablation", "Head ablation over time", *ablation_lines(analysis["ablation"], log_k, head, tau, t_form)))
+    if analysis.get("circuit"):
+        out.append(("head_shares", "One head or a layer: shares of the routing",
+                    *head_share_lines(analysis["circuit"], head, tau, t_form)))
     out.append(("snap", "Collective snap", *snap_raster(metrics, tau, t_form)))
     return out

@@ -3,10 +3,12 @@
     python -m interp.report --run checkpoints/demo [--examples 2] [--analyze] [--out FILE]
 
 It holds a summary table (tau, t_form, lead fraction with their brackets, the selector head,
-the set loss on the plateau, the collective-snap statistics), every figure of
-:mod:`interp.figures` with a heading and a one-sentence caption, and CircuitsVis attention
-patterns of layer 0 and of the selector head's layer on a few examples at four moments: the
-plateau start, tau/2, tau and the end of training (each the nearest checkpoint).
+the set loss on the plateau, the collective-snap statistics, t_form and the lead by each rule,
+the circuit verdict), every figure of :mod:`interp.figures` with a heading and a one-sentence
+caption, and CircuitsVis attention patterns of layer 0 and of the selector head's layer on a few
+examples at five moments: the plateau start, t_form, tau/2, tau and the end of training (each
+the nearest checkpoint), with, at each moment, one view of the top heads of the routing (the
+circuit's heads at the end, ``interp.circuit``) on the same examples.
 
 Self-contained: plotly.js is inlined once (with the first figure), the CircuitsVis bundle once
 (taken from its *local* rendering, ``RenderedHTML.local_src``; its ``str()`` and, when online,
@@ -33,13 +35,14 @@ from circuitsvis.utils.render import RenderedHTML
 
 from interp.analyze import analyze_run, load_analysis
 from interp.attention import attention_patterns, sample_examples
+from interp.circuit import reads_z_text
 from interp.cli import run_cli
 from interp.figures import all_figures, head_label, llc_figure
 from interp.pages import figure_section, page, table_html, write_page
 from interp.results import LLC_SUMMARY_FILE, REPORT_FILE, SELECTOR_FILE, analysis_dir, median, na
 from interp.snap import snap_statistics
 from training.run import Run, RunError, read_json
-MOMENTS: tuple[str, ...] = ("plateau start", "tau/2", "tau", "end")
+MOMENTS: tuple[str, ...] = ("plateau start", "t_form", "tau/2", "tau", "end")
 """The moments at which attention patterns are shown (each at the nearest checkpoint)."""
 
 _CV_DIV = re.compile(r'<div id="(circuits-vis-[^"]+)"')
@@ -57,11 +60,20 @@ def nearest(steps: Sequence[int], target: float | int) -> int:
     return min(steps, key=lambda s: (abs(s - target), s))
 
 
-def moment_steps(steps: Sequence[int], plateau_start: int | None, tau: int | None) -> dict[str, int]:
-    """``{moment: checkpoint step}`` for the moments that exist (no tau: no tau/2, no tau)."""
-    targets: dict[str, float | None] = {"plateau start": plateau_start, "tau/2": tau / 2 if tau else None,
-                                        "tau": tau, "end": steps[-1] if steps else None}
-    return {name: nearest(steps, t) for name, t in targets.items() if t is not None}
+def moment_targets(steps: Sequence[int], plateau_start: int | None, tau: int | None,
+                   t_form: int | None = None) -> dict[str, int | float | None]:
+    """The step each moment of :data:`MOMENTS` stands for (None: that moment does not exist)."""
+    return {"plateau start": plateau_start, "t_form": t_form, "tau/2": tau / 2 if tau else None,
+            "tau": tau, "end": steps[-1] if steps else None}
+
+
+def moment_steps(steps: Sequence[int], plateau_start: int | None, tau: int | None,
+                 t_form: int | None = None) -> dict[str, int]:
+    """``{moment: checkpoint step}`` for the moments that exist (no tau: no tau/2, no tau; no t_form), in
+    the order of their steps (t_form may come before or after tau/2)."""
+    targets = moment_targets(steps, plateau_start, tau, t_form)
+    found = [(t, i, name) for i, (name, t) in enumerate(targets.items()) if t is not None]
+    return {name: nearest(steps, t) for t, _, name in sorted(found)}
 
 
 def attention_views(run: Run, step: int, layers: Sequence[int], examples: Sequence[int],
@@ -71,11 +83,18 @@ def attention_views(run: Run, step: int, layers: Sequence[int], examples: Sequen
     Tokens are the characters of B, z and A (``<BOS>`` / ``<SEP>`` as such). Display
     ``rendered.local_src`` (self-contained); ``str(rendered)`` loads the library from a CDN.
     """
+    return _views(run, step, layers, examples, selector_head, [])[0]
+
+
+def _views(run: Run, step: int, layers: Sequence[int], examples: Sequence[int],
+           selector_head: Sequence[int] | None, top_heads: Sequence[Sequence[int]]
+           ) -> tuple[list[tuple[int, int, RenderedHTML]], list[tuple[int, RenderedHTML]]]:
+    """Per-layer views and, when ``top_heads`` is not empty, one view per example of just those heads."""
     task = run.task()
     tokens = task.tokens[list(examples)]
     patterns = attention_patterns(run.load_model(step), tokens, task.layout)  # [N, L, H, q, k]
     sel = tuple(selector_head) if selector_head is not None else None
-    out = []
+    out, top = [], []
     for n, ex in enumerate(examples):
         words = task.decode(tokens[n, : task.layout.input_len])
         for layer in layers:
@@ -83,7 +102,23 @@ def attention_views(run: Run, step: int, layers: Sequence[int], examples: Sequen
                      for h in range(patterns.shape[2])]
             out.append((int(ex), int(layer), cv.attention.attention_heads(
                 attention=patterns[n, layer], tokens=words, attention_head_names=names)))
-    return out
+        if top_heads:
+            idx = [(int(la), int(h)) for la, h in top_heads]
+            top.append((int(ex), cv.attention.attention_heads(
+                attention=patterns[n, [la for la, _ in idx], [h for _, h in idx]], tokens=words,
+                attention_head_names=[head_label(la, h) + (" (selector)" if (la, h) == sel else "") for la, h in idx])))
+    return out, top
+
+
+def top_heads(sel: dict[str, Any], n_max: int = 4) -> list[list[int]]:
+    """The routing's top heads: those holding 80% of the head-patching effect at the last exact step
+    (at most ``n_max``; at least the selector head)."""
+    circuit = sel.get("circuit") or {}
+    heads = [list(h) for h in (circuit.get("shares") or {}).get("heads_for_80", [])][:n_max]
+    head = sel.get("head")
+    if head is not None and list(head) not in heads:
+        heads.append(list(head))
+    return heads
 
 
 def split_circuitsvis(rendered: RenderedHTML) -> tuple[str, str, str]:
@@ -130,6 +165,12 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
         ("t_form (attention to z halfway up)", na(sel.get("t_form"), "{}") + _bracket(sel.get("t_form_bracket"))),
         ("lead fraction (tau - t_form) / tau", na(sel.get("lead_fraction")) + _bracket(sel.get("lead_bracket"), "{:.3f}")
          + " (paper: about 0.5)"),
+        *[(f"t_form / lead by {rule}", na(r.get("t_form"), "{}") + _bracket(r.get("t_form_bracket"))
+           + f"; lead {na(r.get('lead_fraction'))}" + _bracket(r.get("lead_bracket"), "{:.3f}"))
+          for rule, r in (sel.get("t_form_rules") or {}).items()],
+        ("circuit verdict", _circuit_text(sel.get("circuit"))),
+        ("where the selector head reads z (its output patched at one position; 1 = clean answer)",
+         reads_z_text(sel["circuit"], sel["head"]) if sel.get("circuit") else "n/a"),
         ("selector head ablated at the end (candidate loss)",
          f"{na(abl['base_candidate_loss'])} -> zero {na(abl['zero_candidate_loss'])}, mean {na(abl['mean_candidate_loss'])} "
          f"(falls back to the marginal: {sel.get('falls_back_to_marginal')})" if abl else "n/a"),
@@ -162,6 +203,21 @@ def plateau_rows(plateau: dict[str, Any] | None) -> list[tuple[str, str]]:
         ("first-token set loss on the plateau (median)", f"{na(plateau.get('median_first_token_set_loss'))} nats"),
         ("t_marginal (first step with set loss < 0.1 log K)", na(plateau.get("t_marginal"), "{}")),
     ]
+
+
+def _circuit_text(c: dict[str, Any] | None) -> str:
+    if not c:
+        return "n/a (no exact-patching steps)"
+    ch = c["chosen"]
+
+    def cl(e: dict[str, Any]) -> str:
+        return na(e["candidate_loss"]) + (" (>= log K)" if e.get("reaches_log_k") else "")
+
+    return (f"{c['verdict']}" + (f": {', '.join(c['heads'])}" if c["heads"] else "")
+            + f" at step {c['step']} (top head {c['top']}: {c['top_share']:.0%} of all heads' positive patching effect, "
+              f"{c['top_layer_share']:.0%} of its layer's; heads holding 80%: {c['shares']['n_for_80']}). "
+              f"{ch['kind']} ablation, candidate loss: selector alone {cl(ch['alone'])}, its layer {cl(ch['layer'])}, "
+              f"its layer but it {cl(ch['layer_but'])}, base {cl(ch['base'])}")
 
 
 # ---- the page -----------------------------------------------------------------------------
@@ -205,25 +261,29 @@ def _attention_section(run: Run, sel: dict[str, Any], n_examples: int, seed: int
     head = sel.get("head")
     layers = sorted({0, int(head[0])}) if head else [0]
     tau = sel.get("tau")
-    moments = moment_steps(run.steps(), sel.get("plateau_start"), tau)
-    targets = {"plateau start": sel.get("plateau_start"), "tau/2": tau / 2 if tau else None, "tau": tau,
-               "end": run.steps()[-1]}
+    moments = moment_steps(run.steps(), sel.get("plateau_start"), tau, sel.get("t_form"))
+    targets = moment_targets(run.steps(), sel.get("plateau_start"), tau, sel.get("t_form"))
+    tops = top_heads(sel)
     examples = sample_examples(run.task(), n_examples, seed).tolist()
     parts = ["<h2>Attention patterns (CircuitsVis)</h2>",
              f'<p class="caption">Layer {" and layer ".join(map(str, layers))} on {len(examples)} examples '
-             f"(tokens: &lt;BOS&gt; B &lt;SEP&gt; z &lt;SEP&gt; A) at four moments; click a head to enlarge it. The selector head "
-             f"{html.escape(str(sel.get('label')))} should look at z from the last &lt;SEP&gt; once it has formed.</p>"]
+             f"(tokens: &lt;BOS&gt; B &lt;SEP&gt; z &lt;SEP&gt; A) at {len(moments)} moments; click a head to enlarge it. The selector head "
+             f"{html.escape(str(sel.get('label')))} is marked; the last view of each moment shows only the routing's top heads "
+             f"({html.escape(', '.join(head_label(*h) for h in tops))}: those holding 80% of the head-patching effect at "
+             f"the end) on the same examples.</p>"]
     library_done = False
     for name, step in moments.items():
-        views = attention_views(run, step, layers, examples, head)
+        views, top_views = _views(run, step, layers, examples, head, tops)
         parts.append(f'<h3 class="moment">{html.escape(name)} (step {na(targets[name], "{:g}")}): nearest checkpoint, '
                      f'step {step}</h3><div class="cv-row">')
-        for ex, layer, rendered in views:
+        cells = [(f"example {ex}, layer {layer}", r) for ex, layer, r in views]
+        cells += [(f"example {ex}, top heads", r) for ex, r in top_views]
+        for title, rendered in cells:
             library, elem_id, call = split_circuitsvis(rendered)
             if not library_done:
                 parts.insert(1, f"<script>{library}</script>")
                 library_done = True
-            parts.append(f'<div class="cv-cell"><h4>example {ex}, layer {layer}</h4>'
+            parts.append(f'<div class="cv-cell"><h4>{title}</h4>'
                          f'<div class="cv-view" id="{elem_id}"></div><script>{call}</script></div>')
         parts.append("</div>")
     return parts

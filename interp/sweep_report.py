@@ -1,8 +1,11 @@
 """The sweep report and ``python -m interp.dynamics``: a sweep's table, fits and figures.
 
-    python -m interp.dynamics --sweep DIR [--csv FILE] [--json FILE] [--report] [--n-boot 2000]
+    python -m interp.dynamics --sweep DIR [--analyze [--every 10] [--n-exact 12]] [--csv FILE] [--json FILE]
+                              [--report] [--n-boot 2000]
 
-Prints the per-run table and the fits of :mod:`interp.dynamics` (definitions there), writes the
+With ``--analyze``, first runs ``interp.analyze`` on every backward run of the sweep (the cache
+makes a second call cheap). Prints the per-run table, the fits and the seed summary of
+:mod:`interp.dynamics` (definitions there), writes the
 table as ``DIR/dynamics.csv`` and, with ``--report``, one self-contained HTML page
 ``DIR/sweep_report.html`` with every figure of :mod:`interp.sweep_figures`.
 """
@@ -15,13 +18,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from interp.analyze import analyze_run
 from interp.cli import CliError, run_cli, write_json
-from interp.dynamics import (TABLE_COLUMNS, Sweep, analyze_sweep, load_sweep, summary_lines, table_csv, table_text,
-                             variant_table, variant_table_text)
+from interp.dynamics import (TABLE_COLUMNS, Sweep, analyze_sweep, load_sweep, seed_lines, summary_lines, sweep_runs,
+                             table_csv, table_text, variant_table, variant_table_text)
 from interp.pages import figure_section, page, table_html, write_page
 from interp.results import DYNAMICS_CSV_FILE, SWEEP_REPORT_FILE, VARIANTS_CSV_FILE
 from interp.sweep_figures import sweep_figures
-from training.run import write_text_atomic
+from training import run as rd
+from training.run import Run, write_text_atomic
 
 def build_sweep_report(sweep: Sweep, result: dict[str, Any]) -> str:
     """The sweep report: the fits, every figure, the per-run table; one self-contained HTML page."""
@@ -54,7 +59,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--report", action="store_true", help=f"also write SWEEP/{SWEEP_REPORT_FILE}")
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples for the intervals (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
+    p.add_argument("--analyze", action="store_true",
+                   help="first analyse every backward run of the sweep (python -m interp.analyze; cached)")
+    p.add_argument("--every", type=int, default=10, help="with --analyze: every N-th checkpoint (default 10)")
+    p.add_argument("--n-exact", type=int, default=12,
+                   help="with --analyze: checkpoints with exact patching, ablation and the circuit (default 12)")
     return p
+
+
+def analyze_all(sweep_dir: Path, every: int, n_exact: int) -> list[str]:
+    """``interp.analyze`` on every trained backward run of the sweep; the names of the runs analysed."""
+    done = []
+    for name in sweep_runs(sweep_dir)[1]:
+        path = sweep_dir / name
+        if not (path / rd.METRICS_FILE).exists() or not Run(path).steps():
+            continue
+        if Run(path).config.task.direction != "backward":
+            continue
+        analyze_run(path, every=every, n_exact=n_exact, progress=True)
+        done.append(name)
+    return done
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,6 +86,11 @@ def main(argv: list[str] | None = None) -> int:
     def body(args: argparse.Namespace) -> None:
         if args.n_boot < 1:
             raise CliError(f"--n-boot must be at least 1, got {args.n_boot}")
+        if args.every < 1 or args.n_exact < 1:
+            raise CliError("--every and --n-exact must be at least 1")
+        if args.analyze:
+            sweep_runs(args.sweep)  # a missing directory: one line, before any work
+            analyze_all(args.sweep, args.every, args.n_exact)
         sweep = load_sweep(args.sweep)
         result = analyze_sweep(sweep.rows, args.n_boot, args.seed)
         csv_path = args.csv or sweep.path / DYNAMICS_CSV_FILE
@@ -76,6 +105,8 @@ def main(argv: list[str] | None = None) -> int:
             print(variant_table_text(variants))
             write_text_atomic(sweep.path / VARIANTS_CSV_FILE, table_csv(variants))
             print(f"variants: {sweep.path / VARIANTS_CSV_FILE}")
+        print()
+        print("\n".join(seed_lines(result["seeds"])))
         print(f"\ntable: {csv_path}")
         if args.json:
             write_json(args.json, result)

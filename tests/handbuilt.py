@@ -28,6 +28,12 @@ tokens, so it adds the same score to all K candidates and cancels in the candida
 zero- or mean-ablated the K candidates' first tokens get equal logits: candidate loss = log K
 exactly (the marginal). Ablating any other head leaves the candidate loss unchanged (zero-ablating
 L0H0 or L1H1 only moves the set loss).
+
+With ``split=True`` (:data:`SPLIT_HEADS`) the copy is split between two heads: L0H0 is built like
+L0H1 (first-target position -> z positions) and each of the two copies ``sel_in`` to ``sel_out``
+with weight 1/2 (no prior direction). Patching either head alone moves the logit difference
+halfway (each holds half the effect), and ablating either alone leaves a margin of about
+ALPHA / 2: the candidate loss stays far below log K; only ablating both returns it to log K.
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ from training.task import Task
 
 SELECTOR_HEAD: tuple[int, int] = (0, 1)
 """(layer, head) of the one head that routes the selector."""
+SPLIT_HEADS: tuple[tuple[int, int], ...] = ((0, 0), (0, 1))
+"""With ``split=True``: the two heads that share the copy, half each."""
 BOS_HEAD: tuple[int, int] = (0, 0)
 """A layer-0 head that attends to BOS (changes the set loss when zero-ablated, never the candidates)."""
 ALPHA = 10.0
@@ -85,8 +93,9 @@ def _dims(n_ctx: int) -> dict[str, slice]:
 
 
 @torch.no_grad()
-def selector_copy_model(task: Task | None = None) -> HookedTransformer:
-    """The hand-built model of the module docstring, for ``handbuilt_task()`` (the default)."""
+def selector_copy_model(task: Task | None = None, split: bool = False) -> HookedTransformer:
+    """The hand-built model of the module docstring, for ``handbuilt_task()`` (the default);
+    ``split``: the copy shared by :data:`SPLIT_HEADS`, half each."""
     task = handbuilt_task() if task is None else task
     lay, vocab = task.layout, task.vocab
     if task.z_tokens.shape[0] != K or lay.seq_len != 9 or len(vocab) != len(SPECIAL_TOKENS) + len(ALPHABET):
@@ -119,15 +128,15 @@ def selector_copy_model(task: Task | None = None) -> HookedTransformer:
     every = list(range(lay.seq_len))
     z_pos = list(range(*lay.z_span))
     # L0H1, the selector head: first-target position -> z positions; OV: sel_in -> sel_out.
-    L, H = SELECTOR_HEAD
-    attend(L, H, [lay.first_target_pred_pos], z_pos)
-    model.blocks[L].attn.W_V[H, sel_in, torch.arange(K)] = 1.0
-    model.blocks[L].attn.W_O[H, torch.arange(K), sel_out] = 1.0
-    # L0H0: every position -> BOS; OV: bos flag -> prior.
-    L, H = BOS_HEAD
-    attend(L, H, every, [0])
-    model.blocks[L].attn.W_V[H, bos_d, 0] = 1.0
-    model.blocks[L].attn.W_O[H, 0, prior_d] = 1.0
+    for L, H in SPLIT_HEADS if split else (SELECTOR_HEAD,):
+        attend(L, H, [lay.first_target_pred_pos], z_pos)
+        model.blocks[L].attn.W_V[H, sel_in, torch.arange(K)] = 1.0
+        model.blocks[L].attn.W_O[H, torch.arange(K), sel_out] = 1.0 / len(SPLIT_HEADS) if split else 1.0
+    if not split:  # L0H0: every position -> BOS; OV: bos flag -> prior.
+        L, H = BOS_HEAD
+        attend(L, H, every, [0])
+        model.blocks[L].attn.W_V[H, bos_d, 0] = 1.0
+        model.blocks[L].attn.W_O[H, 0, prior_d] = 1.0
     # Layer 1: H0 -> BOS, writing where the unembedding does not read; H1 -> first B character.
     attend(1, 0, every, [0])
     model.blocks[1].attn.W_V[0, bos_d, 0] = 1.0

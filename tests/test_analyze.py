@@ -7,7 +7,7 @@ import pytest
 
 from interp import selector as sel
 from interp.analyze import AnalysisSettings, analyze_run, exact_steps, load_analysis, main, pick_steps
-from interp.results import ABLATION_FILE, ATTENTION_FILE, PATCH_FILE, SELECTOR_FILE, analysis_dir
+from interp.results import ABLATION_FILE, ATTENTION_FILE, CIRCUIT_FILE, PATCH_FILE, SELECTOR_FILE, analysis_dir
 from tests.conftest import copy_run
 from training.run import Run, RunError
 
@@ -76,9 +76,25 @@ def test_series_end_to_end_on_the_ci_run(analysed_run):
         exact = next(r for r in cache["patch"] if r["step"] == a["step"])["heads"]["raw"]
         approx = attribution[a["step"]]["heads"]["raw"]
         assert a["max_abs_err"] == pytest.approx(float(np.abs(np.subtract(exact, approx)).max()), rel=1e-5, abs=1e-6)
+    check_circuit_against_patching(cache, analysed)
     # After the drop, the selector head matters: zero-ablating it costs candidate loss.
     end = analysed["ablation"]["end"]
     assert end["zero_candidate_loss"] > end["base_candidate_loss"]
+
+
+def check_circuit_against_patching(cache, analysed):
+    """The circuit's shares are the cached exact head patching's positive effects over their sum, at the same steps."""
+    circuit = {r["step"]: r for r in cache["circuit"]}
+    assert set(circuit) == {r["step"] for r in cache["patch"]}
+    for p in cache["patch"]:
+        heads = p["heads"]
+        sign = 1.0 if heads["clean_metric"] >= heads["corrupt_metric"] else -1.0
+        pos = np.clip((np.asarray(heads["raw"], dtype=float) - heads["corrupt_metric"]) * sign, 0.0, None)
+        expected = pos / pos.sum() if pos.sum() > 0 else np.zeros_like(pos)
+        np.testing.assert_allclose(circuit[p["step"]]["shares"]["share"], expected, atol=1e-9)
+    last = max(circuit)
+    after = analysed["tau"] is not None and last >= analysed["tau"]
+    assert (analysed["circuit"]["verdict"] != "none") == after and analysed["circuit"]["step"] == last
 
 
 def test_cache_is_reused_and_extended(analysed_run):
@@ -129,3 +145,28 @@ def test_analyze_cli_errors(tmp_path, capsys, ci_run):
     err = capsys.readouterr().err.strip()
     assert "no checkpoint at step(s) 7777" in err and len(err.splitlines()) == 1
     assert main(["--run", str(ci_run), "--every", "0"]) == 2
+
+
+def test_circuit_cache_follows_its_settings(tiny_run, tmp_path):
+    """The circuit cache is keyed on its settings: another ablation kind recomputes it (and nothing else);
+    the smoothing window only changes the summary, which records it."""
+    run = Run(tiny_run)
+    steps = [run.steps()[0], run.steps()[-1]]
+    path = copy_run(tiny_run, tmp_path / "tiny", steps=steps)
+    folder = analysis_dir(path)
+    base = AnalysisSettings(n_examples=16, ablation_groups=2)
+    first = analyze_run(path, n_exact=2, settings=base, progress=False)
+    circuit = [json.loads(line) for line in (folder / CIRCUIT_FILE).read_text().splitlines()]
+    assert [r["step"] for r in circuit] == steps and all(r["ablation"]["kind"] == "mean" for r in circuit)
+    assert first["circuit"]["verdict"] in ("none", "single head", "distributed")
+    assert set(first["t_form_rules"]) == set(sel.RULES) and first["smoothing"]["window"] == 1
+    others = {f: (folder / f).read_text() for f in (ATTENTION_FILE, PATCH_FILE, ABLATION_FILE)}
+    second = analyze_run(path, n_exact=2, settings=AnalysisSettings(16, 0, 2, circuit_ablation="zero"), progress=False)
+    kinds = [json.loads(line)["ablation"]["kind"] for line in (folder / CIRCUIT_FILE).read_text().splitlines()]
+    assert kinds == ["mean", "mean", "zero", "zero"]  # recomputed, the old records kept
+    assert {f: (folder / f).read_text() for f in others} == others
+    assert second["circuit"]["chosen"]["kind"] == "zero"
+    before = (folder / CIRCUIT_FILE).read_text()
+    smoothed = analyze_run(path, n_exact=2, settings=AnalysisSettings(16, 0, 2, smooth=3), progress=False)
+    assert (folder / CIRCUIT_FILE).read_text() == before and smoothed["smoothing"]["window"] == 3
+    assert json.loads((folder / SELECTOR_FILE).read_text())["settings"]["smooth"] == 3

@@ -12,8 +12,9 @@ import pytest
 from interp import dynamics, sweep_report
 from interp.results import SWEEP_REPORT_FILE, VARIANTS_CSV_FILE
 from interp.sweep_figures import sweep_figures
-from interp.dynamics import (analyze_sweep, batch_effect, direction_ratios, k_dependence, load_sweep, lr_effect,
-                             power_law, scaling_law, tau_key)
+from interp.dynamics import (analyze_sweep, batch_effect, bootstrap_median, direction_ratios, k_dependence, load_sweep,
+                             lr_effect, power_law, scaling_law, seed_lines, seed_summary, tau_key)
+from interp.selector import RULES
 from training.run import Run
 
 
@@ -68,6 +69,40 @@ def test_k_independence_noise_factors_and_direction():
     assert result["main"]["snap"]["groups_above_at_half_tau"] == 0
     text = "\n".join(f"{a}: {b}" for a, b in dynamics.summary_lines(result))
     assert "paper 1.19" in text and "D=3000: >=" in text and "tau@0.3" in text
+
+
+def test_seed_summary_medians_intervals_heads_and_verdicts():
+    leads = {"attention": [0.5, 0.4, 0.6, 0.55, 0.45], "patch_share": [0.3, 0.3, 0.3, 0.3, 0.3],
+             "delta_z": [0.8, None, 0.7, 0.9, 0.6]}
+    heads = ["L0H1", "L0H2", "L2H0", "L0H1", "L0H3"]
+    rows = [_row(seed=i, selector_head=heads[i], selector_layer=int(heads[i][1]), circuit="distributed",
+                 circuit_heads="L0H1 L0H2", **{f"lead_{r}": leads[r][i] for r in RULES}) for i in range(5)]
+    rows.append(_row(seed=9))  # not analysed: left out
+    s = seed_summary(rows, n_boot=500)
+    assert s["runs"] == 5 and s["layer0"] == 4
+    assert s["lead"]["attention"]["median"] == pytest.approx(0.5) and s["lead"]["delta_z"]["n"] == 4
+    assert s["lead"]["delta_z"]["median"] == pytest.approx(0.75)  # mean of the middle two of 0.6 0.7 0.8 0.9
+    assert s["lead"]["patch_share"]["ci"] == pytest.approx([0.3, 0.3])  # no spread, no interval width
+    lo, hi = s["lead"]["attention"]["ci"]
+    assert 0.4 <= lo <= 0.5 <= hi <= 0.6  # an interval of medians lies within the values
+    # The bootstrap, by brute force: the same draws, one median at a time.
+    x = np.array(leads["attention"])
+    idx = np.random.default_rng(0).integers(0, 5, size=(500, 5))
+    meds = [np.median(x[i]) for i in idx]
+    assert [lo, hi] == pytest.approx([np.percentile(meds, 2.5), np.percentile(meds, 97.5)])
+    assert bootstrap_median([0.5]) is None and seed_summary([_row()]) is None
+    text = "\n".join(seed_lines(s))
+    assert "selector head in layer 0: 4 of 5" in text and "head L2H0, circuit distributed (L0H1 L0H2)" in text
+
+
+def test_analyze_every_run_then_the_seed_summary(tiny_sweep, tmp_path, capsys):
+    sweep_dir = shutil.copytree(tiny_sweep, tmp_path / "sweep")
+    assert sweep_report.main(["--sweep", str(sweep_dir), "--analyze", "--every", "10", "--n-exact", "3",
+                              "--n-boot", "50"]) == 0
+    out = capsys.readouterr().out
+    assert "over 6 analysed runs" in out and "selector head in layer 0: 6 of 6" in out  # a 1-layer model
+    for r in load_sweep(sweep_dir).rows:
+        assert r["selector_head"] and r["circuit"] in ("single head", "distributed", "none")
 
 
 def test_table_fits_and_report_on_a_tiny_sweep(tiny_sweep, tmp_path, capsys):

@@ -146,10 +146,25 @@ def test_all_figures(data):
     run, metrics, analysis, _ = data
     out = F.all_figures(metrics, analysis, run.log_k)
     assert [k for k, *_ in out] == ["loss", "attention_heatmap", "attention_lines", "patching_slider",
-                                    "selector_patching", "ablation", "snap"]
+                                    "selector_patching", "ablation", "head_shares", "snap"]
     for _, heading, fig, caption in out:
         assert heading
         check_figure(fig, caption)
+
+
+def test_head_share_lines_on_hand_made_records():
+    from interp.circuit import head_shares
+
+    effects = [[[0.0, 0.0], [0.0, 0.0]], [[1.0, 3.0], [0.0, -2.0]], [[2.0, 6.0], [2.0, 0.0]]]
+    recs = [{"step": s, "shares": head_shares(e)} for s, e in zip([0, 50, 100], effects)]
+    fig, caption = F.head_share_lines(recs, (0, 1), tau=80, t_form=50)
+    check_figure(fig, caption)
+    assert len(fig.data) == 4
+    sel = next(t for t in fig.data if "(selector)" in t.name)
+    assert sel.name.startswith("L0H1") and sel.line.color == F.SELECTOR_COLOR
+    np.testing.assert_allclose(sel.y, [0.0, 0.75, 0.6])
+    assert "L0H1 holds 60%" in caption and "2 heads together hold 80%" in caption
+    assert {40.0, 80.0, 50.0} <= landmark_xs(fig)
 
 
 # ---- snap statistics: hand-made records ------------------------------------------------------

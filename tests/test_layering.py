@@ -13,8 +13,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 ANALYSES = ("interp.inputs", "interp.results", "interp.attention", "interp.patch", "interp.attribution",
-            "interp.ablate", "interp.selector", "interp.snap", "interp.analyze", "interp.hessian", "interp.dynamics",
-            "interp.components", "interp.prefix", "interp.llc")
+            "interp.ablate", "interp.circuit", "interp.selector", "interp.snap", "interp.analyze", "interp.hessian",
+            "interp.dynamics", "interp.components", "interp.prefix", "interp.llc")
 """Modules that compute: records in, data out."""
 VIEWS = ("plotly", "circuitsvis", "interp.figures", "interp.sweep_figures", "interp.pages", "interp.report",
          "interp.sweep_report")

@@ -13,6 +13,9 @@ def test_moments_are_nearest_checkpoints():
     assert nearest(steps, 7) == 5 and nearest(steps, 7.5) == 5 and nearest(steps, 8) == 10
     assert moment_steps(steps, 3, 30) == {"plateau start": 5, "tau/2": 10, "tau": 20, "end": 40}
     assert moment_steps(steps, 3, None) == {"plateau start": 5, "end": 40}
+    moments = moment_steps(steps, 3, 30, t_form=18)
+    assert moments == {"plateau start": 5, "t_form": 20, "tau/2": 10, "tau": 20, "end": 40}
+    assert list(moments) == ["plateau start", "tau/2", "t_form", "tau", "end"]  # in the order of their steps
 
 
 def test_report_cli_writes_one_file(ci_analysed, tmp_path, capsys):

@@ -55,6 +55,12 @@ def test_points_names_and_configs():
     noise = expand(get_sweep("quick-noise"))
     assert len(noise) == 14 and len({p.name for p in noise}) == 14
     assert [p.cfg.train.seed for p in expand(get_sweep("tiny"), seeds=[7])] == [7, 7, 7]
+    # The seed ensembles vary the model / training seed and the data set's seed together.
+    for name, preset in (("seeds-ci", "ci"), ("seeds-demo", "demo")):
+        pts = expand(get_sweep(name))
+        assert [(p.cfg.task.seed, p.cfg.model.seed, p.cfg.train.seed) for p in pts] == [(i, i, i) for i in range(5)]
+        assert {p.cfg.preset for p in pts} == {preset} and pts[0].name == "ds0_seed0"
+        assert len({p.cfg.task.seed for p in pts}) == 5  # five different data sets, not one
     for spec in SWEEPS.values():  # every shipped sweep expands to valid configs
         assert expand(spec)
     with pytest.raises(ConfigError, match="not a multiple of K"):

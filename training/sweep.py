@@ -11,7 +11,9 @@ blocks' points in order (duplicates once). A point's options are flat ``RunConfi
 names (``K``, ``n_b``, ``lr``, ``batch_size``, ``direction``, ``seed``, ``max_steps``, ...) plus:
 
 * ``D``: the data set size; ``n_b = D / K`` (D must be a multiple of K);
-* ``preset``: the point's base preset instead of the sweep's.
+* ``preset``: the point's base preset instead of the sweep's;
+* ``data_seed``: the data set's seed (``TaskConfig.seed``: which strings, paired how), which the
+  flat ``seed`` (model init and data order) leaves alone.
 
 Sweep directory::
 
@@ -36,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures as cf
+import dataclasses
 import itertools
 import json
 import logging
@@ -67,7 +70,8 @@ _NAME_ORDER: tuple[str, ...] = ("preset", "direction", "K", "D", "n_b", "lr", "b
 _NAME_ALIAS: dict[str, str] = {"preset": "", "direction": "", "n_b": "nb", "batch_size": "bs", "max_steps": "steps",
                                "target_uniqueness": "uniq", "tails": "tails_", "order": "order_",
                                "selectors": "sel_",
-                               "eval_groups": "eg", "stop_after_tau": "stop", "weight_decay": "wd"}
+                               "eval_groups": "eg", "stop_after_tau": "stop", "weight_decay": "wd",
+                               "data_seed": "ds"}
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,9 @@ def point_config(spec: SweepSpec, options: dict[str, Any]) -> RunConfig:
     """The RunConfig of one point: base preset, then the fixed options, then the point's own."""
     merged = {**spec.fixed, **options}
     cfg = get_preset(merged.pop("preset", spec.base))
+    data_seed = merged.pop("data_seed", None)
+    if data_seed is not None:
+        cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, seed=data_seed))
     D = merged.pop("D", None)
     if D is not None:
         K = merged.get("K", cfg.task.K)
@@ -388,6 +395,8 @@ _QUICK = {"stop_after_tau": 1.4, "eval_every": 25, "ckpt_every": 50, "max_steps"
 # The `paper` grids use the paper's model (4 layers, d_model 128; about 85 ms a step on 2 cores,
 # tau about 1,400 steps at D = 10,000), evaluate every 50 steps and stop at 1.5 tau.
 _PAPER = {"stop_after_tau": 1.5, "eval_every": 50, "ckpt_every": 50, "tracked_groups": 200}
+# Seed ensembles of one preset: model seed and data seed varied together (seed i with data seed i).
+_SEEDS = tuple({"seed": (i,), "data_seed": (i,)} for i in range(5))
 _K_D_QUICK = 5040  # a multiple of 3, 10 and 36: the same D for every K
 _K_D_PAPER = 10080
 
@@ -483,6 +492,14 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         grids=tuple({**variant, "seed": (0, 1)} for variant in _MARGINAL_VARIANTS),
         description="machinery check of marginal-search: the same variants on the 1-layer tiny model, 2 seeds",
         cost="20 runs, ~5k steps, ~1 min on 2 cores"),
+    SweepSpec(
+        name="seeds-ci", base="ci", grids=_SEEDS,
+        description="5 seeds of the ci preset (model and data seed varied): the lead and the circuit over seeds",
+        cost="5 runs of ~1,300 steps, ~1 min each on 2 cores"),
+    SweepSpec(
+        name="seeds-demo", base="demo", grids=_SEEDS,
+        description="5 seeds of the demo preset (model and data seed varied): the lead and the circuit over seeds",
+        cost="5 runs of ~2,100 steps (1.5 tau), ~3 min each on 2 cores (estimated)"),
     SweepSpec(
         name="tiny", base="tiny",
         fixed={"lr": 3e-3, "stop_after_tau": 1.5, "max_steps": 600, "eval_every": 10, "ckpt_every": 10},

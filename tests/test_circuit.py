@@ -1,0 +1,81 @@
+"""The circuit analysis on hand-built models with a known answer: one head copies z, or two share it."""
+
+import math
+
+import numpy as np
+import pytest
+
+from interp.circuit import (circuit_record, circuit_summary, head_shares, reaches_log_k, reads_z_text, set_masks,
+                            verdict)
+from interp.inputs import prompt_pairs
+from tests.handbuilt import ALPHA, K, SELECTOR_HEAD, SPLIT_HEADS, handbuilt_task, selector_copy_model
+
+LOG_K = math.log(K)
+
+
+@pytest.fixture(scope="module")
+def task():
+    return handbuilt_task()
+
+
+def _record(task, split):
+    model = selector_copy_model(task, split=split)
+    return circuit_record(model, task, prompt_pairs(task, 64, seed=0), kind="mean", n_groups=4, seed=0)
+
+
+def test_one_head_copies_z_single_head(task):
+    rec = _record(task, split=False)
+    layer, head = SELECTOR_HEAD
+    sh = rec["shares"]
+    assert sh["top"] == [layer, head]
+    assert sh["share"][layer][head] == pytest.approx(1.0, abs=1e-5)
+    assert sh["layer_share"][layer][head] == pytest.approx(1.0, abs=1e-5) and sh["n_for_80"] == 1
+    # Mean-ablating the copying head alone, or its whole layer, gives the marginal: candidate loss log K.
+    assert rec["ablation"]["alone"][layer][head] == pytest.approx(LOG_K, abs=1e-4)
+    assert rec["ablation"]["layer"][layer] == pytest.approx(LOG_K, abs=1e-4)
+    assert rec["ablation"]["layer_but"][layer][head] < 0.01  # the others do not matter
+    v = verdict(rec, LOG_K, after_drop=True)
+    assert v["verdict"] == "single head" and v["heads"] == [f"L{layer}H{head}"]
+    assert verdict(rec, LOG_K, after_drop=False)["verdict"] == "none"
+    # It reads z at the last <SEP>: patching its output there alone restores the clean answer;
+    # at the z positions (where the head's query is zero) it does nothing.
+    assert rec["reads_z"]["labels"] == ["z1", "z2", "SEP"]  # the positions come from the layout
+    norm = np.asarray(rec["reads_z"]["normalised"], dtype=float)  # [layer, position, head]
+    assert norm[layer, -1, head] == pytest.approx(1.0, abs=1e-4)
+    assert np.abs(norm[layer, :-1, head]).max() < 1e-4
+    summary = circuit_summary([{"step": 10, **rec}], SELECTOR_HEAD, LOG_K, tau=5)
+    assert reads_z_text(summary, SELECTOR_HEAD) == "z1 +0.00, z2 +0.00, SEP +1.00"
+    chosen = summary["chosen"]
+    assert summary["verdict"] == "single head" and chosen["alone"]["near_log_k"] and chosen["alone"]["reaches_log_k"]
+    assert chosen["others"]["L0H0"]["reaches_log_k"] is False and chosen["layer"]["reaches_log_k"]
+    assert circuit_summary([{"step": 10, **rec}], SELECTOR_HEAD, LOG_K, tau=None)["verdict"] == "none"
+
+
+def test_two_heads_split_the_copy_distributed(task):
+    rec = _record(task, split=True)
+    sh = rec["shares"]
+    for layer, head in SPLIT_HEADS:
+        assert sh["share"][layer][head] == pytest.approx(0.5, abs=1e-4)
+    assert sh["n_for_80"] == 2 and sorted(map(tuple, sh["heads_for_80"])) == sorted(SPLIT_HEADS)
+    # Either head ablated alone leaves a margin of ~ALPHA/2 (loss far below log K); both: log K.
+    for layer, head in SPLIT_HEADS:
+        assert rec["ablation"]["alone"][layer][head] < 0.1 * LOG_K
+    assert rec["ablation"]["layer"][0] == pytest.approx(LOG_K, abs=1e-4)
+    assert ALPHA / 2 > 3  # the margin that keeps one head's ablation away from log K
+    v = verdict(rec, LOG_K, after_drop=True)
+    assert v["verdict"] == "distributed" and sorted(v["heads"]) == ["L0H0", "L0H1"]
+
+
+def test_shares_and_masks_by_hand():
+    sh = head_shares([[3.0, -1.0, 1.0], [0.0, 4.0, 2.0]])  # positive sum 10
+    assert np.allclose(sh["share"], [[0.3, 0.0, 0.1], [0.0, 0.4, 0.2]])
+    assert np.allclose(sh["layer_share"], [[0.75, 0.0, 0.25], [0.0, 4 / 6, 2 / 6]])
+    assert sh["top"] == [1, 1] and sh["n_for_80"] == 3  # 0.4 + 0.3 + 0.2 >= 0.8
+    assert head_shares([[0.0, -1.0]])["n_for_80"] == 0
+    # Back to log K: at least 0.75 log K; overshooting counts, a loss still well below does not.
+    assert reaches_log_k(0.76, 1.0) and reaches_log_k(3.0, 1.0) and not reaches_log_k(0.7, 1.0)
+    m = set_masks(2, 3)
+    assert m.shape == (1 + 6 + 2 + 6, 2, 3) and not m[0].any()
+    assert m[1 + 6 + 1].sum() == 3 and m[1 + 6 + 1][1].all()  # layer 1 whole
+    but = m[1 + 6 + 2 + 4]  # layer 1 but head 1
+    assert but[1].tolist() == [True, False, True] and not but[0].any()
