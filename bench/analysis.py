@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
 import tempfile
 import time
@@ -34,17 +35,19 @@ from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
 
-import torch
-import transformer_lens.patching as tl_patching
+os.environ.setdefault("TQDM_DISABLE", "1")  # transformer_lens.patching's progress bars would flood the table
 
-from interp import analyze
-from interp import attribution as attr
-from interp import patch as P
-from interp.inputs import logit_diff, prompt_pairs
-from training.config import ConfigError
-from training.presets import PRESETS, get_preset
-from training.run import Run
-from training.train import train
+import torch  # noqa: E402
+import transformer_lens.patching as tl_patching  # noqa: E402
+
+from interp import analyze  # noqa: E402
+from interp import attribution as attr  # noqa: E402
+from interp import patch as P  # noqa: E402
+from interp.inputs import logit_diff, prompt_pairs  # noqa: E402
+from training.config import ConfigError  # noqa: E402
+from training.presets import PRESETS, get_preset  # noqa: E402
+from training.run import Run  # noqa: E402
+from training.train import train  # noqa: E402
 
 TARGETS = {"heads all pos": 3.0, "heads by pos": 5.0, "resid_pre": 5.0, "attribution, heads by pos": 50.0}
 
