@@ -43,6 +43,7 @@ import transformer_lens.patching as tl_patching  # noqa: E402
 from interp import analyze  # noqa: E402
 from interp import attribution as attr  # noqa: E402
 from interp import patch as P  # noqa: E402
+from interp.results import ANALYSIS_DIR  # noqa: E402
 from interp.inputs import logit_diff, prompt_pairs  # noqa: E402
 from training.config import ConfigError  # noqa: E402
 from training.presets import PRESETS, get_preset  # noqa: E402
@@ -120,7 +121,7 @@ def time_analysis(run: Run, every: int) -> tuple[float, dict[str, float], int]:
     per part, and the number of checkpoints analysed."""
     parts: dict[str, float] = defaultdict(float)
     originals = {name: getattr(analyze, name) for name in
-                 ("attention_to_z", "attribute_all", "patch", "ablate_each_head", "summarize")}
+                 ("attention_to_z", "attribute_all", "patch", "ablate_each_head", "circuit_record", "summarize")}
     load = Run.load_model
 
     def timed(label: str, fn: Callable) -> Callable:
@@ -135,12 +136,13 @@ def time_analysis(run: Run, every: int) -> tuple[float, dict[str, float], int]:
 
     labels = {"attention_to_z": "attention to z", "attribute_all": "attribution patching (heads, resid)",
               "patch": "exact patching (heads, resid)", "ablate_each_head": "head ablation (zero, mean)",
+              "circuit_record": "circuit (head sets, reads-z patching)",
               "summarize": "selector summary"}
     with tempfile.TemporaryDirectory() as tmp:
         view = Path(tmp) / run.path.name  # the run's files, and an empty analysis cache
         view.mkdir()
         for item in run.path.iterdir():
-            if item.name != analyze.ANALYSIS_DIR:
+            if item.name != ANALYSIS_DIR:
                 (view / item.name).symlink_to(item.resolve())
         try:
             for name, fn in originals.items():
