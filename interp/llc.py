@@ -122,6 +122,7 @@ class LLCSettings:
             raise ValueError(f"LLC setting localization must be >= 0, got {self.localization}")
 
     def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types: the key the cached records are stored under."""
         return dataclasses.asdict(self)
 
     def with_draws(self, num_draws: int) -> LLCSettings:
@@ -359,6 +360,7 @@ def format_summary(s: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m interp.llc``."""
     d = LLCSettings()
     p = argparse.ArgumentParser(prog="python -m interp.llc", description=__doc__.splitlines()[0])
     p.add_argument("--run", required=True, type=Path, help="run directory")
@@ -380,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m interp.llc``: the LLC over the series, or one ``skipped:`` line without the extra."""
     def body(args: argparse.Namespace) -> None:
         settings = LLCSettings(num_chains=args.chains, num_draws=args.draws, num_burnin_steps=args.burnin,
                                batch_size=args.batch_size, lr=args.lr, localization=args.localization,

@@ -231,6 +231,7 @@ def format_result(res: PatchResult, pos_names: list[str], top: int) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
 
+    """The command line of ``python -m interp.patch``."""
     p = argparse.ArgumentParser(prog="python -m interp.patch", description=__doc__.split("\n\n")[0])
     add_ckpt_args(p)
     p.add_argument("--target", default="heads", choices=TARGETS, help="component set to patch (default heads)")
@@ -244,6 +245,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
 
+    """``python -m interp.patch``: exact and/or attribution patching at one checkpoint, as a table."""
     def body(args: argparse.Namespace) -> None:
         if args.n_examples < 1 or args.top < 0 or args.max_batch < 1:
             raise CliError("--n-examples and --max-batch must be >= 1, --top >= 0")

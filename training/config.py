@@ -226,6 +226,7 @@ class TrainConfig(_DictMixin):
     """torch intra-op threads (None: torch's default)."""
 
     def validate(self) -> None:
+        """Raise a one-line ConfigError for values the training loop cannot run with; return self."""
         for name in ("batch_size", "max_steps", "eval_every", "ckpt_every", "eval_groups", "tracked_groups"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
@@ -248,6 +249,7 @@ class RunConfig(_DictMixin):
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
+        """The inverse of ``to_dict``."""
         unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
             raise ConfigError(f"RunConfig: unknown field(s) {', '.join(unknown)}")
@@ -259,6 +261,7 @@ class RunConfig(_DictMixin):
         )
 
     def validate(self) -> RunConfig:
+        """Validate the task, model and training configs together; return self."""
         self.task.validate()
         self.train.validate()
         return self

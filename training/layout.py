@@ -47,6 +47,7 @@ class Layout:
 
     @classmethod
     def for_task(cls, task: TaskConfig) -> Layout:
+        """The layout of a task configuration (its direction, order, lengths and whether it has z)."""
         lengths = {"b": task.b_len, "z": task.z_len, "a": task.a_len}
         if task.direction == "forward":
             order: tuple[str, ...] = ("a", "b")
@@ -74,6 +75,7 @@ class Layout:
 
     @property
     def target_len(self) -> int:
+        """Number of target tokens (the answer's length)."""
         return self.target_span[1] - self.target_span[0]
 
     @property
@@ -94,9 +96,11 @@ class Layout:
 
     @property
     def sep_positions(self) -> list[int]:
+        """Positions of the ``<SEP>`` tokens."""
         return [span[1] for span in self.source_spans]
 
     def to_dict(self) -> dict:
+        """Plain JSON types, as stored in ``config.json``."""
         return {
             "direction": self.direction,
             "seq_len": self.seq_len,

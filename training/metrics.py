@@ -97,6 +97,7 @@ class EvalSet:
 
     @classmethod
     def build(cls, task: Task, n_eval_groups: int, n_tracked_groups: int, seed: int) -> EvalSet:
+        """The seeded evaluation groups, their candidate sequences, the selector shifts and the tracked groups."""
         gen = torch.Generator().manual_seed(seed + 1_000_003)  # not the training data order
         n_b, K = task.cfg.n_b, task.cfg.K
         eval_groups = torch.randperm(n_b, generator=gen)[: min(n_eval_groups, n_b)].sort().values

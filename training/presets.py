@@ -43,6 +43,7 @@ PRESETS: dict[str, RunConfig] = {
 
 
 def get_preset(name: str) -> RunConfig:
+    """The named preset, or a one-line ConfigError naming the choices."""
     if name not in PRESETS:
         raise ConfigError(f"unknown preset {name!r}; choose one of {', '.join(PRESETS)}")
     return PRESETS[name]

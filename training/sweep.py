@@ -510,6 +510,7 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
 
 
 def get_sweep(name: str) -> SweepSpec:
+    """The named shipped sweep, or a one-line ConfigError naming the choices."""
     if name not in SWEEPS:
         raise ConfigError(f"unknown sweep preset {name!r}; choose one of {', '.join(SWEEPS)}")
     return SWEEPS[name]
@@ -559,6 +560,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m training.sweep``."""
     p = argparse.ArgumentParser(prog="python -m training.sweep", description=__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Then: python -m interp.dynamics --sweep OUT")
@@ -584,6 +586,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m training.sweep``: plan and train a sweep, one line per run."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.list:

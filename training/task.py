@@ -111,6 +111,7 @@ class Task:
 
     @classmethod
     def generate(cls, cfg: TaskConfig) -> Task:
+        """The seeded data set of a task configuration."""
         cfg.validate()
         rng = np.random.default_rng(cfg.seed)
         n_chars = len(cfg.alphabet)
@@ -141,6 +142,7 @@ class Task:
 
     @classmethod
     def from_token_arrays(cls, cfg: TaskConfig, b: np.ndarray, z: np.ndarray, a: np.ndarray) -> Task:
+        """A task from its token arrays of B, z and A per (group, selector) (what the constructors share)."""
         layout = Layout.for_task(cfg)
         vocab = vocabulary(cfg.alphabet)
         b_t, z_t, a_t = (torch.as_tensor(x, dtype=torch.long) for x in (b, z, a))
@@ -174,6 +176,7 @@ class Task:
         return self.z_tokens[None].expand(self.cfg.n_b, -1, -1)
 
     def decode(self, tokens: Int[Tensor, " seq"]) -> list[str]:
+        """Token ids back to text."""
         return [self.vocab[t] for t in tokens.tolist()]
 
     def example_ids(self, groups: Int[Tensor, " G"]) -> Int[Tensor, "G K"]:
