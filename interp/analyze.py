@@ -34,7 +34,7 @@ from interp import selector as sel
 from interp.ablate import ablate_each_head, falls_back_to_marginal
 from interp.attention import attention_to_z
 from interp.attribution import agreement, attribute_all
-from interp.cli import CliError, run_cli
+from interp.cli import CliError, add_backend_arg, run_cli
 from interp.inputs import prompt_pairs
 from interp.patch import PatchResult, patch
 from training.metrics import compute_tau
@@ -115,8 +115,9 @@ def _clean_nan(obj: Any) -> Any:
 
 def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int = 1, n_exact: int = 12,
                 n_examples: int = 256, ablation_groups: int = 8, seed: int = 0, device: str = "cpu",
-                progress: bool = True) -> dict[str, Any]:
-    """Analyse the chosen checkpoints (only what the cache lacks) and return the selector summary."""
+                progress: bool = True, backend: str | None = None) -> dict[str, Any]:
+    """Analyse the chosen checkpoints (only what the cache lacks) and return the selector summary.
+    ``backend``: hooked or bridge (None: the installed TransformerLens); both give the same numbers."""
     run = Run(run_dir)
     task = run.task()
     if task.cfg.direction != "backward" or task.cfg.K < 2:
@@ -139,7 +140,7 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     todo = [s for s in chosen if s not in done["attention"] or s not in done["attribution"]
             or (s in exact and (s not in done["patch"] or s not in done["ablation"]))]
     for step in tqdm(todo, desc=f"analyse {run.path.name}", disable=not progress, dynamic_ncols=True):
-        model = run.load_model(step, device)
+        model = run.load_model(step, device, backend)
         if step not in done["attention"]:
             _append(folder / ATTENTION_FILE, {"step": step, **attention_to_z(model, task, n_examples, seed).to_dict()})
         if step not in done["attribution"]:
@@ -261,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ablation-groups", type=int, default=8, help="eval groups scored per ablation")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
+    add_backend_arg(p)
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -270,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.every < 1:
             raise CliError(f"--every must be at least 1, got {args.every}")
         result = analyze_run(args.run, args.steps, args.every, args.n_exact, args.n_examples,
-                             args.ablation_groups, args.seed, args.device, progress=not args.no_progress)
+                             args.ablation_groups, args.seed, args.device, progress=not args.no_progress,
+                             backend=args.backend)
         print(format_summary(result))
         print(f"results in {analysis_dir(args.run)}")
 

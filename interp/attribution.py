@@ -37,15 +37,15 @@ import torch
 from jaxtyping import Bool, Float
 from scipy.stats import rankdata
 from torch import Tensor
-from transformer_lens import HookedTransformer
 from transformer_lens.utilities import get_act_name
 
 from interp.inputs import PromptPairs, logit_diff
 from interp.patch import PatchResult, PatchSpec, normalise, patch_spec
+from training.backend import Model
 
 
 def site_contributions(
-    model: HookedTransformer, pairs: PromptPairs, act_names: Iterable[str]
+    model: Model, pairs: PromptPairs, act_names: Iterable[str]
 ) -> tuple[float, float, dict[str, Float[Tensor, "layer ..."]]]:
     """Clean and corrupted metrics and, per hook kind, ``(clean - corrupt) * grad`` summed over
     pairs and features: one entry per ``[layer, *site]`` (site = ``pos`` or ``pos head``).
@@ -60,11 +60,18 @@ def site_contributions(
         clean_metric = logit_diff(clean_logits, pairs).item()
     saved: dict[str, Tensor] = {}
 
-    def save(act: Tensor, hook) -> None:
-        saved[hook.name] = act
+    def saver(name: str):
+        # Keyed by the name we asked for (on the bridge, ``hook.name`` is the canonical name of an
+        # aliased hook), and returning ``act``: the bridge's hook_z is a reshaped copy of the flat
+        # activation, on the forward's path only when the hook returns it (else its gradient is None).
+        def save(act: Tensor, hook) -> Tensor:
+            saved[name] = act
+            return act
+
+        return save
 
     with torch.enable_grad():
-        corrupt_logits = model.run_with_hooks(pairs.corrupt.to(device), fwd_hooks=[(n, save) for n in names])
+        corrupt_logits = model.run_with_hooks(pairs.corrupt.to(device), fwd_hooks=[(n, saver(n)) for n in names])
         metric = logit_diff(corrupt_logits, pairs)
         order = list(names)
         grads = torch.autograd.grad(metric, [saved[n] for n in order], allow_unused=True)
@@ -87,7 +94,7 @@ def _contract(masks: Bool[Tensor, "P layer ..."], contrib: Float[Tensor, "layer 
 
 
 def attribution_sweep(
-    model: HookedTransformer, pairs: PromptPairs, specs: Iterable[PatchSpec]
+    model: Model, pairs: PromptPairs, specs: Iterable[PatchSpec]
 ) -> dict[str, PatchResult]:
     """Attribution patching of several component sets from one forward/backward; keyed by target."""
     specs = list(specs)
@@ -101,38 +108,38 @@ def attribution_sweep(
     return out
 
 
-def attribute_all(model: HookedTransformer, pairs: PromptPairs, targets: Iterable[str]) -> dict[str, PatchResult]:
+def attribute_all(model: Model, pairs: PromptPairs, targets: Iterable[str]) -> dict[str, PatchResult]:
     """Attribution patching of the named component sets (see ``interp.patch.TARGETS``), one backward."""
     n_pos = pairs.corrupt.shape[1]
     return attribution_sweep(model, pairs, [patch_spec(model, t, n_pos) for t in targets])
 
 
-def attribute(model: HookedTransformer, pairs: PromptPairs, target: str) -> PatchResult:
+def attribute(model: Model, pairs: PromptPairs, target: str) -> PatchResult:
     """Attribution patching of one component set, same shape and normalisation as ``interp.patch.patch``."""
     return attribute_all(model, pairs, [target])[target]
 
 
-def attribute_head_out_all_pos(model: HookedTransformer, pairs: PromptPairs) -> PatchResult:
+def attribute_head_out_all_pos(model: Model, pairs: PromptPairs) -> PatchResult:
     """[layer, head]."""
     return attribute(model, pairs, "heads")
 
 
-def attribute_head_out_by_pos(model: HookedTransformer, pairs: PromptPairs) -> PatchResult:
+def attribute_head_out_by_pos(model: Model, pairs: PromptPairs) -> PatchResult:
     """[layer, pos, head]."""
     return attribute(model, pairs, "heads_by_pos")
 
 
-def attribute_resid_pre(model: HookedTransformer, pairs: PromptPairs) -> PatchResult:
+def attribute_resid_pre(model: Model, pairs: PromptPairs) -> PatchResult:
     """[layer, pos]."""
     return attribute(model, pairs, "resid")
 
 
-def attribute_attn_out(model: HookedTransformer, pairs: PromptPairs, by_pos: bool = True) -> PatchResult:
+def attribute_attn_out(model: Model, pairs: PromptPairs, by_pos: bool = True) -> PatchResult:
     """[layer, pos] (``by_pos``) or [layer]."""
     return attribute(model, pairs, "attn" if by_pos else "attn_layer")
 
 
-def attribute_mlp_out(model: HookedTransformer, pairs: PromptPairs, by_pos: bool = True) -> PatchResult:
+def attribute_mlp_out(model: Model, pairs: PromptPairs, by_pos: bool = True) -> PatchResult:
     """[layer, pos] (``by_pos``) or [layer]."""
     return attribute(model, pairs, "mlp" if by_pos else "mlp_layer")
 

@@ -48,10 +48,10 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 from transformer_lens.utilities import get_act_name
 
 from interp.inputs import PromptPairs, logit_diff, prompt_pairs
+from training.backend import Model
 from training.layout import Layout
 
 NORMALISE_EPS = 1e-6
@@ -136,7 +136,7 @@ def normalise(raw: Float[Tensor, "*shape"], clean: float, corrupt: float) -> Flo
     return (raw - corrupt) / gap
 
 
-def patch_spec(model: HookedTransformer, target: str, n_pos: int) -> PatchSpec:
+def patch_spec(model: Model, target: str, n_pos: int) -> PatchSpec:
     """The masks of one component set for ``model`` on prompts of ``n_pos`` positions."""
     if target not in _HOOK:
         raise ValueError(f"unknown patch target {target!r}; choose one of {', '.join(TARGETS)}")
@@ -178,7 +178,7 @@ def _repeat_pairs(pairs: PromptPairs, p: int) -> PromptPairs:
 
 
 @torch.no_grad()
-def baselines(model: HookedTransformer, pairs: PromptPairs, act_name: str | None = None
+def baselines(model: Model, pairs: PromptPairs, act_name: str | None = None
               ) -> tuple[float, float, dict[str, Tensor]]:
     """Clean and corrupted metrics, and the clean activations of ``act_name`` at every layer."""
     device = model.cfg.device
@@ -191,7 +191,7 @@ def baselines(model: HookedTransformer, pairs: PromptPairs, act_name: str | None
 
 @torch.no_grad()
 def patch_sweep(
-    model: HookedTransformer,
+    model: Model,
     pairs: PromptPairs,
     spec: PatchSpec,
     max_batch: int = 4096,
@@ -246,32 +246,32 @@ def _make_hook(mask: Bool[Tensor, "p ..."], clean: Float[Tensor, "n ..."], p: in
     return hook
 
 
-def patch(model: HookedTransformer, pairs: PromptPairs, target: str, **kw) -> PatchResult:
+def patch(model: Model, pairs: PromptPairs, target: str, **kw) -> PatchResult:
     """Exact patching of one component set by name (see :data:`TARGETS`)."""
     return patch_sweep(model, pairs, patch_spec(model, target, pairs.corrupt.shape[1]), **kw)
 
 
-def patch_head_out_all_pos(model: HookedTransformer, pairs: PromptPairs, **kw) -> PatchResult:
+def patch_head_out_all_pos(model: Model, pairs: PromptPairs, **kw) -> PatchResult:
     """Each head's output (``hook_z``) at every position; result [layer, head]."""
     return patch(model, pairs, "heads", **kw)
 
 
-def patch_head_out_by_pos(model: HookedTransformer, pairs: PromptPairs, **kw) -> PatchResult:
+def patch_head_out_by_pos(model: Model, pairs: PromptPairs, **kw) -> PatchResult:
     """Each head's output at one position; result [layer, pos, head]."""
     return patch(model, pairs, "heads_by_pos", **kw)
 
 
-def patch_resid_pre(model: HookedTransformer, pairs: PromptPairs, **kw) -> PatchResult:
+def patch_resid_pre(model: Model, pairs: PromptPairs, **kw) -> PatchResult:
     """The residual stream before each block, one position at a time; result [layer, pos]."""
     return patch(model, pairs, "resid", **kw)
 
 
-def patch_attn_out(model: HookedTransformer, pairs: PromptPairs, by_pos: bool = True, **kw) -> PatchResult:
+def patch_attn_out(model: Model, pairs: PromptPairs, by_pos: bool = True, **kw) -> PatchResult:
     """Each layer's attention output; result [layer, pos] (``by_pos``) or [layer]."""
     return patch(model, pairs, "attn" if by_pos else "attn_layer", **kw)
 
 
-def patch_mlp_out(model: HookedTransformer, pairs: PromptPairs, by_pos: bool = True, **kw) -> PatchResult:
+def patch_mlp_out(model: Model, pairs: PromptPairs, by_pos: bool = True, **kw) -> PatchResult:
     """Each layer's MLP output; result [layer, pos] (``by_pos``) or [layer]."""
     return patch(model, pairs, "mlp" if by_pos else "mlp_layer", **kw)
 
@@ -363,7 +363,7 @@ def main(argv: list[str] | None = None) -> int:
         run, step = resolve_ckpt(args.ckpt, args.step)
         task = run.task()
         pairs = prompt_pairs(task, args.n_examples, args.seed)
-        model = run.load_model(step, device=args.device)
+        model = run.load_model(step, device=args.device, backend=args.backend)
         pos_names = position_labels(task.layout, pairs.corrupt.shape[1])
         results: dict[str, PatchResult] = {}
         if args.method in ("exact", "both"):
