@@ -21,7 +21,6 @@ the bridge), on the session's `ci` run trained with that environment's backend:
 from __future__ import annotations
 
 import importlib
-import json
 import os
 import shutil
 import subprocess
@@ -38,7 +37,9 @@ from interp.inputs import prompt_pairs
 from interp.patch import patch
 from tests.reference_model import ReferenceModel
 from training.backend import BACKENDS, available_backends, default_backend, hooked_state_dict
+from training.presets import get_preset
 from training.run import Run, load_checkpoint
+from training.train import train
 
 TOL = 1e-5
 INSTALLED = default_backend()
@@ -204,8 +205,14 @@ def test_missing_backend_is_one_line_and_exit_2(tiny_run, tmp_path, module, caps
     assert not (tmp_path / "run").exists()
 
 
-def test_backend_recorded_for_resume(tiny_run):
-    """The resume state names the backend whose parameter order its optimiser state follows."""
-    state = torch.load(Path(tiny_run) / "resume.pt", weights_only=True)
-    assert state["backend"] == INSTALLED
-    assert json.loads((Path(tiny_run) / "config.json").read_text())["hooked_transformer_config"]["n_layers"] == 1
+def test_kill_and_resume_is_bit_identical_on_the_installed_backend(tmp_path, tiny_run):
+    """Killed and resumed on the installed backend (weights through the HookedTransformer layout and
+    back), the run ends with the uninterrupted run's weights, bit for bit; the resume state names
+    the backend whose parameter order its optimiser state follows."""
+    cfg = get_preset("tiny")
+    train(cfg, tmp_path / "r", device="cpu", progress=False, stop_at_step=23, backend=INSTALLED)
+    train(cfg, tmp_path / "r", resume=True, device="cpu", progress=False, backend=INSTALLED)
+    name = Path("checkpoints") / f"step_{cfg.train.max_steps:07d}.safetensors"
+    ref, got = load_file(str(Path(tiny_run) / name)), load_file(str(tmp_path / "r" / name))
+    assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
+    assert torch.load(tmp_path / "r" / "resume.pt", weights_only=True)["backend"] == INSTALLED

@@ -22,10 +22,10 @@ import torch
 from tqdm.auto import tqdm
 
 from training import run as rd
-from training.config import DIRECTIONS, ConfigError, RunConfig, TrainConfig
-from training.metrics import EvalSet, compute_tau, evaluate, summarize, target_cross_entropy
 from training.backend import BACKENDS, BackendError, build_model, hooked_state_dict, load_hooked_state_dict, \
     resolve_backend
+from training.config import DIRECTIONS, ConfigError, RunConfig, TrainConfig
+from training.metrics import EvalSet, compute_tau, evaluate, summarize, target_cross_entropy
 from training.model import hooked_config_dict
 from training.presets import PRESETS, get_preset
 from training.schedule import scheduled_steps
