@@ -216,3 +216,21 @@ def test_kill_and_resume_is_bit_identical_on_the_installed_backend(tmp_path, tin
     ref, got = load_file(str(Path(tiny_run) / name)), load_file(str(tmp_path / "r" / name))
     assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
     assert torch.load(tmp_path / "r" / "resume.pt", weights_only=True)["backend"] == INSTALLED
+
+
+def test_only_the_seam_imports_a_backend_class():
+    """No module of ``training`` or ``interp`` but ``training/backend.py`` imports HookedTransformer,
+    TransformerBridge or their configs (scanned in the source: imports inside functions count too)."""
+    import ast
+
+    classes = {"HookedTransformer", "HookedTransformerConfig", "TransformerBridge", "TransformerBridgeConfig"}
+    offenders = []
+    for path in sorted((REPO / "training").glob("*.py")) + sorted((REPO / "interp").glob("*.py")):
+        if path == REPO / "training" / "backend.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformer_lens"):
+                offenders += [f"{path.name}: {a.name}" for a in node.names if a.name in classes]
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] in classes:
+                offenders.append(f"{path.name}: {node.module}")
+    assert not offenders, offenders
