@@ -129,7 +129,7 @@ def build_bridge(cfg_dict: dict[str, Any], seed: int | None = None, device: str 
     from transformer_lens import TransformerBridge
 
     cfg = bridge_config(cfg_dict)
-    cfg.seed = seed
+    cfg.seed, cfg.device = seed, str(device)  # the analyses read ``model.cfg.device``
     bridge = TransformerBridge.boot_native(cfg, device=str(device))
     head = bridge.unembed.original_component
     bias = head._buffers.pop("bias")  # the bridge's fixed zero b_U -> a parameter, as in HookedTransformer
