@@ -53,8 +53,8 @@ $(STAMP_TL4): Makefile
 	$(PY_TL4) -c "import sys, torch; sys.exit('.venv-tl4: pip installed a CUDA torch' if torch.version.cuda else 0)"
 	touch $(STAMP_TL4)
 
-# One torch thread: the `ci` fixture's training on 2 threads spent 6.8 CPU-minutes here against
-# about 1.6 on one (the small model gains nothing from a second thread).
+# One torch thread: on this 2-core machine the whole file took 6.8 CPU-minutes on 2 threads, while
+# the `ci` run it trains took 56 CPU-seconds on one (the small model gains nothing from a second).
 test-tl4: $(STAMP_TL4)
 	OMP_NUM_THREADS=1 SYNASS_OTHER_PYTHON=$(OTHER_OF_TL4) $(PY_TL4) -m pytest tests/test_backend.py
 
