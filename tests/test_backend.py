@@ -36,7 +36,7 @@ from interp.attribution import attribute_all
 from interp.inputs import prompt_pairs
 from interp.patch import patch
 from tests.reference_model import ReferenceModel
-from training.backend import BACKENDS, available_backends, default_backend, hooked_state_dict
+from training.backend import BACKENDS, available_backends, default_backend, hooked_state_dict, shares_prefixes
 from training.presets import get_preset
 from training.run import Run, load_checkpoint
 from training.train import train
@@ -80,6 +80,18 @@ def ci(ci_run) -> Run:
 
 def test_installed_backend_is_the_default():
     assert INSTALLED in available_backends() and len(available_backends()) == 1
+
+
+def test_only_hookedtransformer_shares_prefixes(tiny_run):
+    """The prefix-sharing fast paths (frozen TransformerLens key/value cache) are taken by a
+    HookedTransformer only; the bridge (whose forward ignores a ``past_kv_cache``) and the
+    reference forward run full sequences. test_analyses_equal_on_the_reference compares the two
+    paths on HookedTransformer, and the full-sequence paths of the bridge and the reference."""
+    run = Run(tiny_run)
+    model = run.load_model(run.steps()[-1], backend=INSTALLED)
+    assert shares_prefixes(model) == (INSTALLED == "hooked")
+    state, _ = load_checkpoint(run.checkpoint_path(run.steps()[-1]))
+    assert not shares_prefixes(ReferenceModel(run.hooked_config, state))
 
 
 @pytest.mark.parametrize("phase", [0, 1], ids=["plateau", "after_drop"])
