@@ -12,10 +12,11 @@ start_at_layer=l)`` on the cached residual stream), with the keys and values of 
 before ``s`` taken from the run it modifies. Only the prediction position's logits are read,
 so only that position is unembedded.
 
-Only a Model runs this way (:func:`training.backend.shares_prefixes`, the one place
-the choice is made). Any other model (the TransformerLens 4 bridge, whose forward takes a
-Hugging Face cache rather than TransformerLens cache entries) runs every position from layer 0
-with the same hooks: exact, just slower. The hooks therefore see the positions from ``start``
+Only a HookedTransformer runs this way (:func:`training.backend.shares_prefixes`, the one place
+the choice is made). Any other model (the TransformerLens 4 bridge, whose forward silently
+ignores a ``past_kv_cache``; the tests' plain-torch reference) runs every position from layer 0
+with the same hooks (:func:`forward_from`, :func:`cached_run`, :func:`suffix_run`): exact, just
+slower. The hooks therefore see the positions from ``start``
 (prefix sharing) or all of them (full forwards); they align on the last positions of the
 activation they get.
 

@@ -157,8 +157,9 @@ def shares_prefixes(model: torch.nn.Module) -> bool:
     earlier positions' keys and values from frozen TransformerLens key/value cache entries
     (``forward(start_at_layer=..., past_kv_cache=...)``, ``embed`` / ``pos_embed`` / ``input_to_embed``).
 
-    True only for a HookedTransformer. The bridge (TransformerLens 4.3) has ``start_at_layer`` but
-    takes a Hugging Face ``past_key_values`` cache, not TransformerLens cache entries, so it (and any
+    True only for a HookedTransformer. The bridge (TransformerLens 4.3) has ``input_to_embed`` and
+    ``start_at_layer``, but its forward silently ignores a ``past_kv_cache`` (it takes a Hugging Face
+    ``past_key_values``) and its ``pos_embed`` takes no offset, so it (and any
     other module, e.g. the ensemble's functional template) runs full sequences from layer 0 and
     position 0 with the same hooks: exact, just slower. The one place that choice is made.
     """
