@@ -29,12 +29,12 @@ from typing import Any
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
 from interp.attention import head_table
 from interp.cli import CliError, add_ckpt_args, format_table, resolve_ckpt, run_cli, write_json
+from training.backend import Model
 from training.layout import Layout
 from training.metrics import EvalSet, candidate_metrics, shared_prefix_logprobs
 from training.task import Task
@@ -114,7 +114,7 @@ def build_evalset(task: Task, n_groups: int = DEFAULT_GROUPS, seed: int = 0) -> 
 
 @torch.inference_mode()
 def mean_head_outputs(
-    model: HookedTransformer, seqs: Int[Tensor, "N seq"], layout: Layout, batch_size: int = 2048
+    model: Model, seqs: Int[Tensor, "N seq"], layout: Layout, batch_size: int = 2048
 ) -> Float[Tensor, "n_layers pos n_heads d_head"]:
     """Mean of every head's ``hook_z`` over the sequences, at each input position."""
     names = [get_act_name("z", layer) for layer in range(model.cfg.n_layers)]
@@ -149,7 +149,7 @@ def _ablation_hooks(
 
 
 def ablation_scores(
-    model: HookedTransformer,
+    model: Model,
     task: Task,
     evalset: EvalSet,
     masks: Bool[Tensor, "C n_layers n_heads"],
@@ -179,7 +179,7 @@ def ablation_scores(
 
 
 def ablation_metrics(
-    model: HookedTransformer,
+    model: Model,
     task: Task,
     evalset: EvalSet,
     masks: Bool[Tensor, "C n_layers n_heads"],
@@ -192,7 +192,7 @@ def ablation_metrics(
 
 
 def ablate_each_head(
-    model: HookedTransformer, task: Task, kind: str = "zero", n_groups: int = DEFAULT_GROUPS, seed: int = 0
+    model: Model, task: Task, kind: str = "zero", n_groups: int = DEFAULT_GROUPS, seed: int = 0
 ) -> HeadAblation:
     """Every head ablated on its own; candidate loss and delta_z of each ablated model."""
     evalset = build_evalset(task, n_groups, seed)
@@ -206,7 +206,7 @@ def ablate_each_head(
 
 
 def ablate_heads(
-    model: HookedTransformer,
+    model: Model,
     task: Task,
     heads: list[tuple[int, int]],
     kind: str = "zero",
@@ -251,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
         run, step = resolve_ckpt(args.ckpt, args.step)
         if args.groups < 1:
             raise CliError(f"--groups must be at least 1, got {args.groups}")
-        model = run.load_model(step, device=args.device)
+        model = run.load_model(step, device=args.device, backend=args.backend)
         res = ablate_each_head(model, run.task(), args.kind, args.groups, args.seed)
         log_k = run.log_k
         print(f"{run.path} step {step}: {args.kind} ablation of each head, {res.n_groups} eval groups; "

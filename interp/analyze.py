@@ -40,7 +40,7 @@ from interp.ablate import ablate_each_head, near_log_k
 from interp.circuit import circuit_record, circuit_summary, format_circuit
 from interp.attention import attention_to_z
 from interp.attribution import agreement, attribute_all
-from interp.cli import CliError, run_cli
+from interp.cli import CliError, add_backend_arg, run_cli
 from interp.inputs import prompt_pairs
 from interp.components import PatchResult
 from interp.patch import patch
@@ -142,8 +142,10 @@ def exact_steps(steps: list[int], n: int, landmarks: list[int]) -> list[int]:
 
 def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int = 1, n_exact: int = 12,
                 settings: AnalysisSettings | None = None, device: str = "cpu",
-                progress: bool = True) -> dict[str, Any]:
-    """Analyse the chosen checkpoints (only what the cache lacks for these settings); return the summary."""
+                progress: bool = True, backend: str | None = None) -> dict[str, Any]:
+    """Analyse the chosen checkpoints (only what the cache lacks for these settings); return the summary.
+    ``backend``: hooked or bridge (None: the installed TransformerLens); not a setting (both give the
+    same numbers, so the cache is shared)."""
     settings = settings or AnalysisSettings()
     run = Run(run_dir)
     task = run.task()
@@ -188,7 +190,7 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
                 for k in ABLATION_KINDS}
 
     for step in tqdm(sorted(set(todo)), desc=f"analyse {run.path.name}", disable=not progress, dynamic_ncols=True):
-        model = run.load_model(step, device)
+        model = run.load_model(step, device, backend)
         fresh: dict[str, Any] = {}
         for name, file in CACHE_FILES.items():
             if step in wanted[name] and step not in done[name]:
@@ -327,6 +329,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--smooth", type=int, default=1,
                    help="centred moving-mean window of the t_form rules' series (default 1: none)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    add_backend_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -341,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
         settings = AnalysisSettings(args.n_examples, args.seed, args.ablation_groups,
                                     circuit_ablation=args.circuit_ablation, smooth=args.smooth)
         result = analyze_run(args.run, args.steps, args.every, args.n_exact, settings, args.device,
-                             progress=not args.no_progress)
+                             progress=not args.no_progress, backend=args.backend)
         print(format_summary(result))
         print(f"results in {analysis_dir(args.run)}")
 

@@ -27,10 +27,10 @@ import einops
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
 from transformer_lens.utilities import get_act_name
 
 from interp.cli import add_ckpt_args, format_table, resolve_ckpt, run_cli, write_json
+from training.backend import Model
 from training.layout import Layout
 from training.task import Task
 
@@ -73,7 +73,7 @@ def _check_layout(layout: Layout) -> tuple[int, int]:
 
 @torch.inference_mode()
 def attention_patterns(
-    model: HookedTransformer, tokens: Int[Tensor, "N seq"], layout: Layout
+    model: Model, tokens: Int[Tensor, "N seq"], layout: Layout
 ) -> Float[Tensor, "N n_layers n_heads q k"]:
     """Attention patterns of every layer and head on the model's inputs (cached, nothing else)."""
     names = [get_act_name("pattern", layer) for layer in range(model.cfg.n_layers)]
@@ -100,7 +100,7 @@ def attention_stats_from_patterns(
 
 
 def attention_stats(
-    model: HookedTransformer, tokens: Int[Tensor, "N seq"], layout: Layout, batch_size: int = 1024
+    model: Model, tokens: Int[Tensor, "N seq"], layout: Layout, batch_size: int = 1024
 ) -> AttentionToZ:
     """Attention-to-z statistics over the given full sequences (chunked; exact example average)."""
     _check_layout(layout)
@@ -120,7 +120,7 @@ def sample_examples(task: Task, n_examples: int, seed: int) -> Int[Tensor, " n"]
     return torch.randperm(task.cfg.D, generator=gen)[: min(n_examples, task.cfg.D)]
 
 
-def attention_to_z(model: HookedTransformer, task: Task, n_examples: int = 256, seed: int = 0) -> AttentionToZ:
+def attention_to_z(model: Model, task: Task, n_examples: int = 256, seed: int = 0) -> AttentionToZ:
     """Attention-to-z statistics of every head on ``n_examples`` seeded examples of ``task``."""
     _check_layout(task.layout)
     if n_examples < 1:
@@ -141,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def body(args: argparse.Namespace) -> None:
         run, step = resolve_ckpt(args.ckpt, args.step)
-        model = run.load_model(step, device=args.device)
+        model = run.load_model(step, device=args.device, backend=args.backend)
         res = attention_to_z(model, run.task(), args.n_examples, args.seed)
         print(f"{run.path} step {step}: attention from the first-target position to z "
               f"({res.n_examples} examples); top head L{res.top_head()[0]}H{res.top_head()[1]}")

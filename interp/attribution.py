@@ -40,16 +40,16 @@ import torch
 from jaxtyping import Bool, Float
 from scipy.stats import rankdata
 from torch import Tensor
-from transformer_lens import HookedTransformer
 from transformer_lens.utilities import get_act_name
 
 from interp.inputs import PromptPairs, last_logit_diff
 from interp.components import PatchResult, PatchSpec, normalise, patch_spec
-from interp.prefix import cached_run, first_difference, kv_entries, run_from
+from interp.prefix import cached_run, first_difference, forward_from, savers
+from training.backend import Model
 
 
 def site_contributions(
-    model: HookedTransformer, pairs: PromptPairs, act_names: Iterable[str]
+    model: Model, pairs: PromptPairs, act_names: Iterable[str]
 ) -> tuple[float, float, dict[str, Float[Tensor, "layer ..."]]]:
     """Clean and corrupted metrics and, per hook kind, ``(clean - corrupt) * grad`` summed over
     pairs and features: one entry per ``[layer, *site]`` (site = ``pos`` or ``pos head``).
@@ -69,13 +69,9 @@ def site_contributions(
     names = [get_act_name(a, layer) for a in act_names for layer in range(L)]
     saved: dict[str, Tensor] = {}
 
-    def save(act: Tensor, hook) -> None:
-        saved[hook.name] = act
-
     with torch.enable_grad():
-        resid = model.input_to_embed(pairs.corrupt.to(device))[0][:, start:]
-        last = run_from(model, resid, 0, kv_entries(clean.keys, clean.values, start), pairs.pred_pos - start,
-                        [(n, save) for n in names])
+        # the corrupted run from ``start`` (or every position, on a model that does not share prefixes)
+        last = forward_from(model, pairs.corrupt.to(device), clean, pairs.pred_pos, savers(names, saved), start)
         metric = last_logit_diff(last, pairs)
         grads = torch.autograd.grad(metric, [saved[n] for n in names], allow_unused=True)
     out: dict[str, Tensor] = {}
@@ -85,9 +81,10 @@ def site_contributions(
             name = get_act_name(a, layer)
             g = grads[names.index(name)]
             c = torch.zeros(clean.acts[name].shape[1:-1], device=device)  # [pos, *site]
-            if g is not None:
-                delta = clean.acts[name][:, start:] - saved[name].detach()
-                c[start:] = (delta * g).sum(dim=(0, -1))  # over pairs and features
+            if g is not None:  # the saved positions: from ``start``, or all (equal before ``start``: 0 there)
+                k = saved[name].shape[1]
+                delta = clean.acts[name][:, -k:] - saved[name].detach()
+                c[-k:] = (delta * g).sum(dim=(0, -1))  # over pairs and features
             per_layer.append(c)
         out[a] = torch.stack(per_layer).float()
     return clean_metric, metric.item(), out
@@ -99,7 +96,7 @@ def _contract(masks: Bool[Tensor, "P layer ..."], contrib: Float[Tensor, "layer 
 
 
 def attribution_sweep(
-    model: HookedTransformer, pairs: PromptPairs, specs: Iterable[PatchSpec]
+    model: Model, pairs: PromptPairs, specs: Iterable[PatchSpec]
 ) -> dict[str, PatchResult]:
     """Attribution patching of several component sets from one forward/backward; keyed by target."""
     specs = list(specs)
@@ -113,38 +110,38 @@ def attribution_sweep(
     return out
 
 
-def attribute_all(model: HookedTransformer, pairs: PromptPairs, targets: Iterable[str]) -> dict[str, PatchResult]:
+def attribute_all(model: Model, pairs: PromptPairs, targets: Iterable[str]) -> dict[str, PatchResult]:
     """Attribution patching of the named component sets (see ``interp.components.TARGETS``), one backward."""
     n_pos = pairs.corrupt.shape[1]
     return attribution_sweep(model, pairs, [patch_spec(model, t, n_pos) for t in targets])
 
 
-def attribute(model: HookedTransformer, pairs: PromptPairs, target: str) -> PatchResult:
+def attribute(model: Model, pairs: PromptPairs, target: str) -> PatchResult:
     """Attribution patching of one component set, same shape and normalisation as ``interp.patch.patch``."""
     return attribute_all(model, pairs, [target])[target]
 
 
-def attribute_head_out_all_pos(model: HookedTransformer, pairs: PromptPairs) -> PatchResult:
+def attribute_head_out_all_pos(model: Model, pairs: PromptPairs) -> PatchResult:
     """[layer, head]."""
     return attribute(model, pairs, "heads")
 
 
-def attribute_head_out_by_pos(model: HookedTransformer, pairs: PromptPairs) -> PatchResult:
+def attribute_head_out_by_pos(model: Model, pairs: PromptPairs) -> PatchResult:
     """[layer, pos, head]."""
     return attribute(model, pairs, "heads_by_pos")
 
 
-def attribute_resid_pre(model: HookedTransformer, pairs: PromptPairs) -> PatchResult:
+def attribute_resid_pre(model: Model, pairs: PromptPairs) -> PatchResult:
     """[layer, pos]."""
     return attribute(model, pairs, "resid")
 
 
-def attribute_attn_out(model: HookedTransformer, pairs: PromptPairs, by_pos: bool = True) -> PatchResult:
+def attribute_attn_out(model: Model, pairs: PromptPairs, by_pos: bool = True) -> PatchResult:
     """[layer, pos] (``by_pos``) or [layer]."""
     return attribute(model, pairs, "attn" if by_pos else "attn_layer")
 
 
-def attribute_mlp_out(model: HookedTransformer, pairs: PromptPairs, by_pos: bool = True) -> PatchResult:
+def attribute_mlp_out(model: Model, pairs: PromptPairs, by_pos: bool = True) -> PatchResult:
     """[layer, pos] (``by_pos``) or [layer]."""
     return attribute(model, pairs, "mlp" if by_pos else "mlp_layer")
 

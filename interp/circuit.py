@@ -38,11 +38,11 @@ import numpy as np
 import torch
 from jaxtyping import Bool
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from interp.ablate import MARGINAL_TOL, ablation_metrics, build_evalset, near_log_k
 from interp.inputs import PromptPairs
 from interp.patch import PatchSpec, patch, patch_sweep, position_labels
+from training.backend import Model
 from training.task import Task
 
 SINGLE_HEAD_SHARE = 0.6
@@ -97,7 +97,7 @@ def set_masks(n_layers: int, n_heads: int) -> Bool[Tensor, "C n_layers n_heads"]
     return torch.cat([torch.zeros(1, n_layers, n_heads, dtype=torch.bool), eye, layer, but])
 
 
-def ablate_sets(model: HookedTransformer, task: Task, kind: str = "mean", n_groups: int = 8,
+def ablate_sets(model: Model, task: Task, kind: str = "mean", n_groups: int = 8,
                 seed: int = 0) -> dict[str, Any]:
     """Candidate loss and delta_z with each head alone, each layer, each layer but one head ablated."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
@@ -122,7 +122,7 @@ def read_positions(task: Task) -> list[int]:
     return [*range(*lay.z_span), lay.first_target_pred_pos]
 
 
-def reads_z(model: HookedTransformer, pairs: PromptPairs, positions: list[int]) -> dict[str, Any]:
+def reads_z(model: Model, pairs: PromptPairs, positions: list[int]) -> dict[str, Any]:
     """Exact patching of each head's output at each of ``positions`` only: ``[layer, position, head]``."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
     n_pos, P = pairs.corrupt.shape[1], len(positions)
@@ -134,7 +134,7 @@ def reads_z(model: HookedTransformer, pairs: PromptPairs, positions: list[int]) 
     return {"positions": positions, **res.to_dict()}
 
 
-def circuit_record(model: HookedTransformer, task: Task, pairs: PromptPairs, kind: str = "mean", n_groups: int = 8,
+def circuit_record(model: Model, task: Task, pairs: PromptPairs, kind: str = "mean", n_groups: int = 8,
                    seed: int = 0, heads_patch: dict[str, Any] | None = None) -> dict[str, Any]:
     """One checkpoint's circuit record: shares (from ``heads_patch`` or a fresh patch), set ablations, reads-z."""
     if heads_patch is None:

@@ -1,4 +1,4 @@
-"""Shared pieces of the analysis CLIs: resolving ``--ckpt`` and failing with one line."""
+"""Shared pieces of the analysis CLIs: resolving ``--ckpt``, ``--backend``, and failing with one line."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from interp.results import write_json_result
+from training.backend import BACKENDS, BackendError
 from training.run import Run, RunError
 
 
@@ -24,6 +25,14 @@ def add_ckpt_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the example sample (default 0)")
     p.add_argument("--json", type=Path, help="also write the result as JSON to this file")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    add_backend_arg(p)
+
+
+def add_backend_arg(p: argparse.ArgumentParser) -> None:
+    """``--backend hooked|bridge``: which TransformerLens opens the checkpoints."""
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="hooked: TransformerLens 3.x HookedTransformer; bridge: TransformerLens 4.x "
+                        "TransformerBridge (default: the installed one)")
 
 
 def resolve_ckpt(path: Path, step: int | None) -> tuple[Run, int]:
@@ -56,7 +65,7 @@ def run_cli(body, argv: list[str] | None, parser: argparse.ArgumentParser) -> in
     args = parser.parse_args(argv)
     try:
         body(args)
-    except (RunError, CliError, ValueError) as e:
+    except (RunError, CliError, BackendError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -17,9 +17,9 @@ from typing import Any
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
-from transformer_lens import HookedTransformer
 
 from interp.results import strict_json
+from training.backend import Model
 from training.layout import Layout
 
 NORMALISE_EPS = 1e-6
@@ -98,7 +98,7 @@ def normalise(raw: Float[Tensor, "*shape"], clean: float, corrupt: float) -> Flo
     return (raw - corrupt) / gap
 
 
-def patch_spec(model: HookedTransformer, target: str, n_pos: int) -> PatchSpec:
+def patch_spec(model: Model, target: str, n_pos: int) -> PatchSpec:
     """The masks of one component set for ``model`` on prompts of ``n_pos`` positions."""
     if target not in HOOK:
         raise ValueError(f"unknown patch target {target!r}; choose one of {', '.join(TARGETS)}")

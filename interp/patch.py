@@ -51,7 +51,6 @@ import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
 from tqdm.auto import tqdm
-from transformer_lens import HookedTransformer
 from transformer_lens.utilities import get_act_name
 
 from interp.attribution import agreement, attribute
@@ -59,18 +58,19 @@ from interp.cli import CliError, add_ckpt_args, format_table, resolve_ckpt, run_
 from interp.components import (NORMALISE_EPS, TARGETS, PatchResult, PatchSpec, component_label, normalise, patch_spec,
                                position_labels)
 from interp.inputs import PromptPairs, last_logit_diff, prompt_pairs
-from interp.prefix import RunCache, cached_run, first_difference, kv_entries, run_from, suffix_run
+from interp.prefix import RunCache, cached_run, first_difference, forward_from, suffix_run
+from training.backend import Model
 
 
 @torch.no_grad()
-def baselines(model: HookedTransformer, pairs: PromptPairs, act_name: str | None = None
+def baselines(model: Model, pairs: PromptPairs, act_name: str | None = None
               ) -> tuple[float, float, dict[str, Tensor]]:
     """Clean and corrupted metrics, and the clean activations of ``act_name`` at every layer."""
     clean, corrupt, _ = _paired_runs(model, pairs, [act_name] if act_name else [])
     return _mean_diff(clean.last_logits, pairs), _mean_diff(corrupt.last_logits, pairs), clean.acts
 
 
-def _paired_runs(model: HookedTransformer, pairs: PromptPairs, act_names: list[str]
+def _paired_runs(model: Model, pairs: PromptPairs, act_names: list[str]
                  ) -> tuple[RunCache, RunCache, int]:
     """The clean run (every position) and the corrupted one (computed from the first position
     where the prompts differ, the rest shared with the clean run), and that position."""
@@ -88,7 +88,7 @@ def _mean_diff(last_logits: Float[Tensor, "N vocab"], pairs: PromptPairs) -> flo
 
 @torch.no_grad()
 def patch_sweep(
-    model: HookedTransformer,
+    model: Model,
     pairs: PromptPairs,
     spec: PatchSpec,
     max_batch: int = 4096,
@@ -144,9 +144,7 @@ def patch_sweep(
             if m.any():
                 name = get_act_name(spec.act_name, later)
                 hooks.append((name, _make_hook(m, clean.acts[name][:, s:], p, n)))
-        resid = corrupt.resid_pre[layer][:, s:].repeat(p, 1, 1)
-        past = kv_entries(corrupt.keys, corrupt.values, s, layer, p)
-        last = run_from(model, resid, layer, past, pairs.pred_pos - s, hooks)
+        last = forward_from(model, pairs.corrupt.to(device), corrupt, pairs.pred_pos, hooks, s, layer, p)
         diff = (last.gather(-1, clean_answer.repeat(p)[:, None]) - last.gather(-1, corrupt_answer.repeat(p)[:, None]))
         raw[idx] = diff.view(p, n).double().mean(1)
     raw = raw.reshape(spec.shape).float().cpu()
@@ -155,43 +153,49 @@ def patch_sweep(
 
 
 def _make_hook(mask: Bool[Tensor, "p ..."], clean: Float[Tensor, "n ..."], p: int, n: int):
-    """A hook that gives replica r the clean entries where ``mask[r]`` is set."""
-    # mask [p, *site] -> [p, 1, *site, 1]; clean [n, *site, d] -> [1, n, *site, d]
+    """A hook that gives replica r the clean entries where ``mask[r]`` is set. ``mask`` and ``clean``
+    cover positions ``s..``; the activation covers them or all positions (a full forward, see
+    :func:`interp.prefix.forward_from`), whose earlier positions are left as they are."""
+    # mask [p, pos, *site] -> [p, 1, pos, *site, 1]; clean [n, pos, *site, d] -> [1, n, pos, *site, d]
     m = mask.reshape(p, 1, *mask.shape[1:], 1)
 
     def hook(act: Tensor, hook) -> Tensor:
         rep = act.reshape(p, n, *act.shape[1:])
-        return torch.where(m, clean.unsqueeze(0), rep).reshape(act.shape)
+        k = m.shape[2]
+        patched = torch.where(m, clean.unsqueeze(0), rep[:, :, -k:])
+        if k < act.shape[1]:
+            patched = torch.cat([rep[:, :, :-k], patched], dim=2)
+        return patched.reshape(act.shape)
 
     return hook
 
 
-def patch(model: HookedTransformer, pairs: PromptPairs, target: str, **kw) -> PatchResult:
+def patch(model: Model, pairs: PromptPairs, target: str, **kw) -> PatchResult:
     """Exact patching of one component set by name (see :data:`TARGETS`)."""
     return patch_sweep(model, pairs, patch_spec(model, target, pairs.corrupt.shape[1]), **kw)
 
 
-def patch_head_out_all_pos(model: HookedTransformer, pairs: PromptPairs, **kw) -> PatchResult:
+def patch_head_out_all_pos(model: Model, pairs: PromptPairs, **kw) -> PatchResult:
     """Each head's output (``hook_z``) at every position; result [layer, head]."""
     return patch(model, pairs, "heads", **kw)
 
 
-def patch_head_out_by_pos(model: HookedTransformer, pairs: PromptPairs, **kw) -> PatchResult:
+def patch_head_out_by_pos(model: Model, pairs: PromptPairs, **kw) -> PatchResult:
     """Each head's output at one position; result [layer, pos, head]."""
     return patch(model, pairs, "heads_by_pos", **kw)
 
 
-def patch_resid_pre(model: HookedTransformer, pairs: PromptPairs, **kw) -> PatchResult:
+def patch_resid_pre(model: Model, pairs: PromptPairs, **kw) -> PatchResult:
     """The residual stream before each block, one position at a time; result [layer, pos]."""
     return patch(model, pairs, "resid", **kw)
 
 
-def patch_attn_out(model: HookedTransformer, pairs: PromptPairs, by_pos: bool = True, **kw) -> PatchResult:
+def patch_attn_out(model: Model, pairs: PromptPairs, by_pos: bool = True, **kw) -> PatchResult:
     """Each layer's attention output; result [layer, pos] (``by_pos``) or [layer]."""
     return patch(model, pairs, "attn" if by_pos else "attn_layer", **kw)
 
 
-def patch_mlp_out(model: HookedTransformer, pairs: PromptPairs, by_pos: bool = True, **kw) -> PatchResult:
+def patch_mlp_out(model: Model, pairs: PromptPairs, by_pos: bool = True, **kw) -> PatchResult:
     """Each layer's MLP output; result [layer, pos] (``by_pos``) or [layer]."""
     return patch(model, pairs, "mlp" if by_pos else "mlp_layer", **kw)
 
@@ -252,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         run, step = resolve_ckpt(args.ckpt, args.step)
         task = run.task()
         pairs = prompt_pairs(task, args.n_examples, args.seed)
-        model = run.load_model(step, device=args.device)
+        model = run.load_model(step, device=args.device, backend=args.backend)
         pos_names = position_labels(task.layout, pairs.corrupt.shape[1])
         results: dict[str, PatchResult] = {}
         if args.method in ("exact", "both"):

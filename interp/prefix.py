@@ -12,6 +12,14 @@ start_at_layer=l)`` on the cached residual stream), with the keys and values of 
 before ``s`` taken from the run it modifies. Only the prediction position's logits are read,
 so only that position is unembedded.
 
+Only a HookedTransformer runs this way (:func:`training.backend.shares_prefixes`, the one place
+the choice is made). Any other model (the TransformerLens 4 bridge, whose forward silently
+ignores a ``past_kv_cache``; the tests' plain-torch reference) runs every position from layer 0
+with the same hooks (:func:`forward_from`, :func:`cached_run`, :func:`suffix_run`): exact, just
+slower. The hooks therefore see the positions from ``start``
+(prefix sharing) or all of them (full forwards); they align on the last positions of the
+activation they get.
+
 No metric and no sign of its own: the helpers return activations and last-position logits;
 :mod:`interp.patch` and :mod:`interp.attribution` state their metric.
 """
@@ -24,9 +32,10 @@ from dataclasses import dataclass
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
-from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.utilities import get_act_name
+
+from training.backend import Model, shares_prefixes
 
 Hook = tuple[str, Callable]
 
@@ -40,7 +49,8 @@ def first_difference(clean: Int[Tensor, "N pos"], corrupt: Int[Tensor, "N pos"])
 @dataclass
 class RunCache:
     """Activations of one run at every position: the residual stream before each block, each
-    attention layer's keys and values, and any other hooked activations by full hook name."""
+    attention layer's keys and values (both empty lists on a model that does not share prefixes:
+    nothing reads them), and any other hooked activations by full hook name."""
 
     resid_pre: list[Float[Tensor, "N pos d_model"]]
     keys: list[Float[Tensor, "N pos kv_head d_head"]]
@@ -50,18 +60,18 @@ class RunCache:
     """Logits at the prediction position."""
 
 
-def _names(model: HookedTransformer, act_names: Iterable[str]) -> list[str]:
-    kinds = ("resid_pre", "k", "v", *sorted(set(act_names)))
+def _names(model: Model, act_names: Iterable[str]) -> list[str]:
+    kinds = (("resid_pre", "k", "v") if shares_prefixes(model) else ()) + tuple(sorted(set(act_names)))
     return [get_act_name(a, layer) for a in kinds for layer in range(model.cfg.n_layers)]
 
 
-def _check(model: HookedTransformer) -> None:
-    if model.cfg.positional_embedding_type != "standard":
+def _check(model: Model) -> None:
+    if shares_prefixes(model) and model.cfg.positional_embedding_type != "standard":
         raise ValueError("prefix-sharing runs need absolute (standard) positional embeddings, "
                          f"the model has {model.cfg.positional_embedding_type!r}")
 
 
-def unembed_last(model: HookedTransformer, resid: Float[Tensor, "N d_model"]) -> Float[Tensor, "N vocab"]:
+def unembed_last(model: Model, resid: Float[Tensor, "N d_model"]) -> Float[Tensor, "N vocab"]:
     """The logits of one position from its final residual stream (final LayerNorm + unembed)."""
     x = resid[:, None]
     if model.cfg.normalization_type is not None:
@@ -90,7 +100,7 @@ def kv_entries(keys: list[Tensor], values: list[Tensor], stop: int, start_layer:
 
 
 def run_from(
-    model: HookedTransformer,
+    model: Model,
     resid: Float[Tensor, "N new_pos d_model"],
     start_layer: int,
     past: list[TransformerLensKeyValueCacheEntry | None] | None,
@@ -105,36 +115,61 @@ def run_from(
     return unembed_last(model, out[:, pred_index])
 
 
-def cached_run(model: HookedTransformer, tokens: Int[Tensor, "N pos"], pred_pos: int,
+def cached_run(model: Model, tokens: Int[Tensor, "N pos"], pred_pos: int,
                act_names: Iterable[str] = ()) -> RunCache:
     """A full run of ``tokens`` caching resid_pre, keys, values and the ``act_names`` activations
     of every layer."""
     _check(model)
-    names = set(_names(model, act_names))
     cache: dict[str, Tensor] = {}
-
-    def save(act: Tensor, hook) -> None:
-        cache[hook.name] = act
-
-    resid = model.input_to_embed(tokens)[0]
-    last = run_from(model, resid, 0, None, pred_pos, [(n, save) for n in names])
+    hooks = savers(_names(model, act_names), cache)
+    if shares_prefixes(model):
+        last = run_from(model, model.input_to_embed(tokens)[0], 0, None, pred_pos, hooks)
+    else:
+        last = model.run_with_hooks(tokens, fwd_hooks=hooks)[:, pred_pos]
     return _as_run_cache(model, cache, last, act_names)
 
 
-def suffix_run(model: HookedTransformer, tokens: Int[Tensor, "N pos"], prefix: RunCache, start: int,
+def savers(names: Iterable[str], cache: dict[str, Tensor]) -> list[Hook]:
+    """Hooks that record each activation under the name asked for (on the bridge ``hook.name`` is
+    the canonical name of an aliased hook) and return it (on the bridge, ``hook_z`` is a reshaped
+    copy that stays on the autograd graph only when the hook returns it)."""
+    def saver(name: str) -> Callable:
+        def save(act: Tensor, hook) -> Tensor:
+            cache[name] = act
+            return act
+
+        return save
+
+    return [(n, saver(n)) for n in sorted(set(names))]
+
+
+def forward_from(model: Model, tokens: Int[Tensor, "N pos"], base: RunCache, pred_pos: int,
+                 fwd_hooks: list[Hook], start: int = 0, layer: int = 0, repeat: int = 1) -> Float[Tensor, "R vocab"]:
+    """The logits at ``pred_pos`` of ``tokens`` repeated ``repeat`` times (replica-major, R = N *
+    repeat) run with ``fwd_hooks``, which change nothing before position ``start`` or layer ``layer``.
+
+    ``base`` is a run on prompts equal to ``tokens`` before ``start`` (and, when ``layer`` > 0, a run
+    of ``tokens`` itself). Prefix sharing: the blocks from ``layer`` on over the positions from
+    ``start`` on, reading ``base``'s keys and values of the earlier positions. Otherwise the full
+    forward. The hooks see the positions from ``start`` or all of them (align on the last ones)."""
+    if not shares_prefixes(model):
+        return model.run_with_hooks(tokens.repeat(repeat, 1), fwd_hooks=fwd_hooks)[:, pred_pos]
+    resid = (model.input_to_embed(tokens)[0] if layer == 0 else base.resid_pre[layer])[:, start:]
+    if repeat > 1:
+        resid = resid.repeat(repeat, 1, 1)
+    past = kv_entries(base.keys, base.values, start, layer, repeat)
+    return run_from(model, resid, layer, past, pred_pos - start, fwd_hooks)
+
+
+def suffix_run(model: Model, tokens: Int[Tensor, "N pos"], prefix: RunCache, start: int,
                pred_pos: int, act_names: Iterable[str] = ()) -> RunCache:
     """A run of ``tokens`` that computes only positions ``>= start``, taking everything before from
     ``prefix`` (a run on prompts equal to ``tokens`` before ``start``); returns every position."""
     _check(model)
-    names = set(_names(model, act_names))
+    if not shares_prefixes(model):
+        return cached_run(model, tokens, pred_pos, act_names)
     cache: dict[str, Tensor] = {}
-
-    def save(act: Tensor, hook) -> None:
-        cache[hook.name] = act
-
-    resid = model.input_to_embed(tokens)[0][:, start:]
-    last = run_from(model, resid, 0, kv_entries(prefix.keys, prefix.values, start), pred_pos - start,
-                    [(n, save) for n in names])
+    last = forward_from(model, tokens, prefix, pred_pos, savers(_names(model, act_names), cache), start)
     head = {**{get_act_name("resid_pre", i): prefix.resid_pre[i] for i in range(model.cfg.n_layers)},
             **{get_act_name("k", i): prefix.keys[i] for i in range(model.cfg.n_layers)},
             **{get_act_name("v", i): prefix.values[i] for i in range(model.cfg.n_layers)},
@@ -143,9 +178,11 @@ def suffix_run(model: HookedTransformer, tokens: Int[Tensor, "N pos"], prefix: R
     return _as_run_cache(model, full, last, act_names)
 
 
-def _as_run_cache(model: HookedTransformer, cache: dict[str, Tensor], last: Tensor, act_names: Iterable[str]
+def _as_run_cache(model: Model, cache: dict[str, Tensor], last: Tensor, act_names: Iterable[str]
                   ) -> RunCache:
     L = range(model.cfg.n_layers)
     acts = {get_act_name(a, i): cache[get_act_name(a, i)] for a in set(act_names) for i in L}
+    if not shares_prefixes(model):
+        return RunCache([], [], [], acts, last)
     return RunCache([cache[get_act_name("resid_pre", i)] for i in L], [cache[get_act_name("k", i)] for i in L],
                     [cache[get_act_name("v", i)] for i in L], acts, last)

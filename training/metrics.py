@@ -48,10 +48,10 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from torch import nn
-from transformer_lens import HookedTransformer
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.utilities import get_act_name
 
+from training.backend import Model, shares_prefixes
 from training.layout import Layout
 from training.task import Task
 
@@ -66,15 +66,21 @@ def target_cross_entropy(
 
 @torch.inference_mode()
 def target_logprobs(
-    model: nn.Module, seqs: Int[Tensor, "N seq"], layout: Layout, batch_size: int = 2048
+    model: nn.Module, seqs: Int[Tensor, "N seq"], layout: Layout, batch_size: int = 2048,
+    hooks_for: Callable[[Tensor], list] | None = None,
 ) -> tuple[Float[Tensor, "N T"], Bool[Tensor, " N"]]:
-    """Log-probability of each target token, and whether greedy decoding gets all of them."""
+    """Log-probability of each target token, and whether greedy decoding gets all of them.
+
+    ``hooks_for(rows)``, if given, returns forward hooks (``run_with_hooks``) for the batch of
+    sequences ``seqs[rows]``, their activations covering every position."""
     positions = torch.tensor(layout.target_pred_positions)
     device = next(model.parameters()).device
     logps, exact = [], []
-    for chunk in seqs.split(batch_size):
-        chunk = chunk.to(device)
-        logits = model(chunk[:, : layout.input_len])[:, positions]  # [n, T, vocab]
+    for rows in torch.arange(len(seqs)).split(batch_size):
+        chunk = seqs[rows].to(device)
+        inputs = chunk[:, : layout.input_len]
+        logits = (model(inputs) if hooks_for is None
+                  else model.run_with_hooks(inputs, fwd_hooks=hooks_for(rows)))[:, positions]  # [n, T, vocab]
         target = chunk[:, positions + 1]
         logp = logits.float().log_softmax(-1)
         logps.append(logp.gather(-1, target[..., None])[..., 0].cpu())
@@ -120,7 +126,7 @@ def evaluate(model: nn.Module, task: Task, evalset: EvalSet, batch_size: int = 2
     layout, K = task.layout, task.cfg.K
     out: dict = {}
     # a HookedTransformer scores shared prefixes once; any other module scores every sequence in full
-    shared = isinstance(model, HookedTransformer) and layout.z_span is not None
+    shared = shares_prefixes(model) and layout.z_span is not None
     if evalset.candidate_seqs is not None:
         G = evalset.shift.shape[0]
         if shared:
@@ -192,7 +198,7 @@ def know_nothing_reference(task: Task, groups: Int[Tensor, " G"] | None = None) 
 
 @torch.inference_mode()
 def shared_prefix_logprobs(
-    model: HookedTransformer, seqs: Int[Tensor, "*tree seq"], splits: tuple[int, ...], layout: Layout,
+    model: Model, seqs: Int[Tensor, "*tree seq"], splits: tuple[int, ...], layout: Layout,
     batch_size: int = 2048, hooks_for: Callable[[Tensor, int], list] | None = None,
 ) -> tuple[Float[Tensor, "*tree T"], Bool[Tensor, " *tree"]]:
     """:func:`target_logprobs` of sequences that share prefixes, each prefix run once.
@@ -206,10 +212,18 @@ def shared_prefix_logprobs(
     ``hooks_for(roots, offset)``, if given, returns forward hooks for a batch whose rows descend
     from the given indices along the first tree axis and whose activations start at position
     ``offset`` (e.g. head ablations that differ per first-axis row).
+
+    A model that cannot share prefixes (:func:`training.backend.shares_prefixes`: the bridge)
+    scores every sequence in full (:func:`target_logprobs`, the hooks at offset 0): the same numbers.
     """
     dims = tuple(seqs.shape[:-1])
     if len(dims) != len(splits) + 1:
         raise ValueError(f"{len(dims)} tree axes need {len(dims) - 1} split points, got {len(splits)}")
+    if not shares_prefixes(model):
+        per_root = math.prod(dims[1:])
+        logp, exact = target_logprobs(model, seqs.reshape(-1, seqs.shape[-1]), layout, batch_size,
+                                      None if hooks_for is None else lambda rows: hooks_for(rows // per_root, 0))
+        return logp.view(*dims, -1), exact.view(dims)
     device = next(model.parameters()).device
     bounds = [0, *splits, layout.input_len]
     pred = torch.tensor(layout.target_pred_positions)

@@ -1,13 +1,14 @@
-"""ModelConfig + task -> a plain TransformerLens HookedTransformer."""
+"""ModelConfig + task -> the HookedTransformerConfig kwargs of a run.
+
+Models are built from them in :mod:`training.backend` (the only module that imports a
+TransformerLens model class); ``build_hooked_transformer`` is re-exported from there.
+"""
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
-import torch
-from transformer_lens import HookedTransformer, HookedTransformerConfig
-
+from training.backend import build_hooked_transformer  # noqa: F401  (re-exported)
 from training.config import ModelConfig
 from training.layout import Layout
 
@@ -30,20 +31,3 @@ def hooked_config_dict(model: ModelConfig, layout: Layout, d_vocab: int) -> dict
         "default_prepend_bos": False,
         "seed": None,
     }
-
-
-def build_hooked_transformer(cfg_dict: dict[str, Any], seed: int | None = None,
-                             device: str | torch.device = "cpu") -> HookedTransformer:
-    """A HookedTransformer from a config dict; weights initialised from ``seed`` when given.
-
-    TransformerLens 3.x warns that HookedTransformer is deprecated each time one is built;
-    that one warning is silenced here, where all our models are built.
-    """
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="HookedTransformer is deprecated", category=DeprecationWarning)
-        cfg = HookedTransformerConfig(**cfg_dict, device=str(device))
-        if seed is None:
-            return HookedTransformer(cfg)
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(seed)
-            return HookedTransformer(cfg)

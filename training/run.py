@@ -26,12 +26,11 @@ from typing import Any
 import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
-from transformer_lens import HookedTransformer
 
 from training.config import RunConfig
 from training.layout import Layout
+from training.backend import Model, build_model, load_hooked_state_dict
 from training.metrics import compute_tau, know_nothing_reference, plateau_span, plateau_verdict
-from training.model import build_hooked_transformer
 from training.task import Task
 
 CONFIG_FILE = "config.json"
@@ -196,17 +195,19 @@ class Run:
             raise RunError(f"{self.path}: no checkpoint at step {step} (steps: {span})")
         return path
 
-    def load_model(self, step: int, device: str | torch.device = "cpu") -> HookedTransformer:
-        """The model at ``step``, in eval mode."""
+    def load_model(self, step: int, device: str | torch.device = "cpu", backend: str | None = None) -> Model:
+        """The model at ``step``, in eval mode, on ``backend`` (``hooked``: TransformerLens 3.x
+        HookedTransformer, ``bridge``: 4.x TransformerBridge; None: the installed one). An
+        uninstalled backend raises ``training.backend.BackendError`` (one line)."""
         state, _ = load_checkpoint(self.checkpoint_path(step))
-        model = build_hooked_transformer(self.hooked_config, device=device)
-        model.load_state_dict(state, strict=False)
-        return model.eval()
+        model = build_model(self.hooked_config, backend=backend, device=device)
+        return load_hooked_state_dict(model, state).eval()
 
-    def models(self, steps: list[int] | None = None, device: str = "cpu") -> Iterator[tuple[int, HookedTransformer]]:
+    def models(self, steps: list[int] | None = None, device: str = "cpu",
+               backend: str | None = None) -> Iterator[tuple[int, Model]]:
         """Lazily load the series, one model at a time."""
         for step in self.steps() if steps is None else steps:
-            yield step, self.load_model(step, device)
+            yield step, self.load_model(step, device, backend)
 
     def metrics(self) -> list[dict]:
         return read_jsonl(self.path / METRICS_FILE)

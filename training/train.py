@@ -24,10 +24,12 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from training import run as rd
+from training.backend import BACKENDS, BackendError, build_model, hooked_state_dict, load_hooked_state_dict, \
+    resolve_backend
 from training.config import (DIRECTIONS, ORDERS, SELECTORS, TAILS, TARGET_UNIQUENESS, ConfigError, RunConfig,
                              TrainConfig)
 from training.metrics import EvalSet, compute_tau, evaluate, know_nothing_reference, summarize, target_cross_entropy
-from training.model import build_hooked_transformer, hooked_config_dict
+from training.model import hooked_config_dict
 from training.presets import PRESETS, get_preset
 from training.schedule import scheduled_steps
 from training.task import Task
@@ -68,8 +70,12 @@ def deterministic(fn: Callable[P, R]) -> Callable[P, R]:
 
 @deterministic
 def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str = "auto",
-          progress: bool = True, stop_at_step: int | None = None) -> dict:
+          progress: bool = True, stop_at_step: int | None = None, backend: str | None = None) -> dict:
     """Train one run into ``out_dir`` and return its summary.
+
+    ``backend``: ``hooked`` (TransformerLens 3.x HookedTransformer) or ``bridge`` (4.x
+    TransformerBridge); None: the installed one. Either writes the same run directory, with
+    checkpoints in HookedTransformer's layout; a run resumes only on the backend that started it.
 
     ``stop_at_step`` abandons the run right after that step's evaluation, as a kill would
     (no checkpoint, no summary, unless they were due anyway): it exists to test resuming.
@@ -78,6 +84,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     tc = cfg.train
     out = Path(out_dir)
     dev = resolve_device(device)
+    backend = resolve_backend(backend)
     if tc.threads:
         torch.set_num_threads(tc.threads)
 
@@ -86,7 +93,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     hooked_cfg = prepare_run_dir(cfg, task, out, resume)
 
     # --- Model, optimiser, fixed evaluation set, data order. --------------------------------
-    model = build_hooked_transformer(hooked_cfg, seed=cfg.model.seed, device=dev)
+    model = build_model(hooked_cfg, backend=backend, seed=cfg.model.seed, device=dev)
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=tc.betas)
     evalset = EvalSet.build(task, tc.eval_groups, tc.tracked_groups, tc.seed)
     data_gen = torch.Generator().manual_seed(tc.seed)  # minibatch order only
@@ -98,8 +105,11 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     records: list[dict] = []
     point = load_resume_point(out, tc.max_steps) if resume else None
     if point is not None:
+        if point.backend != backend:  # the optimiser state is keyed by the backend's parameter order
+            raise ConfigError(f"{out / rd.RESUME_FILE}: the run was trained with --backend {point.backend}; "
+                              f"resume it with that backend, not {backend}")
         step, perm, cursor, wall_s, records = point.step, point.perm, point.cursor, point.wall_s, point.records
-        model.load_state_dict(point.weights, strict=False)
+        load_hooked_state_dict(model, point.weights)
         optimizer.load_state_dict(point.optimizer)
         data_gen.set_state(point.data_gen)
         torch.set_rng_state(point.torch_rng)
@@ -129,8 +139,8 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
                 bar.set_postfix(_bar_fields(record, log_k), refresh=False)
             # 2. Checkpoint (weights + the state needed to resume exactly from here).
             if step in ckpt_steps or stop:
-                save_checkpoint_and_state(out, step, model.state_dict(), optimizer.state_dict(), data_gen, perm,
-                                          cursor, time.perf_counter() - t0)
+                save_checkpoint_and_state(out, step, hooked_state_dict(model), optimizer.state_dict(), data_gen, perm,
+                                          cursor, time.perf_counter() - t0, backend)
             if step >= tc.max_steps or stop:
                 break
             if step == stop_at_step:
@@ -223,6 +233,8 @@ class ResumePoint:
     killed process), or up to and including it when the run is complete."""
     complete: bool
     """The run had finished: nothing is left to train."""
+    backend: str = "hooked"
+    """The backend that trained the run (resume states written before backends existed: hooked)."""
 
 
 def load_resume_point(out: Path, max_steps: int) -> ResumePoint | None:
@@ -237,18 +249,20 @@ def load_resume_point(out: Path, max_steps: int) -> ResumePoint | None:
     complete = step >= max_steps or (summary_path.exists() and bool(rd.read_json(summary_path).get("complete")))
     return ResumePoint(step=step, weights=weights, optimizer=state["optimizer"], data_gen=state["data_gen"],
                        perm=state["perm"], cursor=int(state["cursor"]), wall_s=float(state["wall_s"]),
-                       torch_rng=state["torch_rng"], complete=complete,
+                       torch_rng=state["torch_rng"], complete=complete, backend=str(state.get("backend", "hooked")),
                        records=[r for r in rd.read_jsonl(out / rd.METRICS_FILE)
                                 if r["step"] < step or (complete and r["step"] == step)])
 
 
 def save_checkpoint_and_state(out: Path, step: int, weights: dict[str, torch.Tensor], optimizer: dict,
-                              data_gen: torch.Generator, perm: torch.Tensor, cursor: int, wall_s: float) -> None:
-    """Checkpoint the weights and write the state needed to resume exactly from here."""
+                              data_gen: torch.Generator, perm: torch.Tensor, cursor: int, wall_s: float,
+                              backend: str = "hooked") -> None:
+    """Checkpoint the weights (HookedTransformer layout) and write the state needed to resume
+    exactly from here, with the backend whose parameter order the optimiser state follows."""
     rd.save_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(step), weights, step)
     rd.save_resume_state(out / rd.RESUME_FILE, {
         "step": step, "optimizer": optimizer, "data_gen": data_gen.get_state(), "perm": perm, "cursor": cursor,
-        "wall_s": wall_s, "torch_rng": torch.get_rng_state()})
+        "wall_s": wall_s, "torch_rng": torch.get_rng_state(), "backend": backend})
 
 
 def evaluation_record(model: torch.nn.Module, task: Task, evalset: EvalSet, step: int, tc: TrainConfig,
@@ -327,6 +341,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, help="run directory (default: checkpoints/<name from the options>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--device", default="auto", help="auto (a GPU when present), cpu or cuda")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="hooked: TransformerLens 3.x HookedTransformer; bridge: TransformerLens 4.x TransformerBridge "
+                        "(default: the installed one). Both write the same run directory and checkpoint layout")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -351,8 +368,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         out = args.out or Path("checkpoints") / default_run_name(cfg)
-        summary = train(cfg, out, resume=args.resume, device=args.device, progress=not args.no_progress)
-    except (ConfigError, rd.RunError) as e:
+        summary = train(cfg, out, resume=args.resume, device=args.device, progress=not args.no_progress,
+                        backend=args.backend)
+    except (ConfigError, rd.RunError, BackendError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -1,0 +1,248 @@
+"""The TransformerLens backend seam (``training.backend``): HookedTransformer (3.x) and TransformerBridge (4.x).
+
+Only one TransformerLens can be installed in an environment (both are the distribution
+``transformer-lens``), so the two backends are never compared in one process. What the tests do
+instead, in each environment (``make test``: 3.x, the hooked backend; ``make test-tl4``: 4.x,
+the bridge), on the session's `ci` run trained with that environment's backend:
+
+* compare the installed backend against :class:`tests.reference_model.ReferenceModel`, a
+  plain-torch forward written from the checkpoint's HookedTransformer-layout tensors (no
+  TransformerLens model class): logits, and every analysis (attention to z, exact patching of
+  heads and resid_pre, attribution patching, zero and mean head ablation) run on both, to 1e-5
+  (logits in float32 relative to their scale, and in float64 absolutely; the analyses in float64);
+  Hooked == reference in one environment and bridge == reference in the other give
+  bridge == hooked (to 2e-5 at worst);
+* when ``PLATEAUSCOPE_OTHER_PYTHON`` names the other environment's interpreter (the Makefile sets it
+  when that environment exists), open this environment's tiny series with the other backend in
+  a subprocess and compare its logits with ours directly, to 1e-5: a series trained on the
+  bridge opens in HookedTransformer and the reverse.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from interp.ablate import ablate_each_head
+from interp.attention import attention_to_z
+from interp.attribution import attribute_all
+from interp.inputs import prompt_pairs
+from interp.patch import patch
+from tests.reference_model import ReferenceModel
+from training.backend import BACKENDS, available_backends, default_backend, hooked_state_dict, shares_prefixes
+from training.presets import get_preset
+from training.run import Run, load_checkpoint
+from training.train import train
+
+TOL = 1e-5
+INSTALLED = default_backend()
+MISSING = [b for b in BACKENDS if b not in available_backends()]
+OTHER_PYTHON = os.environ.get("PLATEAUSCOPE_OTHER_PYTHON")
+REPO = Path(__file__).resolve().parent.parent
+
+
+def reference(run: Run, step: int) -> ReferenceModel:
+    state, _ = load_checkpoint(run.checkpoint_path(step))
+    return ReferenceModel(run.hooked_config, state)
+
+
+def plateau_and_after(run: Run) -> list[int]:
+    """A checkpoint in the middle of the plateau and the last one (after the drop)."""
+    summary = run.summary()
+    assert summary and summary["tau"] is not None and summary["plateau_span"], "the ci run must show both phases"
+    lo, hi = summary["plateau_span"]
+    steps = run.steps()
+    plateau = min((s for s in steps if lo <= s <= hi), key=lambda s: abs(s - (lo + hi) / 2))
+    assert steps[-1] > summary["tau"]
+    return [plateau, steps[-1]]
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    """Max |a - b| over entries that are not NaN (a NaN in only one of them counts as inf)."""
+    a, b = torch.as_tensor(a, dtype=torch.float64), torch.as_tensor(b, dtype=torch.float64)
+    if not torch.equal(a.isnan(), b.isnan()):
+        return float("inf")
+    ok = ~a.isnan()
+    return float((a[ok] - b[ok]).abs().max()) if ok.any() else 0.0
+
+
+@pytest.fixture(scope="module")
+def ci(ci_run) -> Run:
+    return Run(ci_run)
+
+
+def test_installed_backend_is_the_default():
+    assert INSTALLED in available_backends() and len(available_backends()) == 1
+
+
+def test_only_hookedtransformer_shares_prefixes(tiny_run):
+    """The prefix-sharing fast paths (frozen TransformerLens key/value cache) are taken by a
+    HookedTransformer only; the bridge (whose forward ignores a ``past_kv_cache``) and the
+    reference forward run full sequences. test_analyses_equal_on_the_reference compares the two
+    paths on HookedTransformer, and the full-sequence paths of the bridge and the reference."""
+    run = Run(tiny_run)
+    model = run.load_model(run.steps()[-1], backend=INSTALLED)
+    assert shares_prefixes(model) == (INSTALLED == "hooked")
+    state, _ = load_checkpoint(run.checkpoint_path(run.steps()[-1]))
+    assert not shares_prefixes(ReferenceModel(run.hooked_config, state))
+
+
+@pytest.mark.parametrize("phase", [0, 1], ids=["plateau", "after_drop"])
+def test_logits_equal_the_reference_forward(ci, phase):
+    """In float32 (the checkpoints' dtype) to 1e-5 of the logits' scale (two correct float32
+    forwards differ by rounding, about 1e-6 of the largest logit), and in float64 (backend and
+    reference cast with ``.double()``) to 1e-5 absolute. Measured in float64: about 4e-14 on the
+    bridge, about 1e-7 on HookedTransformer (it rounds some intermediates to its cfg.dtype, float32)."""
+    step = plateau_and_after(ci)[phase]
+    model, ref = ci.load_model(step, backend=INSTALLED), reference(ci, step)
+    tokens = ci.task().tokens[:512, : ci.layout.input_len]
+    with torch.no_grad():
+        got, want = model(tokens), ref(tokens)
+        assert got.shape == want.shape and got.dtype == torch.float32
+        scale = max(1.0, want.abs().max().item())
+        assert max_diff(got, want) <= TOL * scale, f"float32, step {step}: {max_diff(got, want):.2e} at scale {scale:.1f}"
+        got, want = model.double()(tokens), ref.double()(tokens)
+        assert got.dtype == torch.float64 and max_diff(got, want) <= TOL, f"float64, step {step}: {max_diff(got, want):.2e}"
+
+
+@pytest.mark.parametrize("phase", [0, 1], ids=["plateau", "after_drop"])
+def test_analyses_equal_on_the_reference(ci, phase):
+    """Attention to z, exact patching (heads, resid_pre), attribution patching and head ablation:
+    the same functions of ``interp`` on the installed backend and on the reference forward, both
+    in float64 (so that 1e-5 measures the models, not float32 rounding), to 1e-5 absolute."""
+    step = plateau_and_after(ci)[phase]
+    task = ci.task()
+    pairs = prompt_pairs(task, 48, seed=1)
+    diffs: dict[str, float] = {}
+    results = []
+    for model in (ci.load_model(step, backend=INSTALLED).double(), reference(ci, step).double()):
+        att = attention_to_z(model, task, n_examples=128, seed=1)
+        exact = {t: patch(model, pairs, t) for t in ("heads", "resid")}
+        attrib = attribute_all(model, pairs, ["heads", "resid"])
+        ablation = {k: ablate_each_head(model, task, k, n_groups=3) for k in ("zero", "mean")}
+        results.append({
+            "attention.to_z_first": att.to_z_first, "attention.to_z_all_targets": att.to_z_all_targets,
+            "attention.entropy_first": att.entropy_first,
+            **{f"patch.{t}.raw": r.raw for t, r in exact.items()},
+            **{f"patch.{t}.normalised": r.normalised for t, r in exact.items()},
+            "patch.clean_metric": torch.tensor(exact["heads"].clean_metric),
+            "patch.corrupt_metric": torch.tensor(exact["heads"].corrupt_metric),
+            **{f"attribution.{t}.raw": r.raw for t, r in attrib.items()},
+            **{f"ablation.{k}.candidate_loss": a.candidate_loss for k, a in ablation.items()},
+            **{f"ablation.{k}.delta_z": a.delta_z for k, a in ablation.items()},
+            **{f"ablation.{k}.base_candidate_loss": torch.tensor(a.base["candidate_loss"]) for k, a in ablation.items()},
+        })
+    for key in results[0]:
+        diffs[key] = max_diff(results[0][key], results[1][key])
+    worst = max(diffs, key=diffs.get)
+    # the normalised patching effect divides the raw one by the clean - corrupt gap: its error is
+    # the raw error over the gap (on the plateau the gap is near 0 and it is NaN on both or neither)
+    gap = abs(results[1]["patch.clean_metric"] - results[1]["patch.corrupt_metric"]).item()
+    for key, d in diffs.items():
+        limit = TOL * max(1.0, 1.0 / gap) if key.endswith("normalised") else TOL
+        assert d <= limit, f"{INSTALLED} vs reference at step {step}: {key} differs by {d:.2e} (worst {worst})"
+
+
+def test_checkpoints_have_hookedtransformer_layout(tiny_run):
+    """Whatever backend trained it, a checkpoint holds exactly HookedTransformer's keys, shapes
+    (checked by the reference, which reads them) and float32 weights; loading and re-saving
+    through the backend gives the same tensors bit for bit; the unembedding bias was trained."""
+    run = Run(tiny_run)
+    last = run.steps()[-1]
+    state, _ = load_checkpoint(run.checkpoint_path(last))
+    ReferenceModel(run.hooked_config, state)  # raises on any missing or extra key
+    assert all(v.dtype == torch.float32 for k, v in state.items() if not k.endswith(".mask"))
+    assert state["unembed.b_U"].abs().max() > 0
+    again = hooked_state_dict(run.load_model(last, backend=INSTALLED))
+    assert set(again) == set(state)
+    for key, value in state.items():
+        assert again[key].shape == value.shape and torch.equal(again[key].cpu(), value), key
+
+
+_OPEN_IN_OTHER = """
+import sys, torch
+from safetensors.torch import save_file
+from training.run import Run
+run = Run(sys.argv[1])
+tokens = run.task().tokens[:, : run.layout.input_len]
+with torch.no_grad():
+    out = {str(s): m(tokens).contiguous() for s, m in run.models(backend=sys.argv[2])}
+save_file(out, sys.argv[3])
+"""
+
+
+@pytest.mark.skipif(not OTHER_PYTHON, reason="PLATEAUSCOPE_OTHER_PYTHON (the other TransformerLens environment's "
+                                              "python) is not set; make test / make test-tl4 set it when it exists")
+def test_series_opens_on_the_other_backend(tiny_run, tmp_path):
+    """The tiny series trained here (on this environment's backend) opens on the other backend, in
+    the other environment, with the same logits at every checkpoint."""
+    other = next(b for b in BACKENDS if b != INSTALLED)
+    out = tmp_path / "other.safetensors"
+    proc = subprocess.run([OTHER_PYTHON, "-c", _OPEN_IN_OTHER, str(tiny_run), other, str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    theirs = load_file(str(out))
+    run = Run(tiny_run)
+    tokens = run.task().tokens[:, : run.layout.input_len]
+    assert sorted(map(int, theirs)) == run.steps()
+    for step, model in run.models(backend=INSTALLED):
+        with torch.no_grad():
+            ours = model(tokens)
+        assert max_diff(ours, theirs[str(step)]) <= TOL, f"step {step}: {INSTALLED} vs {other}"
+
+
+@pytest.mark.skipif(not MISSING, reason="both backends are installed")
+@pytest.mark.parametrize("module", ["interp.patch", "interp.attention", "interp.ablate", "interp.analyze",
+                                    "training.train"])
+def test_missing_backend_is_one_line_and_exit_2(tiny_run, tmp_path, module, capsys):
+    """Asking for the backend whose TransformerLens is not installed: one line naming it, exit 2."""
+    missing = MISSING[0]
+    if module == "training.train":
+        args = ["--preset", "tiny", "--out", str(tmp_path / "run"), "--backend", missing, "--no-progress"]
+    elif module == "interp.analyze":
+        copy = shutil.copytree(tiny_run, tmp_path / "copy")  # the analysis may create its cache folder
+        args = ["--run", str(copy), "--backend", missing, "--no-progress"]
+    else:
+        args = ["--ckpt", str(tiny_run), "--backend", missing]
+    assert importlib.import_module(module).main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--backend {missing} needs TransformerLens" in err[0], err
+    assert not (tmp_path / "run").exists()
+
+
+def test_kill_and_resume_is_bit_identical_on_the_installed_backend(tmp_path, tiny_run):
+    """Killed and resumed on the installed backend (weights through the HookedTransformer layout and
+    back), the run ends with the uninterrupted run's weights, bit for bit; the resume state names
+    the backend whose parameter order its optimiser state follows."""
+    cfg = get_preset("tiny")
+    train(cfg, tmp_path / "r", device="cpu", progress=False, stop_at_step=23, backend=INSTALLED)
+    train(cfg, tmp_path / "r", resume=True, device="cpu", progress=False, backend=INSTALLED)
+    name = Path("checkpoints") / f"step_{cfg.train.max_steps:07d}.safetensors"
+    ref, got = load_file(str(Path(tiny_run) / name)), load_file(str(tmp_path / "r" / name))
+    assert ref.keys() == got.keys() and all(torch.equal(ref[k], got[k]) for k in ref)
+    assert torch.load(tmp_path / "r" / "resume.pt", weights_only=True)["backend"] == INSTALLED
+
+
+def test_only_the_seam_imports_a_backend_class():
+    """No module of ``training`` or ``interp`` but ``training/backend.py`` imports HookedTransformer,
+    TransformerBridge or their configs (scanned in the source: imports inside functions count too)."""
+    import ast
+
+    classes = {"HookedTransformer", "HookedTransformerConfig", "TransformerBridge", "TransformerBridgeConfig"}
+    offenders = []
+    for path in sorted((REPO / "training").glob("*.py")) + sorted((REPO / "interp").glob("*.py")):
+        if path == REPO / "training" / "backend.py":
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformer_lens"):
+                offenders += [f"{path.name}: {a.name}" for a in node.names if a.name in classes]
+            if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[-1] in classes:
+                offenders.append(f"{path.name}: {node.module}")
+    assert not offenders, offenders
