@@ -91,6 +91,21 @@ def _layout(fig: go.Figure, title: str, x_title: str, y_title: str, height: int 
     return fig
 
 
+def _per_head_lines(steps: list[int], grid: np.ndarray, head: Sequence[int] | None, mode: str,
+                    opacity: float) -> go.Figure:
+    """One line per head of a [steps, layer, head] grid; the selector head thick and red."""
+    fig = go.Figure()
+    sel = tuple(head) if head is not None else None
+    n_layers, n_heads = grid.shape[1:] if grid.size else (0, 0)
+    for i, (l, h) in enumerate((l, h) for l in range(n_layers) for h in range(n_heads)):
+        is_sel = (l, h) == sel
+        fig.add_trace(go.Scatter(
+            x=steps, y=_nan_to_none(grid[:, l, h]), mode=mode, name=head_label(l, h) + (" (selector)" if is_sel else ""),
+            line={"color": SELECTOR_COLOR if is_sel else HEAD_COLORS[i % len(HEAD_COLORS)],
+                  "width": 3.5 if is_sel else 1.3}, opacity=1.0 if is_sel else opacity))
+    return fig
+
+
 def _head_grid(records: list[dict[str, Any]], field: str) -> tuple[list[int], np.ndarray]:
     """Steps and a [steps, layer, head] array of one per-head field of the analysis records."""
     steps = [int(r["step"]) for r in records]
@@ -186,15 +201,7 @@ def attention_lines(records: list[dict[str, Any]], head: Sequence[int] | None = 
                     t_form: int | None = None, field: str = "to_z_first") -> Captioned:
     """Attention to z over steps, one line per head, the selector head highlighted."""
     steps, grid = _head_grid(records, field)
-    fig = go.Figure()
-    sel = tuple(head) if head is not None else None
-    n_layers, n_heads = grid.shape[1:] if grid.size else (0, 0)
-    for i, (l, h) in enumerate((l, h) for l in range(n_layers) for h in range(n_heads)):
-        is_sel = (l, h) == sel
-        fig.add_trace(go.Scatter(
-            x=steps, y=_nan_to_none(grid[:, l, h]), mode="lines", name=head_label(l, h) + (" (selector)" if is_sel else ""),
-            line={"color": SELECTOR_COLOR if is_sel else HEAD_COLORS[i % len(HEAD_COLORS)], "width": 3.5 if is_sel else 1.3},
-            opacity=1.0 if is_sel else 0.7))
+    fig = _per_head_lines(steps, grid, head, "lines", 0.7)
     _add_landmarks(fig, tau, t_form)
     _layout(fig, "Attention to z over training, per head", "step", "attention to z (first target position)")
     fig.update_yaxes(range=[0, 1])
@@ -340,16 +347,7 @@ def head_share_lines(records: list[dict[str, Any]], head: Sequence[int] | None =
     """Each head's share of the summed positive head-patching effect over the exact steps (``interp.circuit``)."""
     steps = [int(r["step"]) for r in records]
     grid = np.stack([_array(r["shares"]["share"]) for r in records]) if records else np.zeros((0, 0, 0))
-    fig = go.Figure()
-    sel = tuple(head) if head is not None else None
-    n_layers, n_heads = grid.shape[1:] if grid.size else (0, 0)
-    for i, (l, h) in enumerate((l, h) for l in range(n_layers) for h in range(n_heads)):
-        is_sel = (l, h) == sel
-        fig.add_trace(go.Scatter(
-            x=steps, y=_nan_to_none(grid[:, l, h]), mode="lines+markers",
-            name=head_label(l, h) + (" (selector)" if is_sel else ""),
-            line={"color": SELECTOR_COLOR if is_sel else HEAD_COLORS[i % len(HEAD_COLORS)],
-                  "width": 3.5 if is_sel else 1.3}, opacity=1.0 if is_sel else 0.75))
+    fig = _per_head_lines(steps, grid, head, "lines+markers", 0.75)
     _add_landmarks(fig, tau, t_form)
     _layout(fig, "Each head's share of the positive head-patching effect", "step", "share of summed positive effect")
     fig.update_yaxes(range=[0, 1])
