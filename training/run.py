@@ -53,6 +53,7 @@ class RunError(Exception):
 
 
 def checkpoint_name(step: int) -> str:
+    """The file name of the checkpoint at ``step`` (``step_NNNNNNN.safetensors``)."""
     return f"step_{step:07d}.safetensors"
 
 
@@ -71,14 +72,17 @@ def atomic_write(path: Path, write: Any) -> None:
 
 
 def write_text_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a temporary file, then one rename)."""
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:
+    """Write ``obj`` as indented JSON to ``path`` atomically."""
     write_text_atomic(path, json.dumps(obj, indent=2) + "\n")
 
 
 def save_checkpoint(path: Path, state_dict: dict[str, torch.Tensor], step: int) -> None:
+    """Write weights as safetensors with the format tag and the step in the metadata, atomically."""
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
     meta = {"format": CHECKPOINT_FORMAT, "step": str(step)}
     atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
@@ -109,10 +113,12 @@ def load_checkpoint(path: Path) -> tuple[dict[str, torch.Tensor], int]:
 
 
 def save_resume_state(path: Path, state: dict[str, Any]) -> None:
+    """Write the resume state (tensors and plain types only) atomically."""
     atomic_write(path, lambda tmp: torch.save(state, tmp))
 
 
 def load_resume_state(path: Path) -> dict[str, Any]:
+    """The resume state, loaded with ``weights_only=True``; a one-line RunError if unreadable."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
@@ -120,6 +126,7 @@ def load_resume_state(path: Path) -> dict[str, Any]:
 
 
 def read_json(path: Path) -> Any:
+    """A JSON file, or a one-line RunError naming it."""
     path = Path(path)
     if not path.is_file():
         raise RunError(f"{path}: no such file")
@@ -178,6 +185,7 @@ class Run:
 
     @property
     def log_k(self) -> float:
+        """log K of the run's task: the plateau height."""
         return self.config.task.log_k
 
     def steps(self) -> list[int]:
@@ -188,6 +196,7 @@ class Run:
         return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _CKPT_RE.match(p.name)))
 
     def checkpoint_path(self, step: int) -> Path:
+        """The checkpoint file of ``step``, or a one-line RunError naming the steps that exist."""
         path = self.path / CHECKPOINT_DIR / checkpoint_name(step)
         if not path.is_file():
             have = self.steps()
@@ -210,9 +219,11 @@ class Run:
             yield step, self.load_model(step, device, backend)
 
     def metrics(self) -> list[dict]:
+        """The records of ``metrics.jsonl``, one per evaluation."""
         return read_jsonl(self.path / METRICS_FILE)
 
     def summary(self) -> dict | None:
+        """``summary.json``, or None while the run is unfinished."""
         path = self.path / SUMMARY_FILE
         return read_json(path) if path.exists() else None
 
@@ -230,6 +241,7 @@ class Run:
                                know_nothing_reference(self.task()))
 
     def task(self) -> Task:
+        """The run's task, rebuilt from ``dataset.jsonl`` (cached)."""
         if self._task is None:
             self._task = Task.from_records(self.config.task, read_jsonl(self.path / DATASET_FILE))
         return self._task

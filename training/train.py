@@ -40,6 +40,7 @@ R = TypeVar("R")
 
 
 def resolve_device(name: str) -> torch.device:
+    """``auto`` (a GPU when present), ``cpu`` or ``cuda`` as a torch device; else a one-line ConfigError."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
@@ -303,6 +304,7 @@ def _bar_fields(record: dict, log_k: float) -> dict:
 
 
 def default_run_name(cfg: RunConfig) -> str:
+    """The run directory name made from the options: preset, direction, K, n_b, lr, batch and seed."""
     t, tr = cfg.task, cfg.train
     return (f"{cfg.preset or 'custom'}_{t.direction}_K{t.K}_nb{t.n_b}_lr{tr.lr:g}_bs{tr.batch_size}"
             f"_seed{tr.seed}")
@@ -312,10 +314,12 @@ class OneLineParser(argparse.ArgumentParser):
     """An ArgumentParser whose usage errors are one line on stderr (exit code 2), not usage + error."""
 
     def error(self, message: str) -> None:  # type: ignore[override]
+        """Print a usage error as one line and exit with code 2."""
         self.exit(2, f"error: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``python -m training.train``."""
     p = OneLineParser(
         prog="python -m training.train",
         description="Train a HookedTransformer on the (B, z) -> A task, writing dense checkpoints, "
@@ -349,6 +353,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The preset with the command line's overrides applied, validated."""
     cfg = get_preset(args.preset)
     overrides = {name: getattr(args, attr) for name, attr in [
         ("K", "K"), ("n_b", "n_b"), ("seed", "seed"), ("direction", "direction"), ("lr", "lr"),
@@ -363,6 +368,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``python -m training.train``: train one run; errors are one line and exit code 2."""
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
