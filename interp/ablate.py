@@ -34,7 +34,7 @@ from transformer_lens.utilities import get_act_name
 
 from interp.attention import head_table
 from interp.cli import CliError, add_ckpt_args, format_table, resolve_ckpt, run_cli, write_json
-from training.backend import Model
+from training.backend import Model, shares_prefixes
 from training.layout import Layout
 from training.metrics import EvalSet, candidate_metrics, shared_prefix_logprobs
 from training.task import Task
@@ -58,6 +58,13 @@ class HeadAblation:
     """Ablated minus unablated candidate loss (positive: the head helped)."""
     d_delta_z: Float[Tensor, "n_layers n_heads"]
     """Ablated minus unablated delta_z (negative: the model uses z less without the head)."""
+
+    @classmethod
+    def from_metrics(cls, kind: str, n_groups: int, base: dict[str, float], candidate_loss: list | Tensor,
+                     delta_z: list | Tensor) -> HeadAblation:
+        """From the unablated metrics and each head's ablated candidate loss and delta_z (``[layer][head]``)."""
+        cl, dz = torch.as_tensor(candidate_loss, dtype=torch.float32), torch.as_tensor(delta_z, dtype=torch.float32)
+        return cls(kind, n_groups, base, cl, dz, cl - base["candidate_loss"], dz - base["delta_z"])
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types: every per-head tensor as nested lists."""
@@ -169,13 +176,39 @@ def ablation_scores(
         raise ValueError(f"ablation masks have shape {tuple(masks.shape)}, the model has {L} layers x {H} heads")
     replacement = mean_head_outputs(model, evalset.eval_seqs, layout) if kind == "mean" else None
     C, G = masks.shape[0], shift.shape[0]
-    # Every (ablation copy, group) is a tree of K x K candidates whose prefixes are scored once:
-    # its <BOS> B <SEP>, then each z_j <SEP>, then the candidates (training.metrics.shared_prefix_logprobs).
-    tree = cand.view(1, G, K, K, -1).expand(C, -1, -1, -1, -1).reshape(C * G, K, K, -1)
-    logp, _ = shared_prefix_logprobs(
-        model, tree, (layout.z_span[0], layout.target_span[0]), layout, batch_size=max_rows,
-        hooks_for=lambda roots, offset: _ablation_hooks(masks[roots // G], replacement, offset))
-    return logp.sum(-1).view(C, G, K, K)
+    splits = (layout.z_span[0], layout.target_span[0])
+    trees = cand.view(G, K, K, -1)
+
+    def score(sub: Bool[Tensor, "c n_layers n_heads"], **start) -> Float[Tensor, "c G K K"]:
+        # Every (ablation copy, group) is a tree of K x K candidates whose prefixes are scored once:
+        # its <BOS> B <SEP>, then each z_j <SEP>, then the candidates (training.metrics.shared_prefix_logprobs).
+        logp, _ = shared_prefix_logprobs(
+            model, trees.expand(len(sub), -1, -1, -1, -1).reshape(len(sub) * G, K, K, -1), splits, layout,
+            batch_size=max_rows, hooks_for=lambda roots, offset: _ablation_hooks(sub[roots // G], replacement, offset),
+            **start)
+        return logp.sum(-1).view(len(sub), G, K, K)
+
+    if not shares_prefixes(model):
+        return score(masks)
+    # A copy that ablates nothing below layer l equals the unablated model there, keys and values
+    # included: it starts at l on the unablated run's residual stream (first ablated layer; L: none).
+    ablated = masks.any(-1)  # [C, L]
+    first = torch.where(ablated.any(-1), ablated.float().argmax(-1), L)  # [C]
+    skip = sorted({int(x) for x in first} - {0, L})
+    resid: dict[tuple[int, int], Tensor] = {(lvl, layer): torch.empty(0) for lvl in range(len(splits) + 1)
+                                            for layer in skip}
+    out = torch.empty(C, G, K, K)
+    if skip or (first == L).any():  # the unablated run
+        out[first == L] = score(torch.zeros(1, L, H, dtype=torch.bool), save_resid=resid)
+    if (first == 0).any():
+        out[first == 0] = score(masks[first == 0])
+    for layer in skip:
+        def base(lvl: int, rows: Tensor, layer: int = layer) -> Tensor:
+            at = resid[(lvl, layer)]
+            return at[rows % len(at)]  # copy-major: row r of a copy is row r mod (rows per copy) of the base
+
+        out[first == layer] = score(masks[first == layer], start_layer=layer, start_resid=base)
+    return out
 
 
 def ablation_metrics(
@@ -199,10 +232,9 @@ def ablate_each_head(
     L, H = model.cfg.n_layers, model.cfg.n_heads
     masks = torch.cat([torch.zeros(1, L * H, dtype=torch.bool), torch.eye(L * H, dtype=torch.bool)]).view(-1, L, H)
     base, *each = ablation_metrics(model, task, evalset, masks, kind)
-    cl = torch.tensor([m["candidate_loss"] for m in each]).view(L, H)
-    dz = torch.tensor([m["delta_z"] for m in each]).view(L, H)
-    return HeadAblation(kind, len(evalset.shift), base, cl, dz,
-                        cl - base["candidate_loss"], dz - base["delta_z"])
+    return HeadAblation.from_metrics(kind, len(evalset.shift), base,
+                                     torch.tensor([m["candidate_loss"] for m in each]).view(L, H),
+                                     torch.tensor([m["delta_z"] for m in each]).view(L, H))
 
 
 def ablate_heads(

@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from interp import selector as sel
 from interp.ablate import ablate_each_head, near_log_k
-from interp.circuit import circuit_record, circuit_summary, format_circuit
+from interp.circuit import circuit_record, circuit_summary, each_head_ablation, format_circuit
 from interp.attention import attention_to_z
 from interp.attribution import agreement, attribute_all
 from interp.cli import CliError, add_backend_arg, run_cli
@@ -52,8 +52,9 @@ from training.run import Run, RunError, read_json
 log = logging.getLogger(__name__)
 
 CACHE_FILES = {"attention": ATTENTION_FILE, "attribution": ATTRIBUTION_FILE, "patch": PATCH_FILE,
-               "ablation": ABLATION_FILE, "circuit": CIRCUIT_FILE}
-"""The per-step caches of :func:`analyze_run`, by analysis name."""
+               "circuit": CIRCUIT_FILE, "ablation": ABLATION_FILE}
+"""The per-step caches of :func:`analyze_run`, by analysis name, in the order a step computes them
+(the circuit reuses the head patching; the head ablation of the circuit's kind reuses its set ablations)."""
 ABLATION_KINDS = ("zero", "mean")
 
 
@@ -173,6 +174,7 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     targets = settings.patch_targets
 
     cached_heads = {r["step"]: r["heads"] for r in cache["patch"] if "heads" in r}
+    cached_sets = {r["step"]: r["ablation"] for r in cache["circuit"]}
 
     def compute(name: str, step: int, model: torch.nn.Module, fresh: dict[str, Any]) -> dict[str, Any]:
         if name == "attention":
@@ -186,7 +188,9 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
             heads = (fresh.get("patch") or {}).get("heads") or cached_heads.get(step)
             return circuit_record(model, task, pairs, settings.circuit_ablation, settings.ablation_groups,
                                   settings.seed, heads)
-        return {k: ablate_each_head(model, task, k, settings.ablation_groups, settings.seed).to_dict()
+        sets = (fresh.get("circuit") or {}).get("ablation") or cached_sets.get(step)
+        return {k: (each_head_ablation(sets) if sets and sets["kind"] == k else
+                    ablate_each_head(model, task, k, settings.ablation_groups, settings.seed)).to_dict()
                 for k in ABLATION_KINDS}
 
     for step in tqdm(sorted(set(todo)), desc=f"analyse {run.path.name}", disable=not progress, dynamic_ncols=True):

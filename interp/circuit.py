@@ -39,7 +39,7 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from interp.ablate import MARGINAL_TOL, ablation_metrics, build_evalset, near_log_k
+from interp.ablate import MARGINAL_TOL, HeadAblation, ablation_metrics, build_evalset, near_log_k
 from interp.inputs import PromptPairs
 from interp.patch import PatchSpec, patch, patch_sweep, position_labels
 from training.backend import Model
@@ -101,17 +101,24 @@ def ablate_sets(model: Model, task: Task, kind: str = "mean", n_groups: int = 8,
                 seed: int = 0) -> dict[str, Any]:
     """Candidate loss and delta_z with each head alone, each layer, each layer but one head ablated."""
     L, H = model.cfg.n_layers, model.cfg.n_heads
-    metrics = ablation_metrics(model, task, build_evalset(task, n_groups, seed), set_masks(L, H), kind)
+    evalset = build_evalset(task, n_groups, seed)
+    metrics = ablation_metrics(model, task, evalset, set_masks(L, H), kind)
     base, rest = metrics[0], metrics[1:]
     alone, layer, but = rest[: L * H], rest[L * H: L * H + L], rest[L * H + L:]
 
     def grid(ms: list[dict], key: str) -> list[list[float]]:
         return [[ms[la * H + h][key] for h in range(H)] for la in range(L)]
 
-    return {"kind": kind, "n_groups": n_groups, "base": base,
+    return {"kind": kind, "n_groups": len(evalset.shift), "base": base,
             "alone": grid(alone, "candidate_loss"), "layer": [m["candidate_loss"] for m in layer],
             "layer_but": grid(but, "candidate_loss"), "alone_delta_z": grid(alone, "delta_z"),
             "layer_delta_z": [m["delta_z"] for m in layer], "layer_but_delta_z": grid(but, "delta_z")}
+
+
+def each_head_ablation(sets: dict[str, Any]) -> HeadAblation:
+    """The one-head-at-a-time ablation (``interp.ablate.ablate_each_head``) contained in an
+    :func:`ablate_sets` record: the same masks, eval set and metric."""
+    return HeadAblation.from_metrics(sets["kind"], sets["n_groups"], sets["base"], sets["alone"], sets["alone_delta_z"])
 
 
 def read_positions(task: Task) -> list[int]:

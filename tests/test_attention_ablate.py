@@ -170,14 +170,15 @@ def test_ablation_scores_equal_full_forwards(tiny, kind):
     model = build_hooked_transformer({**run.hooked_config, "n_layers": 2}, seed=4).eval()
     evalset = build_evalset(task, n_groups=3, seed=2)
     lay, K = task.layout, task.cfg.K
-    masks = torch.zeros(2, 2, model.cfg.n_heads, dtype=torch.bool)
-    masks[1, 0, 1] = masks[1, 1, 0] = True
+    # copies that start at layer 1 (first ablated layer), unablated, and at layer 0, out of order
+    masks = torch.zeros(4, 2, model.cfg.n_heads, dtype=torch.bool)
+    masks[0, 1, 0] = masks[2, 0, 1] = masks[2, 1, 0] = masks[3, 1, 1] = True
     got = ablate.ablation_scores(model, task, evalset, masks, kind, max_rows=50)
     seqs = evalset.candidate_seqs
     with torch.no_grad():
         _, cache = model.run_with_cache(evalset.eval_seqs[:, : lay.input_len])
         pos = torch.tensor(lay.target_pred_positions)
-        for c in range(2):
+        for c in range(len(masks)):
             def hook(z, hook, layer=None):
                 layer = int(hook.name.split(".")[1])
                 value = torch.zeros_like(z) if kind == "zero" else cache[hook.name].mean(0).expand_as(z)
@@ -188,3 +189,17 @@ def test_ablation_scores_equal_full_forwards(tiny, kind):
                                           fwd_hooks=[(get_act_name("z", la), hook) for la in range(2)])[:, pos]
             logp = logits.log_softmax(-1).gather(-1, seqs[:, pos + 1][..., None])[..., 0]
             torch.testing.assert_close(got[c], logp.sum(-1).view(-1, K, K), atol=1e-4, rtol=1e-5)
+
+
+def test_each_head_ablation_read_from_the_set_ablations(tiny):
+    """interp.analyze takes the mean head ablation from the circuit's set ablations: the same numbers."""
+    from interp.circuit import ablate_sets, each_head_ablation
+    from training.model import build_hooked_transformer
+
+    run, _, task = tiny
+    model = build_hooked_transformer({**run.hooked_config, "n_layers": 2}, seed=4).eval()
+    got = each_head_ablation(ablate_sets(model, task, "mean", n_groups=3, seed=2))
+    want = ablate_each_head(model, task, "mean", n_groups=3, seed=2)
+    assert (got.kind, got.n_groups) == (want.kind, want.n_groups) and got.base == pytest.approx(want.base, abs=1e-6)
+    for field in ("candidate_loss", "delta_z", "d_candidate_loss", "d_delta_z"):
+        torch.testing.assert_close(getattr(got, field), getattr(want, field), atol=1e-5, rtol=0)

@@ -200,6 +200,8 @@ def know_nothing_reference(task: Task, groups: Int[Tensor, " G"] | None = None) 
 def shared_prefix_logprobs(
     model: Model, seqs: Int[Tensor, "*tree seq"], splits: tuple[int, ...], layout: Layout,
     batch_size: int = 2048, hooks_for: Callable[[Tensor, int], list] | None = None,
+    start_layer: int = 0, start_resid: Callable[[int, Tensor], Tensor] | None = None,
+    save_resid: dict[tuple[int, int], Tensor] | None = None,
 ) -> tuple[Float[Tensor, "*tree T"], Bool[Tensor, " *tree"]]:
     """:func:`target_logprobs` of sequences that share prefixes, each prefix run once.
 
@@ -212,6 +214,12 @@ def shared_prefix_logprobs(
     ``hooks_for(roots, offset)``, if given, returns forward hooks for a batch whose rows descend
     from the given indices along the first tree axis and whose activations start at position
     ``offset`` (e.g. head ablations that differ per first-axis row).
+
+    Runs that change nothing below a layer can start there: with ``start_layer`` > 0,
+    ``start_resid(level, rows)`` gives the residual stream before that layer of the level's
+    representative ``rows`` (e.g. from an unchanged run), and only the blocks from there on run.
+    ``save_resid``, if given, receives that residual stream of a run: for each of its keys
+    ``(level, layer)`` (the values are ignored), ``[representatives, level positions, d_model]``.
 
     A model that cannot share prefixes (:func:`training.backend.shares_prefixes`: the bridge)
     scores every sequence in full (:func:`target_logprobs`, the hooks at offset 0): the same numbers.
@@ -229,8 +237,12 @@ def shared_prefix_logprobs(
     pred = torch.tensor(layout.target_pred_positions)
     targets = seqs[..., pred + 1]  # [*tree, T]
     L = model.cfg.n_layers
-    names = [get_act_name(kind, layer) for kind in ("k", "v") for layer in range(L)]
-    past: list[Tensor] | None = None  # keys then values per layer, [prefixes, pos, head, d_head]
+    if not 0 <= start_layer < L or (start_layer > 0) != (start_resid is not None):
+        raise ValueError(f"start_layer {start_layer} needs 0 <= start_layer < {L}, and start_resid exactly when > 0")
+    layers = range(start_layer, L)  # the blocks that run; keys and values of the others are never read
+    names = [get_act_name(kind, layer) for kind in ("k", "v") for layer in layers]
+    resid_names = {(lvl, get_act_name("resid_pre", layer)): layer for lvl, layer in (save_resid or {})}
+    past: list[Tensor] | None = None  # keys then values per running layer, [prefixes, pos, head, d_head]
     logps, exacts = [], []
     for lvl in range(len(dims)):
         rep = seqs[(slice(None),) * (lvl + 1) + (0,) * (len(dims) - lvl - 1)]
@@ -240,21 +252,28 @@ def shared_prefix_logprobs(
         parent = torch.arange(math.prod(dims[:lvl])).repeat_interleave(dims[lvl]) if lvl else None
         last_level = lvl == len(dims) - 1
         new_kv, level_logits = [], []
+        level_resid: dict[str, list[Tensor]] = {n: [] for at, n in resid_names if at == lvl}
         for rows in torch.arange(len(tokens)).split(batch_size):
             saved: dict[str, Tensor] = {}
 
             def save(act: Tensor, hook) -> None:
                 saved[hook.name] = act
 
-            resid = model.embed(tokens[rows]) + model.pos_embed(tokens[rows], bounds[lvl])
-            cache = None if past is None else [
-                TransformerLensKeyValueCacheEntry(past[layer][parent[rows]], past[L + layer][parent[rows]], frozen=True)
-                for layer in range(L)]
-            hooks = [] if last_level else [(n, save) for n in names]
+            if start_layer == 0:
+                resid = model.embed(tokens[rows]) + model.pos_embed(tokens[rows], bounds[lvl])
+            else:
+                resid = start_resid(lvl, rows).to(device)
+            n_run = len(layers)
+            cache = None if past is None else [None] * start_layer + [
+                TransformerLensKeyValueCacheEntry(past[i][parent[rows]], past[n_run + i][parent[rows]], frozen=True)
+                for i in range(n_run)]
+            hooks = ([] if last_level else [(n, save) for n in names]) + [(n, save) for n in level_resid]
             if hooks_for is not None:
                 hooks += hooks_for(rows // math.prod(dims[1: lvl + 1]), bounds[lvl])
-            resid = model.run_with_hooks(resid, fwd_hooks=hooks, start_at_layer=0, stop_at_layer=L,
+            resid = model.run_with_hooks(resid, fwd_hooks=hooks, start_at_layer=start_layer, stop_at_layer=L,
                                          past_kv_cache=cache)
+            for n, chunks in level_resid.items():
+                chunks.append(saved[n])
             x = resid[:, rel]
             if model.cfg.normalization_type is not None:
                 x = model.ln_final(x)
@@ -264,7 +283,9 @@ def shared_prefix_logprobs(
                 new_kv.append(new if past is None else
                               [torch.cat([past[i][parent[rows]], a], dim=1) for i, a in enumerate(new)])
         if not last_level:
-            past = [torch.cat([chunk[i] for chunk in new_kv]) for i in range(2 * L)]
+            past = [torch.cat([chunk[i] for chunk in new_kv]) for i in range(len(names))]
+        for n, chunks in level_resid.items():
+            save_resid[(lvl, resid_names[(lvl, n)])] = torch.cat(chunks)
         if here:
             logits = torch.cat(level_logits).view(*dims[: lvl + 1], *(1,) * (len(dims) - lvl - 1), len(here), -1)
             tgt = targets[..., here]
