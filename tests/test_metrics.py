@@ -155,3 +155,38 @@ def test_shared_prefix_evaluation_equals_scoring_every_sequence(tiny_run, kind):
             assert got[key] == pytest.approx(value, abs=1e-4)  # rounded to 4 places when logged
         else:
             assert got[key] == pytest.approx(value, abs=1e-5), key
+
+
+@pytest.mark.parametrize("kind", ["oracle", "random_2layer", "mixed"])
+def test_pruned_prefixes_give_the_same_exact_match(tiny_run, kind):
+    """prune=True stops prefixes whose sequences have all missed a target token: exact match unchanged,
+    log-probabilities unchanged wherever they are still computed."""
+    from tests.handbuilt import handbuilt_task, selector_copy_model
+    from training.metrics import shared_prefix_logprobs
+    from training.model import build_hooked_transformer
+    from training.run import Run
+
+    if kind == "random_2layer":
+        run = Run(tiny_run)
+        task = run.task()
+        model = build_hooked_transformer({**run.hooked_config, "n_layers": 2}, seed=3).eval()
+    else:
+        task = handbuilt_task()
+        model = selector_copy_model(task)
+    lay, K = task.layout, task.cfg.K
+    seqs = task.tokens[task.example_ids(torch.arange(min(6, task.cfg.n_b))).flatten()]
+    if kind == "mixed":  # every other sequence gets a wrong target token: some prefixes stop, some go on
+        seqs = seqs.clone()
+        seqs[::2, lay.target_span[0] + 1] = (seqs[::2, lay.target_span[0] + 1] + 1) % len(task.vocab)
+    tree = seqs.view(-1, K, 1, seqs.shape[-1])
+    splits = (lay.z_span[0], lay.target_span[0])
+    full_logp, full_exact = shared_prefix_logprobs(model, tree, splits, lay, batch_size=5)
+    logp, exact = shared_prefix_logprobs(model, tree, splits, lay, batch_size=5, prune=True)
+    assert torch.equal(exact, full_exact)
+    n_exact = int(full_exact.sum())
+    assert (n_exact == full_exact.numel()) if kind == "oracle" else (n_exact == 0) if kind == "random_2layer" \
+        else (0 < n_exact < full_exact.numel())
+    ran = ~logp.isnan()
+    assert ran[..., 0].all() and (ran.all(-1) | ~full_exact).all()  # the first target token always runs
+    assert ran.all() if kind != "random_2layer" else not ran.all()  # a random model misses a1: pruned
+    torch.testing.assert_close(logp[ran], full_logp[ran], atol=1e-5, rtol=0)

@@ -115,7 +115,7 @@ class EvalSet:
                    task.tokens[task.example_ids(tracked).flatten()])
 
 
-def evaluate(model: nn.Module, task: Task, evalset: EvalSet, batch_size: int = 2048) -> dict:
+def evaluate(model: nn.Module, task: Task, evalset: EvalSet, batch_size: int = 512) -> dict:
     """All logged metrics of one model on the evaluation set (plain floats and lists).
 
     Backward task: each prefix is scored once (:func:`shared_prefix_logprobs`): a group's
@@ -150,9 +150,11 @@ def evaluate(model: nn.Module, task: Task, evalset: EvalSet, batch_size: int = 2
     out["loss"] = -true_logp.mean().item()
     out["first_token_loss"] = -true_logp[..., 0].mean().item()
     tracked = evalset.tracked_seqs
-    if shared:  # a tracked group's K sequences share <BOS> B <SEP>
-        _, tracked_exact = shared_prefix_logprobs(model, tracked.view(-1, K, tracked.shape[-1]),
-                                                  (layout.z_span[0],), layout, batch_size)
+    if shared:  # a tracked group's K sequences share <BOS> B <SEP>; one whose first target token is
+        # already missed is not run further (only exact matches are read)
+        _, tracked_exact = shared_prefix_logprobs(model, tracked.view(-1, K, 1, tracked.shape[-1]),
+                                                  (layout.z_span[0], layout.target_span[0]), layout, batch_size,
+                                                  prune=True)
     else:
         _, tracked_exact = target_logprobs(model, tracked, layout, batch_size)
     out["group_acc"] = [round(x, 4) for x in tracked_exact.reshape(-1, K).float().mean(-1).tolist()]
@@ -201,7 +203,7 @@ def shared_prefix_logprobs(
     model: Model, seqs: Int[Tensor, "*tree seq"], splits: tuple[int, ...], layout: Layout,
     batch_size: int = 2048, hooks_for: Callable[[Tensor, int], list] | None = None,
     start_layer: int = 0, start_resid: Callable[[int, Tensor], Tensor] | None = None,
-    save_resid: dict[tuple[int, int], Tensor] | None = None,
+    save_resid: dict[tuple[int, int], Tensor] | None = None, prune: bool = False,
 ) -> tuple[Float[Tensor, "*tree T"], Bool[Tensor, " *tree"]]:
     """:func:`target_logprobs` of sequences that share prefixes, each prefix run once.
 
@@ -220,6 +222,10 @@ def shared_prefix_logprobs(
     representative ``rows`` (e.g. from an unchanged run), and only the blocks from there on run.
     ``save_resid``, if given, receives that residual stream of a run: for each of its keys
     ``(level, layer)`` (the values are ignored), ``[representatives, level positions, d_model]``.
+
+    ``prune``: for the exact match only. A prefix none of whose sequences can still be an exact
+    match (greedy decoding already missed a target token) is not run further: its descendants'
+    log-probabilities from there on are NaN, their exact match False (the same as without pruning).
 
     A model that cannot share prefixes (:func:`training.backend.shares_prefixes`: the bridge)
     scores every sequence in full (:func:`target_logprobs`, the hooks at offset 0): the same numbers.
@@ -242,18 +248,25 @@ def shared_prefix_logprobs(
     layers = range(start_layer, L)  # the blocks that run; keys and values of the others are never read
     names = [get_act_name(kind, layer) for kind in ("k", "v") for layer in layers]
     resid_names = {(lvl, get_act_name("resid_pre", layer)): layer for lvl, layer in (save_resid or {})}
-    past: list[Tensor] | None = None  # keys then values per running layer, [prefixes, pos, head, d_head]
-    logps, exacts = [], []
+    if prune and save_resid:
+        raise ValueError("save_resid needs every prefix run: not with prune")
+    # Keys then values per running layer of each earlier level's own positions, [prefixes run, pos,
+    # head, d_head], with the row of each of that level's prefixes (-1: not run). A batch gathers its
+    # ancestors' rows only when it runs, so a pruned prefix's keys and values are never copied.
+    segments: list[tuple[list[Tensor], Tensor]] = []
+    exact = torch.ones(dims, dtype=torch.bool)  # every target token so far predicted by the argmax
+    logps = []
     for lvl in range(len(dims)):
         rep = seqs[(slice(None),) * (lvl + 1) + (0,) * (len(dims) - lvl - 1)]
         tokens = rep.reshape(-1, seqs.shape[-1])[:, bounds[lvl]: bounds[lvl + 1]].to(device)
         here = [i for i, p in enumerate(pred.tolist()) if bounds[lvl] <= p < bounds[lvl + 1]]
         rel = pred[here] - bounds[lvl]
-        parent = torch.arange(math.prod(dims[:lvl])).repeat_interleave(dims[lvl]) if lvl else None
         last_level = lvl == len(dims) - 1
+        # the prefixes of this level to run: all, or (prune) those with a sequence still exact
+        alive = exact.reshape(len(tokens), -1).any(-1).nonzero()[:, 0] if prune else torch.arange(len(tokens))
         new_kv, level_logits = [], []
         level_resid: dict[str, list[Tensor]] = {n: [] for at, n in resid_names if at == lvl}
-        for rows in torch.arange(len(tokens)).split(batch_size):
+        for rows in alive.split(batch_size):
             saved: dict[str, Tensor] = {}
 
             def save(act: Tensor, hook) -> None:
@@ -263,10 +276,13 @@ def shared_prefix_logprobs(
                 resid = model.embed(tokens[rows]) + model.pos_embed(tokens[rows], bounds[lvl])
             else:
                 resid = start_resid(lvl, rows).to(device)
-            n_run = len(layers)
-            cache = None if past is None else [None] * start_layer + [
-                TransformerLensKeyValueCacheEntry(past[i][parent[rows]], past[n_run + i][parent[rows]], frozen=True)
-                for i in range(n_run)]
+            cache = None
+            if segments:
+                past = [torch.cat(kv, dim=1) for kv in zip(*(
+                    [t[row_of[rows // math.prod(dims[at + 1: lvl + 1])]] for t in seg]
+                    for at, (seg, row_of) in enumerate(segments)))]
+                cache = [None] * start_layer + [TransformerLensKeyValueCacheEntry(k, v, frozen=True)
+                                                for k, v in zip(past[: len(layers)], past[len(layers):])]
             hooks = ([] if last_level else [(n, save) for n in names]) + [(n, save) for n in level_resid]
             if hooks_for is not None:
                 hooks += hooks_for(rows // math.prod(dims[1: lvl + 1]), bounds[lvl])
@@ -279,19 +295,22 @@ def shared_prefix_logprobs(
                 x = model.ln_final(x)
             level_logits.append(model.unembed(x).float().cpu())
             if not last_level:
-                new = [saved[n] for n in names]
-                new_kv.append(new if past is None else
-                              [torch.cat([past[i][parent[rows]], a], dim=1) for i, a in enumerate(new)])
+                new_kv.append([saved[n] for n in names])
         if not last_level:
-            past = [torch.cat([chunk[i] for chunk in new_kv]) for i in range(len(names))]
+            row_of = torch.full((len(tokens),), -1, dtype=torch.long)
+            row_of[alive] = torch.arange(len(alive))
+            segments.append(([torch.cat(chunks) for chunks in zip(*new_kv)] if new_kv else [], row_of))
         for n, chunks in level_resid.items():
             save_resid[(lvl, resid_names[(lvl, n)])] = torch.cat(chunks)
         if here:
-            logits = torch.cat(level_logits).view(*dims[: lvl + 1], *(1,) * (len(dims) - lvl - 1), len(here), -1)
+            logits = torch.full((len(tokens), len(here), model.cfg.d_vocab_out), float("nan"))
+            if len(alive):
+                logits[alive] = torch.cat(level_logits)
+            logits = logits.view(*dims[: lvl + 1], *(1,) * (len(dims) - lvl - 1), len(here), -1)
             tgt = targets[..., here]
             logps.append(logits.log_softmax(-1).expand(*dims, len(here), -1).gather(-1, tgt[..., None])[..., 0])
-            exacts.append(logits.argmax(-1).expand(*dims, len(here)) == tgt)
-    return torch.cat(logps, -1), torch.cat(exacts, -1).all(-1)
+            exact &= (logits.argmax(-1).expand(*dims, len(here)) == tgt).all(-1)
+    return torch.cat(logps, -1), exact
 
 
 def candidate_metrics(scores: Float[Tensor, "G K K"], shift: Int[Tensor, "G K"]) -> dict:
