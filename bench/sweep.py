@@ -83,6 +83,45 @@ def profile_step(cfg, seeds: int, steps: int = 20) -> dict[str, tuple[float, flo
     return {part: (med([a for a, _ in v]), med([b for _, b in v])) for part, v in times.items()}
 
 
+def best_matmul_gflops(n: int = 1024, reps: int = 10) -> float:
+    """This machine's float32 matmul speed (an n x n product, best of ``reps``): the roofline."""
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    a @ b
+    best = float("inf")
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        a @ b
+        best = min(best, time.perf_counter() - t0)
+    return 2 * n**3 / best / 1e9
+
+
+def matmul_seconds(cfg, seeds: int, steps: int = 5) -> tuple[float, float]:
+    """(seconds in matmul kernels, total seconds) per vectorised S-member training step (torch profiler)."""
+    from torch.profiler import profile
+
+    task = Task.generate(cfg.task)
+    template = build_hooked_transformer(hooked_config_dict(cfg.model, task.layout, len(task.vocab)))
+    members = [build_hooked_transformer(hooked_config_dict(cfg.model, task.layout, len(task.vocab)), seed=s)
+               for s in range(seeds)]
+    params, opt = stack_members(template, [m.state_dict() for m in members], None, cfg)
+    buffers = dict(template.named_buffers())
+    batch = task.tokens[torch.randint(0, task.cfg.D, (seeds, cfg.train.batch_size))]
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        ensemble_loss(template, params, buffers, batch, task.layout).sum().backward()
+        opt.step()
+
+    step()
+    t0 = time.perf_counter()
+    with profile() as prof:
+        for _ in range(steps):
+            step()
+    total = (time.perf_counter() - t0) / steps
+    mm = sum(e.self_cpu_time_total for e in prof.key_averages() if e.key in ("aten::bmm", "aten::mm", "aten::addmm"))
+    return mm / 1e6 / steps, total
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="ci", choices=sorted(PRESETS))
@@ -122,6 +161,22 @@ def main() -> None:
         print(f"  {part:<9} {a * 1e3:8.1f} ms  vs {b * 1e3:8.1f} ms  ({a / b:.2f}x)")
     a, b = (sum(v[i] for v in prof.values()) for i in (0, 1))
     print(f"  {'step':<9} {a * 1e3:8.1f} ms  vs {b * 1e3:8.1f} ms  ({a / b:.2f}x)")
+    # The reason, in numbers: a vectorised step does the members' arithmetic; at 2x it would have to
+    # run at twice the solo steps' speed, and its matrix products alone already run near this
+    # machine's best matmul speed.
+    task = Task.generate(cfg.task)
+    n_params = sum(p.numel() for p in build_hooked_transformer(
+        hooked_config_dict(cfg.model, task.layout, len(task.vocab))).parameters())
+    flop = 6 * n_params * cfg.train.batch_size * task.layout.input_len * args.seeds  # 6 N tokens, all members
+    peak = best_matmul_gflops()
+    mm, total = matmul_seconds(cfg, args.seeds)
+    print(f"roofline: {args.seeds} members' step = {flop / 1e9:.2f} GFLOP (6 x parameters x tokens); "
+          f"best matmul on this machine {peak:.0f} GFLOP/s")
+    print(f"  solo steps       : {flop / a / 1e9:6.1f} GFLOP/s")
+    print(f"  vectorised step  : {flop / b / 1e9:6.1f} GFLOP/s; its matrix products {mm * 1e3:.1f} of "
+          f"{total * 1e3:.1f} ms (profiled), {flop / mm / 1e9:.0f} GFLOP/s")
+    print(f"  2x over solo     : {2 * flop / a / 1e9:6.1f} GFLOP/s for the whole step = {a / 2 * 1e3:.1f} ms, "
+          f"{a / 2 / mm:.2f}x the time its matrix products take alone")
 
 if __name__ == "__main__":
     main()

@@ -29,6 +29,7 @@ trains the same parameters as HookedTransformer (see the README).
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import warnings
 from typing import Any, TypeAlias
@@ -54,8 +55,9 @@ class BackendError(ValueError):
     """The requested backend is unknown or its TransformerLens is not installed (one line)."""
 
 
+@functools.cache
 def installed_transformer_lens() -> str | None:
-    """The installed ``transformer-lens`` version, or None."""
+    """The installed ``transformer-lens`` version, or None (read once: evaluation asks on every pass)."""
     try:
         return importlib.metadata.version("transformer-lens")
     except importlib.metadata.PackageNotFoundError:

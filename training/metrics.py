@@ -41,7 +41,8 @@ and its tau is defined on exact-match accuracy (first evaluated step above 50%).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -250,10 +251,10 @@ def shared_prefix_logprobs(
     resid_names = {(lvl, get_act_name("resid_pre", layer)): layer for lvl, layer in (save_resid or {})}
     if prune and save_resid:
         raise ValueError("save_resid needs every prefix run: not with prune")
-    # Keys then values per running layer of each earlier level's own positions, [prefixes run, pos,
-    # head, d_head], with the row of each of that level's prefixes (-1: not run). A batch gathers its
-    # ancestors' rows only when it runs, so a pruned prefix's keys and values are never copied.
-    segments: list[tuple[list[Tensor], Tensor]] = []
+    # Keys then values per running layer of every position so far, [prefixes, pos, head, d_head],
+    # kept only for the prefixes whose children run (pruning drops the others before any copy),
+    # with each prefix's row in them (-1: none).
+    past: tuple[list[Tensor], Tensor] | None = None
     exact = torch.ones(dims, dtype=torch.bool)  # every target token so far predicted by the argmax
     logps = []
     for lvl in range(len(dims)):
@@ -262,6 +263,11 @@ def shared_prefix_logprobs(
         here = [i for i, p in enumerate(pred.tolist()) if bounds[lvl] <= p < bounds[lvl + 1]]
         rel = pred[here] - bounds[lvl]
         last_level = lvl == len(dims) - 1
+        n_pos = bounds[lvl + 1] - bounds[lvl]
+        # Positions that predict no target only give keys and values to the top block: with no hooks
+        # to feed, the top block runs on the predicting positions alone (they end the level).
+        trim = (hooks_for is None and not save_resid and _plain_top_block(model) and len(rel) < n_pos
+                and rel.tolist() == list(range(n_pos - len(rel), n_pos)))
         # the prefixes of this level to run: all, or (prune) those with a sequence still exact
         alive = exact.reshape(len(tokens), -1).any(-1).nonzero()[:, 0] if prune else torch.arange(len(tokens))
         new_kv, level_logits = [], []
@@ -277,29 +283,26 @@ def shared_prefix_logprobs(
             else:
                 resid = start_resid(lvl, rows).to(device)
             cache = None
-            if segments:
-                past = [torch.cat(kv, dim=1) for kv in zip(*(
-                    [t[row_of[rows // math.prod(dims[at + 1: lvl + 1])]] for t in seg]
-                    for at, (seg, row_of) in enumerate(segments)))]
-                cache = [None] * start_layer + [TransformerLensKeyValueCacheEntry(k, v, frozen=True)
-                                                for k, v in zip(past[: len(layers)], past[len(layers):])]
+            if past is not None:
+                kv, row_of = past
+                at = row_of[rows // dims[lvl]]  # each row's parent prefix
+                cache = [None] * start_layer + [TransformerLensKeyValueCacheEntry(k[at], v[at], frozen=True)
+                                                for k, v in zip(kv[: len(layers)], kv[len(layers):])]
             hooks = ([] if last_level else [(n, save) for n in names]) + [(n, save) for n in level_resid]
             if hooks_for is not None:
                 hooks += hooks_for(rows // math.prod(dims[1: lvl + 1]), bounds[lvl])
-            resid = model.run_with_hooks(resid, fwd_hooks=hooks, start_at_layer=start_layer, stop_at_layer=L,
-                                         past_kv_cache=cache)
+            with hooks_added(model, hooks):
+                if trim:
+                    x = _top_block_on_suffix(model, resid, start_layer, cache, len(rel), saved)
+                else:
+                    x = model(resid, start_at_layer=start_layer, stop_at_layer=L, past_kv_cache=cache)[:, rel]
             for n, chunks in level_resid.items():
                 chunks.append(saved[n])
-            x = resid[:, rel]
             if model.cfg.normalization_type is not None:
                 x = model.ln_final(x)
             level_logits.append(model.unembed(x).float().cpu())
             if not last_level:
                 new_kv.append([saved[n] for n in names])
-        if not last_level:
-            row_of = torch.full((len(tokens),), -1, dtype=torch.long)
-            row_of[alive] = torch.arange(len(alive))
-            segments.append(([torch.cat(chunks) for chunks in zip(*new_kv)] if new_kv else [], row_of))
         for n, chunks in level_resid.items():
             save_resid[(lvl, resid_names[(lvl, n)])] = torch.cat(chunks)
         if here:
@@ -310,7 +313,66 @@ def shared_prefix_logprobs(
             tgt = targets[..., here]
             logps.append(logits.log_softmax(-1).expand(*dims, len(here), -1).gather(-1, tgt[..., None])[..., 0])
             exact &= (logits.argmax(-1).expand(*dims, len(here)) == tgt).all(-1)
+        if not last_level:  # the keys and values the next level reads, for the prefixes it runs
+            n_next = len(tokens) * dims[lvl + 1]
+            needed = (exact.reshape(n_next, -1).any(-1).nonzero()[:, 0] // dims[lvl + 1]).unique() if prune else alive
+            own_row = torch.full((len(tokens),), -1, dtype=torch.long)
+            own_row[alive] = torch.arange(len(alive))
+            kv = [torch.cat(chunks)[own_row[needed]] for chunks in zip(*new_kv)]
+            if past is not None:
+                kv = [torch.cat([p[past[1][needed // dims[lvl]]], own], dim=1) for p, own in zip(past[0], kv)]
+            row_of = torch.full((len(tokens),), -1, dtype=torch.long)
+            row_of[needed] = torch.arange(len(needed))
+            past = (kv, row_of)
     return torch.cat(logps, -1), exact
+
+
+def _plain_top_block(model: Model) -> bool:
+    """Whether the top block is a plain pre-norm attention block built from a config (no rotary,
+    QK norm, split inputs or post-norm), whose keys and values are ``W_K`` / ``W_V`` of ``ln1``."""
+    c = model.cfg
+    return (c.original_architecture is None and c.positional_embedding_type == "standard" and not c.use_attn_in
+            and not c.use_split_qkv_input and not c.use_qk_norm and not c.use_normalization_before_and_after
+            and not c.load_in_4bit)
+
+
+@contextmanager
+def hooks_added(model: Model, hooks: list[tuple[str, Callable]]) -> Iterator[None]:
+    """``run_with_hooks``'s hooks for the forward passes inside, removed from those hook points only
+    at the end (``run_with_hooks`` resets every hook point of the model after each pass)."""
+    points = [model.mod_dict[name] for name, _ in hooks]
+    try:
+        for point, (_, fn) in zip(points, hooks):
+            point.add_hook(fn)
+        yield
+    finally:
+        for point in {id(p): p for p in points}.values():
+            point.remove_hooks("fwd")
+
+
+def _top_block_on_suffix(model: Model, resid: Float[Tensor, "N pos d_model"], start_layer: int,
+                         cache: list | None, n_out: int, saved: dict[str, Tensor]
+                         ) -> Float[Tensor, "N n_out d_model"]:
+    """The blocks below the top on every position, the top block's keys and values of every
+    position (into ``saved``), and the top block on the last ``n_out`` positions only; returns
+    their final residual stream."""
+    top = model.cfg.n_layers - 1
+    resid = model(resid, start_at_layer=start_layer, stop_at_layer=top, past_kv_cache=cache)
+    block = model.blocks[top]
+    x = block.ln1(resid)
+    _, keys, values = block.attn.calculate_qkv_matrices(x, x, x)
+    out = resid[:, :0]
+    if n_out:
+        first = resid.shape[1] - n_out
+        past_k, past_v = keys[:, :first], values[:, :first]
+        if cache is not None:
+            past_k = torch.cat([cache[top].past_keys, past_k], dim=1)
+            past_v = torch.cat([cache[top].past_values, past_v], dim=1)
+        entry = TransformerLensKeyValueCacheEntry(past_k, past_v, frozen=True)
+        out = model(resid[:, first:], start_at_layer=top, stop_at_layer=top + 1, past_kv_cache=[None] * top + [entry])
+    # after the top block's run, whose key / value hooks saw the last positions only
+    saved[get_act_name("k", top)], saved[get_act_name("v", top)] = keys, values
+    return out
 
 
 def candidate_metrics(scores: Float[Tensor, "G K K"], shift: Int[Tensor, "G K"]) -> dict:
