@@ -10,8 +10,10 @@ Both sides run the preset's configuration for ``--steps`` steps with an evaluati
 ``training.ensemble.train_ensemble``). The target (issue 10) is 8 ``ci`` seeds at least 2x
 faster than 8 sequential solo runs; the largest difference between the members' final metrics
 and the solo runs' is printed as a check. A profile of one training step follows: forward,
-backward and AdamW of the vectorised S-member step against S solo steps, so a missed target
-comes with the reason.
+backward and AdamW of the vectorised S-member step against S solo steps, then the roofline: the step's
+GFLOP/s against this machine's best matmul, and the time its matrix products take alone, so a
+missed target comes with the reason. ``--compile`` also times the vectorised loss through
+``torch.compile`` (not used for training: see the README).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -95,23 +98,51 @@ def best_matmul_gflops(n: int = 1024, reps: int = 10) -> float:
     return 2 * n**3 / best / 1e9
 
 
-def matmul_seconds(cfg, seeds: int, steps: int = 5) -> tuple[float, float]:
-    """(seconds in matmul kernels, total seconds) per vectorised S-member training step (torch profiler)."""
-    from torch.profiler import profile
-
+def vectorised_step(cfg, seeds: int, compiled: bool = False) -> Callable[[], None]:
+    """One training step of a fresh S-member vectorised model on a fixed batch (``compiled``: its
+    loss through ``torch.compile``)."""
     task = Task.generate(cfg.task)
-    template = build_hooked_transformer(hooked_config_dict(cfg.model, task.layout, len(task.vocab)))
-    members = [build_hooked_transformer(hooked_config_dict(cfg.model, task.layout, len(task.vocab)), seed=s)
-               for s in range(seeds)]
+    hooked = hooked_config_dict(cfg.model, task.layout, len(task.vocab))
+    template = build_hooked_transformer(hooked)
+    members = [build_hooked_transformer(hooked, seed=s) for s in range(seeds)]
     params, opt = stack_members(template, [m.state_dict() for m in members], None, cfg)
     buffers = dict(template.named_buffers())
     batch = task.tokens[torch.randint(0, task.cfg.D, (seeds, cfg.train.batch_size))]
 
+    def loss(p: dict[str, torch.Tensor], b: torch.Tensor) -> torch.Tensor:
+        return ensemble_loss(template, p, buffers, b, task.layout).sum()
+
+    fn = torch.compile(loss) if compiled else loss
+
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        ensemble_loss(template, params, buffers, batch, task.layout).sum().backward()
+        fn(params, batch).backward()
         opt.step()
 
+    return step
+
+
+def compiled_speed(cfg, seeds: int, steps: int = 20) -> tuple[float, float, float]:
+    """(seconds of the first compiled step, ms per eager step, ms per compiled step)."""
+    out = []
+    for compiled in (False, True):
+        step = vectorised_step(cfg, seeds, compiled)
+        t0 = time.perf_counter()
+        step()
+        first = time.perf_counter() - t0
+        step()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        out.append((first, (time.perf_counter() - t0) / steps * 1e3))
+    return out[1][0], out[0][1], out[1][1]
+
+
+def matmul_seconds(cfg, seeds: int, steps: int = 5) -> tuple[float, float]:
+    """(seconds in matmul kernels, total seconds) per vectorised S-member training step (torch profiler)."""
+    from torch.profiler import profile
+
+    step = vectorised_step(cfg, seeds)
     step()
     t0 = time.perf_counter()
     with profile() as prof:
@@ -128,6 +159,8 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=8, help="ensemble size S (default 8)")
     p.add_argument("--steps", type=int, default=200, help="training steps per run (default 200)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's, i.e. the cores)")
+    p.add_argument("--compile", action="store_true",
+                   help="also time the vectorised step through torch.compile (about a minute more)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -177,6 +210,10 @@ def main() -> None:
           f"{total * 1e3:.1f} ms (profiled), {flop / mm / 1e9:.0f} GFLOP/s")
     print(f"  2x over solo     : {2 * flop / a / 1e9:6.1f} GFLOP/s for the whole step = {a / 2 * 1e3:.1f} ms, "
           f"{a / 2 / mm:.2f}x the time its matrix products take alone")
+    if args.compile:
+        first, eager, fused = compiled_speed(cfg, args.seeds)
+        print(f"torch.compile of the vectorised loss: {eager:.1f} -> {fused:.1f} ms/step ({eager / fused:.2f}x; "
+              f"8 solo steps {a * 1e3:.1f} ms), after {first:.0f} s compiling its first step")
 
 if __name__ == "__main__":
     main()

@@ -121,8 +121,9 @@ def evaluate(model: nn.Module, task: Task, evalset: EvalSet, batch_size: int = 5
 
     Backward task: each prefix is scored once (:func:`shared_prefix_logprobs`): a group's
     ``<BOS> B <SEP>`` once for its K x K candidate sequences and its K tracked sequences, each
-    ``z_j <SEP>`` once for the K candidates after it. The numbers are those of scoring every
-    sequence in full (:func:`target_logprobs`), up to float rounding.
+    ``z_j <SEP>`` once for the K candidates after it. A tracked sequence, of which only the exact
+    match is logged, stops at its first missed target token (``prune``). The numbers are those of
+    scoring every sequence in full (:func:`target_logprobs`), up to float rounding.
     """
     layout, K = task.layout, task.cfg.K
     out: dict = {}
@@ -223,6 +224,9 @@ def shared_prefix_logprobs(
     representative ``rows`` (e.g. from an unchanged run), and only the blocks from there on run.
     ``save_resid``, if given, receives that residual stream of a run: for each of its keys
     ``(level, layer)`` (the values are ignored), ``[representatives, level positions, d_model]``.
+
+    With no hooks to feed, the top block runs only on the positions that predict a target (a
+    level's others give it keys and values alone).
 
     ``prune``: for the exact match only. A prefix none of whose sequences can still be an exact
     match (greedy decoding already missed a target token) is not run further: its descendants'
