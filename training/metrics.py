@@ -320,9 +320,11 @@ def shared_prefix_logprobs(
         if not last_level:  # the keys and values the next level reads, for the prefixes it runs
             n_next = len(tokens) * dims[lvl + 1]
             needed = (exact.reshape(n_next, -1).any(-1).nonzero()[:, 0] // dims[lvl + 1]).unique() if prune else alive
-            own_row = torch.full((len(tokens),), -1, dtype=torch.long)
-            own_row[alive] = torch.arange(len(alive))
-            kv = [torch.cat(chunks)[own_row[needed]] for chunks in zip(*new_kv)]
+            kv = [torch.cat(chunks) for chunks in zip(*new_kv)]
+            if prune:  # keep the rows of the needed prefixes among those that ran
+                own_row = torch.full((len(tokens),), -1, dtype=torch.long)
+                own_row[alive] = torch.arange(len(alive))
+                kv = [own[own_row[needed]] for own in kv]
             if past is not None:
                 kv = [torch.cat([p[past[1][needed // dims[lvl]]], own], dim=1) for p, own in zip(past[0], kv)]
             row_of = torch.full((len(tokens),), -1, dtype=torch.long)
