@@ -35,7 +35,7 @@ from torch import Tensor
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.utilities import get_act_name
 
-from training.backend import Model, shares_prefixes
+from training.backend import Model, hooks_added, shares_prefixes
 
 Hook = tuple[str, Callable]
 
@@ -110,8 +110,8 @@ def run_from(
     """Run the blocks from ``start_layer`` on the residual stream of the new positions (keys and
     values of the earlier ones from ``past``) and return the logits at ``pred_index`` (an index
     into the new positions)."""
-    out = model.run_with_hooks(resid, fwd_hooks=fwd_hooks or [], start_at_layer=start_layer,
-                               stop_at_layer=model.cfg.n_layers, past_kv_cache=past)
+    with hooks_added(model, fwd_hooks or []):
+        out = model(resid, start_at_layer=start_layer, stop_at_layer=model.cfg.n_layers, past_kv_cache=past)
     return unembed_last(model, out[:, pred_index])
 
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import warnings
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeAlias
 
 import einops
@@ -170,6 +172,21 @@ def shares_prefixes(model: torch.nn.Module) -> bool:
     from transformer_lens import HookedTransformer
 
     return isinstance(model, HookedTransformer)
+
+
+@contextmanager
+def hooks_added(model: Model, hooks: list[tuple[str, Callable]]) -> Iterator[None]:
+    """``run_with_hooks``'s hooks for the forward passes inside, removed from those hook points only
+    at the end (``run_with_hooks`` resets every hook point of the model after each pass: on the
+    prefix-sharing paths, many small passes, that was 4% of an evaluation)."""
+    points = [model.mod_dict[name] for name, _ in hooks]
+    try:
+        for point, (_, fn) in zip(points, hooks):
+            point.add_hook(fn)
+        yield
+    finally:
+        for point in {id(p): p for p in points}.values():
+            point.remove_hooks("fwd")
 
 
 # ---- weights in HookedTransformer's layout -------------------------------------------------

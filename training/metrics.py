@@ -41,8 +41,7 @@ and its tau is defined on exact-match accuracy (first evaluated step above 50%).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -52,7 +51,7 @@ from torch import nn
 from transformer_lens.cache.key_value_cache_entry import TransformerLensKeyValueCacheEntry
 from transformer_lens.utilities import get_act_name
 
-from training.backend import Model, shares_prefixes
+from training.backend import Model, hooks_added, shares_prefixes
 from training.layout import Layout
 from training.task import Task
 
@@ -340,20 +339,6 @@ def _plain_top_block(model: Model) -> bool:
     return (c.original_architecture is None and c.positional_embedding_type == "standard" and not c.use_attn_in
             and not c.use_split_qkv_input and not c.use_qk_norm and not c.use_normalization_before_and_after
             and not c.load_in_4bit)
-
-
-@contextmanager
-def hooks_added(model: Model, hooks: list[tuple[str, Callable]]) -> Iterator[None]:
-    """``run_with_hooks``'s hooks for the forward passes inside, removed from those hook points only
-    at the end (``run_with_hooks`` resets every hook point of the model after each pass)."""
-    points = [model.mod_dict[name] for name, _ in hooks]
-    try:
-        for point, (_, fn) in zip(points, hooks):
-            point.add_hook(fn)
-        yield
-    finally:
-        for point in {id(p): p for p in points}.values():
-            point.remove_hooks("fwd")
 
 
 def _top_block_on_suffix(model: Model, resid: Float[Tensor, "N pos d_model"], start_layer: int,
