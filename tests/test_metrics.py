@@ -190,3 +190,24 @@ def test_pruned_prefixes_give_the_same_exact_match(tiny_run, kind):
     assert ran[..., 0].all() and (ran.all(-1) | ~full_exact).all()  # the first target token always runs
     assert ran.all() if kind != "random_2layer" else not ran.all()  # a random model misses a1: pruned
     torch.testing.assert_close(logp[ran], full_logp[ran], atol=1e-5, rtol=0)
+
+
+def test_hooks_added_fire_inside_and_are_gone_after(tiny_run):
+    """The prefix-sharing paths add hooks with hooks_added instead of run_with_hooks: they must fire
+    inside, replace activations like run_with_hooks's, and be removed, even after an error."""
+    from training.backend import hooks_added
+    from training.run import Run
+
+    run = Run(tiny_run)
+    model, task = run.load_model(run.steps()[-1]), run.task()
+    tokens = task.tokens[:4, : task.layout.input_len]
+    seen = []
+    zero = [("blocks.0.hook_resid_pre", lambda act, hook: seen.append(hook.name) or act * 0)]
+    with hooks_added(model, zero):
+        inside = model(tokens)
+    torch.testing.assert_close(inside, model.run_with_hooks(tokens, fwd_hooks=zero))
+    assert seen == ["blocks.0.hook_resid_pre"] * 2
+    with pytest.raises(RuntimeError), hooks_added(model, zero):
+        raise RuntimeError("inside")
+    assert not model.mod_dict["blocks.0.hook_resid_pre"].fwd_hooks
+    assert not torch.allclose(model(tokens), inside) and len(seen) == 2
