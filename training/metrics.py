@@ -321,15 +321,18 @@ def shared_prefix_logprobs(
             needed = (exact.reshape(n_next, -1).any(-1).nonzero()[:, 0] // dims[lvl + 1]).unique() if prune else alive
             kv = [torch.cat(chunks) for chunks in zip(*new_kv)]
             if prune:  # keep the rows of the needed prefixes among those that ran
-                own_row = torch.full((len(tokens),), -1, dtype=torch.long)
-                own_row[alive] = torch.arange(len(alive))
-                kv = [own[own_row[needed]] for own in kv]
+                kv = [own[_row_of(alive, len(tokens))[needed]] for own in kv]
             if past is not None:
                 kv = [torch.cat([p[past[1][needed // dims[lvl]]], own], dim=1) for p, own in zip(past[0], kv)]
-            row_of = torch.full((len(tokens),), -1, dtype=torch.long)
-            row_of[needed] = torch.arange(len(needed))
-            past = (kv, row_of)
+            past = (kv, _row_of(needed, len(tokens)))
     return torch.cat(logps, -1), exact
+
+
+def _row_of(indices: Int[Tensor, " n"], total: int) -> Int[Tensor, " total"]:
+    """For each of ``total`` prefixes, its position in ``indices`` (-1: not there)."""
+    rows = torch.full((total,), -1, dtype=torch.long)
+    rows[indices] = torch.arange(len(indices))
+    return rows
 
 
 def _plain_top_block(model: Model) -> bool:
