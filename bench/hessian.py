@@ -28,7 +28,7 @@ from interp.hessian import DEFAULT_BATCH, HessianOperator, default_escape, hessi
 from training.model import build_hooked_transformer, hooked_config_dict
 from training.presets import get_preset
 from training.run import Run
-from training.task import Task
+from training.tasks.selector import SelectorTask
 
 DEMO_RUN = Path("checkpoints/demo")
 
@@ -42,15 +42,15 @@ def timed(fn, repeat: int) -> float:
     return (time.perf_counter() - t0) / repeat
 
 
-def load(run_dir: Path | None, step: int | None) -> tuple[torch.nn.Module, Task, str]:
+def load(run_dir: Path | None, step: int | None) -> tuple[torch.nn.Module, SelectorTask, str]:
     if run_dir is not None and (run_dir / "config.json").exists():
         run = Run(run_dir)
         if step is None:
             step = default_escape(run)[0] or run.steps()[-1]
         return run.load_model(step), run.task(), f"{run_dir} step {step}"
     cfg = get_preset("paper")
-    task = Task.generate(cfg.task)
-    model = build_hooked_transformer(hooked_config_dict(cfg.model, task.layout, len(task.vocab)), seed=0)
+    task = SelectorTask.generate(cfg.task)
+    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)
     return model, task, "freshly initialised paper-preset model"
 
 
@@ -67,7 +67,7 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     load_before = os.getloadavg()
     model, task, what = load(args.run, args.step)
-    loss, theta, _ = model_loss(model, task.layout)
+    loss, theta, _ = model_loss(model, task)
     tokens = hessian_batch(task, args.batch, 0)
     print(f"model: {what}, {theta.numel():,} parameters; batch {len(tokens)}; {torch.get_num_threads()} thread(s); "
           f"load average before {load_before[0]:.2f} on {os.cpu_count()} CPUs")

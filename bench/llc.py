@@ -31,15 +31,15 @@ from interp.llc import LLCSettings, estimate_llc
 from training.model import build_hooked_transformer, hooked_config_dict
 from training.presets import get_preset
 from training.run import Run
-from training.task import Task
+from training.tasks.selector import SelectorTask
 
 TARGET_S = 600.0
 
 
-def timed_estimate(model: torch.nn.Module, tokens: torch.Tensor, layout, settings: LLCSettings) -> tuple[float, float, float]:
+def timed_estimate(model: torch.nn.Module, tokens: torch.Tensor, task, settings: LLCSettings) -> tuple[float, float, float]:
     """(wall seconds, process CPU seconds, LLC) of one estimate."""
     w0, c0 = time.perf_counter(), time.process_time()
-    res = estimate_llc(model, tokens, layout, settings)
+    res = estimate_llc(model, tokens, task, settings)
     return time.perf_counter() - w0, time.process_time() - c0, res["llc"]
 
 
@@ -68,16 +68,16 @@ def main() -> None:
     t0 = time.perf_counter()
     models = [run.load_model(s) for s in probe]
     load_s = (time.perf_counter() - t0) / len(probe)
-    ci = [timed_estimate(m, tokens, run.layout, settings) for m in models]
+    ci = [timed_estimate(m, tokens, run.task(), settings) for m in models]
     ci_wall, ci_cpu = sum(c[0] for c in ci) / len(ci), sum(c[1] for c in ci) / len(ci)
     print(f"ci model ({sum(p.numel() for p in models[0].parameters()):,} params, D = {len(tokens):,}): "
           f"{ci_wall:.2f} s wall, {ci_cpu:.2f} s CPU per checkpoint; load {load_s:.3f} s "
           f"(LLC {', '.join(f'{c[2]:.1f}' for c in ci)} at steps {probe})")
 
     cfg = get_preset("paper")
-    task = Task.generate(cfg.task)
-    model = build_hooked_transformer(hooked_config_dict(cfg.model, task.layout, len(task.vocab)), seed=0)
-    wall, cpu, _ = timed_estimate(model, task.tokens, task.layout, settings)
+    task = SelectorTask.generate(cfg.task)
+    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)
+    wall, cpu, _ = timed_estimate(model, task.tokens, task, settings)
     print(f"paper model ({sum(p.numel() for p in model.parameters()):,} params, D = {len(task.tokens):,}): "
           f"{wall:.2f} s wall, {cpu:.2f} s CPU per checkpoint; ratio paper / ci {wall / ci_wall:.2f} (wall), "
           f"{cpu / ci_cpu:.2f} (CPU)")

@@ -27,9 +27,8 @@ from pathlib import Path
 import torch
 
 from training.ensemble import ensemble_loss, stack_members, train_ensemble
-from training.metrics import target_cross_entropy
 from training.model import build_hooked_transformer, hooked_config_dict
-from training.task import Task
+from training.tasks.selector import SelectorTask
 from training.presets import PRESETS, get_preset
 from training.run import Run
 from training.train import train
@@ -44,9 +43,9 @@ def max_metric_diff(a: Path, b: Path) -> float:
 def profile_step(cfg, seeds: int, steps: int = 20) -> dict[str, tuple[float, float]]:
     """Seconds per training step, split into forward, backward and AdamW: ``{part: (S solo steps
     one after the other, one vectorised S-member step)}``, each the median over ``steps`` steps."""
-    task = Task.generate(cfg.task)
-    hooked = hooked_config_dict(cfg.model, task.layout, len(task.vocab))
-    lay, B = task.layout, cfg.train.batch_size
+    task = SelectorTask.generate(cfg.task)
+    hooked = hooked_config_dict(cfg.model, task)
+    B = cfg.train.batch_size
     gen = torch.Generator().manual_seed(0)
     batches = task.tokens[torch.randint(0, task.cfg.D, (steps + 3, seeds, B), generator=gen)]
     solos = [build_hooked_transformer(hooked, seed=s) for s in range(seeds)]
@@ -63,7 +62,7 @@ def profile_step(cfg, seeds: int, steps: int = 20) -> dict[str, tuple[float, flo
         solo = [0.0, 0.0, 0.0]
         for s, (m, o) in enumerate(zip(solos, opts)):
             t0 = clock()
-            loss = target_cross_entropy(m(batch[s][:, : lay.input_len]), batch[s], lay)
+            loss = task.loss(m(batch[s][:, : task.input_len]), batch[s])
             t1 = clock()
             o.zero_grad(set_to_none=True)
             loss.backward()
@@ -72,7 +71,7 @@ def profile_step(cfg, seeds: int, steps: int = 20) -> dict[str, tuple[float, flo
             t3 = clock()
             solo = [solo[0] + t1 - t0, solo[1] + t2 - t1, solo[2] + t3 - t2]
         t0 = clock()
-        losses = ensemble_loss(template, params, buffers, batch, lay)
+        losses = ensemble_loss(template, params, buffers, batch, task)
         t1 = clock()
         opt.zero_grad(set_to_none=True)
         losses.sum().backward()
@@ -101,8 +100,8 @@ def best_matmul_gflops(n: int = 1024, reps: int = 10) -> float:
 def vectorised_step(cfg, seeds: int, compiled: bool = False) -> Callable[[], None]:
     """One training step of a fresh S-member vectorised model on a fixed batch (``compiled``: its
     loss through ``torch.compile``)."""
-    task = Task.generate(cfg.task)
-    hooked = hooked_config_dict(cfg.model, task.layout, len(task.vocab))
+    task = SelectorTask.generate(cfg.task)
+    hooked = hooked_config_dict(cfg.model, task)
     template = build_hooked_transformer(hooked)
     members = [build_hooked_transformer(hooked, seed=s) for s in range(seeds)]
     params, opt = stack_members(template, [m.state_dict() for m in members], None, cfg)
@@ -110,7 +109,7 @@ def vectorised_step(cfg, seeds: int, compiled: bool = False) -> Callable[[], Non
     batch = task.tokens[torch.randint(0, task.cfg.D, (seeds, cfg.train.batch_size))]
 
     def loss(p: dict[str, torch.Tensor], b: torch.Tensor) -> torch.Tensor:
-        return ensemble_loss(template, p, buffers, b, task.layout).sum()
+        return ensemble_loss(template, p, buffers, b, task).sum()
 
     fn = torch.compile(loss) if compiled else loss
 
@@ -197,9 +196,9 @@ def main() -> None:
     # The reason, in numbers: a vectorised step does the members' arithmetic; at 2x it would have to
     # run at twice the solo steps' speed, and its matrix products alone already run near this
     # machine's best matmul speed.
-    task = Task.generate(cfg.task)
+    task = SelectorTask.generate(cfg.task)
     n_params = sum(p.numel() for p in build_hooked_transformer(
-        hooked_config_dict(cfg.model, task.layout, len(task.vocab))).parameters())
+        hooked_config_dict(cfg.model, task)).parameters())
     flop = 6 * n_params * cfg.train.batch_size * task.layout.input_len * args.seeds  # 6 N tokens, all members
     peak = best_matmul_gflops()
     mm, total = matmul_seconds(cfg, args.seeds)

@@ -3,7 +3,7 @@ loop on the same preset, in one process, printed as ratios; the evaluation and c
 overhead as a share of training time; GFLOP/s; and the options (threads, fused AdamW,
 bf16 autocast) with their effect.
 
-Evaluation share (issue 10, target < 10% of wall time): one ``training.metrics.evaluate``
+Evaluation share (issue 10, target < 10% of wall time): one ``training.tasks.selector_metrics.evaluate``
 (shared prefixes scored once) against scoring every evaluation sequence in full (the old
 computation, ``target_logprobs`` on all candidate and tracked sequences), and the share of the
 wall time evaluation takes on the ``demo`` run (``--demo-steps``, its length at 1.5 tau) and on
@@ -24,10 +24,11 @@ from pathlib import Path
 import torch
 
 from training.config import RunConfig
-from training.metrics import EvalSet, evaluate, target_logprobs
+from training.tasks.selector_metrics import EvalSet, evaluate
+from training.scoring import target_logprobs
 from training.model import build_hooked_transformer, hooked_config_dict
 from training.presets import get_preset
-from training.task import Task
+from training.tasks.selector import SelectorTask
 from training import run as rd
 from training.schedule import scheduled_steps
 from training.train import train
@@ -35,8 +36,8 @@ from training.train import train
 
 def plain_loop(cfg: RunConfig, steps: int, fused: bool = False, bf16: bool = False) -> float:
     """Seconds per step of a bare TransformerLens loop: random minibatches, target-token CE."""
-    task = Task.generate(cfg.task)
-    model = build_hooked_transformer(hooked_config_dict(cfg.model, task.layout, len(task.vocab)), seed=0)
+    task = SelectorTask.generate(cfg.task)
+    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
                             fused=fused or None)
     pos = torch.tensor(task.layout.target_pred_positions)
@@ -77,14 +78,14 @@ def best_of(rounds: int, fn, *args, **kw) -> float:
 def eval_seconds(cfg: RunConfig, full: bool = False) -> float:
     """Seconds of one evaluation with the preset's evaluation set; ``full``: every sequence scored
     in full, the computation before prefixes were shared (the same numbers)."""
-    task = Task.generate(cfg.task)
-    model = build_hooked_transformer(hooked_config_dict(cfg.model, task.layout, len(task.vocab)), seed=0).eval()
+    task = SelectorTask.generate(cfg.task)
+    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0).eval()
     evalset = EvalSet.build(task, cfg.train.eval_groups, cfg.train.tracked_groups, 0)
 
     def run() -> None:
         if full:
-            target_logprobs(model, evalset.candidate_seqs, task.layout, cfg.train.eval_batch_size)
-            target_logprobs(model, evalset.tracked_seqs, task.layout, cfg.train.eval_batch_size)
+            target_logprobs(model, evalset.candidate_seqs, task, cfg.train.eval_batch_size)
+            target_logprobs(model, evalset.tracked_seqs, task, cfg.train.eval_batch_size)
         else:
             evaluate(model, task, evalset, cfg.train.eval_batch_size)
 
@@ -109,8 +110,8 @@ def eval_share(cfg: RunConfig, steps: int, step_s: float, eval_s: float, ckpt_s:
 
 def checkpoint_seconds(cfg: RunConfig) -> float:
     """One checkpoint: the safetensors weights plus the resume state (optimiser, data order, RNGs)."""
-    task = Task.generate(cfg.task)
-    model = build_hooked_transformer(hooked_config_dict(cfg.model, task.layout, len(task.vocab)), seed=0)
+    task = SelectorTask.generate(cfg.task)
+    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)
     opt = torch.optim.AdamW(model.parameters())
     model(task.tokens[:8, : task.layout.input_len]).sum().backward()
     opt.step()
@@ -179,8 +180,8 @@ def main() -> None:
     p.add_argument("--only-eval", action="store_true", help="only the evaluation shares")
     args = p.parse_args()
     cfg = get_preset(args.preset)
-    task = Task.generate(cfg.task)
-    model = build_hooked_transformer(hooked_config_dict(cfg.model, task.layout, len(task.vocab)), seed=0)
+    task = SelectorTask.generate(cfg.task)
+    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)
     n_params = sum(p.numel() for p in model.parameters())
     tokens_per_step = cfg.train.batch_size * task.layout.input_len
     print(f"preset {args.preset}: {n_params / 1e6:.2f}M parameters, batch {cfg.train.batch_size}, "

@@ -35,9 +35,8 @@ from transformer_lens.utilities import get_act_name
 from interp.attention import head_table
 from interp.cli import CliError, add_ckpt_args, format_table, resolve_ckpt, run_cli, write_json
 from training.backend import Model, shares_prefixes
-from training.layout import Layout
-from training.metrics import EvalSet, candidate_metrics, shared_prefix_logprobs
-from training.task import Task
+from training.scoring import shared_prefix_logprobs
+from training.tasks.base import Task
 
 KINDS: tuple[str, ...] = ("zero", "mean")
 DEFAULT_GROUPS = 8
@@ -110,18 +109,22 @@ class SetAblation:
                 "d_candidate_loss": self.d_candidate_loss, "d_delta_z": self.d_delta_z}
 
 
-def build_evalset(task: Task, n_groups: int = DEFAULT_GROUPS, seed: int = 0) -> EvalSet:
-    """The eval set the ablations are scored on (``training.metrics.EvalSet``, seeded)."""
-    if task.cfg.direction != "backward" or task.cfg.K < 2:
-        raise ValueError("head ablation scores candidates: it needs the backward task with K >= 2")
+def build_evalset(task: Task, n_groups: int = DEFAULT_GROUPS, seed: int = 0) -> Any:
+    """The eval set the ablations are scored on (the task's ``build_evalset``, seeded)."""
+    task.require("candidates", "head ablation")
     if n_groups < 1:
         raise ValueError(f"the number of eval groups must be at least 1, got {n_groups}")
-    return EvalSet.build(task, n_eval_groups=n_groups, n_tracked_groups=1, seed=seed)
+    return task.build_evalset(n_groups, 1, seed)
+
+
+def n_scored_groups(task: Task, evalset: Any) -> int:
+    """How many groups of candidates an eval set scores (fewer than asked when the task has fewer)."""
+    return int(task.candidate_tree(evalset)[0].shape[0])
 
 
 @torch.inference_mode()
 def mean_head_outputs(
-    model: Model, seqs: Int[Tensor, "N seq"], layout: Layout, batch_size: int = 2048
+    model: Model, seqs: Int[Tensor, "N seq"], input_len: int, batch_size: int = 2048
 ) -> Float[Tensor, "n_layers pos n_heads d_head"]:
     """Mean of every head's ``hook_z`` over the sequences, at each input position."""
     names = [get_act_name("z", layer) for layer in range(model.cfg.n_layers)]
@@ -129,7 +132,7 @@ def mean_head_outputs(
     device = next(model.parameters()).device
     total: Tensor | None = None
     for chunk in seqs.split(batch_size):
-        _, cache = model.run_with_cache(chunk[:, : layout.input_len].to(device), names_filter=lambda n: n in wanted)
+        _, cache = model.run_with_cache(chunk[:, :input_len].to(device), names_filter=lambda n: n in wanted)
         part = torch.stack([cache[n].float().sum(0) for n in names])
         total = part if total is None else total + part
     assert total is not None
@@ -158,32 +161,29 @@ def _ablation_hooks(
 def ablation_scores(
     model: Model,
     task: Task,
-    evalset: EvalSet,
+    evalset: Any,
     masks: Bool[Tensor, "C n_layers n_heads"],
     kind: str = "zero",
     max_rows: int = 4096,
 ) -> Float[Tensor, "C G K K"]:
-    """Candidate scores ``[ablation, group, prefix j, candidate k]`` (as ``training.metrics.evaluate``
-    builds them) for each ablation mask, all copies scored in shared batches of ``max_rows``."""
+    """Candidate scores ``[ablation, group, prefix j, candidate k]`` (the task's ``candidate_tree``,
+    as its evaluation builds them) for each ablation mask, all copies scored in shared batches of
+    ``max_rows``."""
     if kind not in KINDS:
         raise ValueError(f"ablation kind must be one of {KINDS}, got {kind!r}")
-    layout, K = task.layout, task.cfg.K
-    cand, shift = evalset.candidate_seqs, evalset.shift
-    if cand is None or shift is None:
-        raise ValueError("head ablation scores candidates: it needs the backward task with K >= 2")
+    trees, splits = task.candidate_tree(evalset)
+    G, K = trees.shape[:2]
     L, H = model.cfg.n_layers, model.cfg.n_heads
     if tuple(masks.shape[1:]) != (L, H):
         raise ValueError(f"ablation masks have shape {tuple(masks.shape)}, the model has {L} layers x {H} heads")
-    replacement = mean_head_outputs(model, evalset.eval_seqs, layout) if kind == "mean" else None
-    C, G = masks.shape[0], shift.shape[0]
-    splits = (layout.z_span[0], layout.target_span[0])
-    trees = cand.view(G, K, K, -1)
+    replacement = mean_head_outputs(model, task.eval_sequences(evalset), task.input_len) if kind == "mean" else None
+    C = masks.shape[0]
 
     def score(sub: Bool[Tensor, "c n_layers n_heads"], **start) -> Float[Tensor, "c G K K"]:
         # Every (ablation copy, group) is a tree of K x K candidates whose prefixes are scored once:
-        # its <BOS> B <SEP>, then each z_j <SEP>, then the candidates (training.metrics.shared_prefix_logprobs).
+        # its <BOS> B <SEP>, then each z_j <SEP>, then the candidates (training.scoring.shared_prefix_logprobs).
         logp, _ = shared_prefix_logprobs(
-            model, trees.expand(len(sub), -1, -1, -1, -1).reshape(len(sub) * G, K, K, -1), splits, layout,
+            model, trees.expand(len(sub), -1, -1, -1, -1).reshape(len(sub) * G, K, K, -1), splits, task,
             batch_size=max_rows, hooks_for=lambda roots, offset: _ablation_hooks(sub[roots // G], replacement, offset),
             **start)
         return logp.sum(-1).view(len(sub), G, K, K)
@@ -214,14 +214,12 @@ def ablation_scores(
 def ablation_metrics(
     model: Model,
     task: Task,
-    evalset: EvalSet,
+    evalset: Any,
     masks: Bool[Tensor, "C n_layers n_heads"],
     kind: str = "zero",
 ) -> list[dict[str, float]]:
-    """``training.metrics.candidate_metrics`` for each ablation mask (an all-False mask: unablated)."""
-    scores = ablation_scores(model, task, evalset, masks, kind)
-    assert evalset.shift is not None
-    return [candidate_metrics(s, evalset.shift) for s in scores]
+    """The task's ``candidate_metrics`` for each ablation mask (an all-False mask: unablated)."""
+    return [task.candidate_metrics(s, evalset) for s in ablation_scores(model, task, evalset, masks, kind)]
 
 
 def ablate_each_head(
@@ -232,7 +230,7 @@ def ablate_each_head(
     L, H = model.cfg.n_layers, model.cfg.n_heads
     masks = torch.cat([torch.zeros(1, L * H, dtype=torch.bool), torch.eye(L * H, dtype=torch.bool)]).view(-1, L, H)
     base, *each = ablation_metrics(model, task, evalset, masks, kind)
-    return HeadAblation.from_metrics(kind, len(evalset.shift), base,
+    return HeadAblation.from_metrics(kind, n_scored_groups(task, evalset), base,
                                      torch.tensor([m["candidate_loss"] for m in each]).view(L, H),
                                      torch.tensor([m["delta_z"] for m in each]).view(L, H))
 
@@ -254,7 +252,7 @@ def ablate_heads(
         mask[1, layer, head] = True
     evalset = build_evalset(task, n_groups, seed)
     base, ablated = ablation_metrics(model, task, evalset, mask, kind)
-    return SetAblation(kind, len(evalset.shift), [(int(a), int(b)) for a, b in heads], base, ablated)
+    return SetAblation(kind, n_scored_groups(task, evalset), [(int(a), int(b)) for a, b in heads], base, ablated)
 
 
 MARGINAL_TOL = 0.25

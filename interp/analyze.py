@@ -150,15 +150,14 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     settings = settings or AnalysisSettings()
     run = Run(run_dir)
     task = run.task()
-    if task.cfg.direction != "backward" or task.cfg.K < 2:
-        raise RunError(f"{run.path}: the analyses need the backward task with K >= 2")
-    if not task.cfg.has_selector:
-        raise RunError(f"{run.path}: the analyses follow the selector z, and this run has none (no_z)")
+    for capability, what in (("cue", "the analyses follow the cue"), ("pairs", "patching")):
+        if capability not in task.capabilities:
+            raise RunError(f"{run.path}: {task.missing(capability, what)}")
     chosen = pick_steps(run.steps(), every, steps)
     if not chosen:
         raise RunError(f"{run.path}: the run has no checkpoints")
     records = run.metrics()
-    tau = compute_tau(records, run.log_k)
+    tau = compute_tau(records, run.progress)
     summary = run.summary() or {}
     plateau_start = (summary.get("plateau_span") or [chosen[0]])[0]
     landmarks = [plateau_start] + ([tau // 2, tau] if tau else [])
@@ -167,8 +166,10 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     folder = analysis_dir(run.path)
     cache = load_analysis(run.path, settings)
     done = {name: {r["step"] for r in cache[name]} for name in CACHE_FILES}
-    wanted = {"attention": set(chosen), "attribution": set(chosen), "patch": exact, "ablation": exact,
-              "circuit": exact}
+    # head ablation and the circuit score candidates: a task without them gets the other analyses
+    scored = exact if "candidates" in task.capabilities else set()
+    wanted = {"attention": set(chosen), "attribution": set(chosen), "patch": exact, "ablation": scored,
+              "circuit": scored}
     todo = sorted(s for name in CACHE_FILES for s in wanted[name] - done[name])
     pairs = prompt_pairs(task, settings.n_examples, settings.seed)
     targets = settings.patch_targets
@@ -222,6 +223,8 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
     final_attn = next(r for r in reversed(attn) if r["step"] == final_patch["step"]) if any(
         r["step"] == final_patch["step"] for r in attn) else attn[-1]
     (layer, head), scores = sel.pick_selector_head(final_attn["to_z_first"], final_patch["heads"]["normalised"])
+    progress = run.progress
+    cue = progress.cue_effect_key or ""
     steps = [r["step"] for r in attn]
     series = [r["to_z_first"][layer][head] for r in attn]
     summary = run.summary() or {}
@@ -233,10 +236,26 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
     lead = sel.lead_fraction(tau, tau_lo, form["t_form"], t_lo)
     circ = cache.get("circuit") or []
     rules = sel.t_form_rules(
-        tau, tau_lo, plateau_start, run.log_k, (steps, series),
+        tau, tau_lo, plateau_start, progress.height, (steps, series),
         ([r["step"] for r in circ], sel.gated_shares([r["shares"]["share"][layer][head] for r in circ],
                                                      [r["shares"]["total_positive"] for r in circ])),
-        ([r["step"] for r in records if "delta_z" in r], [r["delta_z"] for r in records if "delta_z" in r]), smooth)
+        ([r["step"] for r in records if r.get(cue) is not None], [r[cue] for r in records if r.get(cue) is not None]),
+        smooth)
+
+    def rule_head(name: str) -> dict[str, Any]:
+        # the head that follows a named attention rule most at the end, and when it formed
+        final = attn[-1]["rules"][name]
+        n_heads = len(final[0])
+        best = max(range(len(final) * n_heads), key=lambda i: final[i // n_heads][i % n_heads])
+        at = (best // n_heads, best % n_heads)
+        values = [r["rules"][name][at[0]][at[1]] for r in attn]
+        formed = sel.formation_step(steps, values, plateau_start)
+        lo = formed["t_form_bracket"][0] if formed["t_form_bracket"] else None
+        return {"head": list(at), "label": f"L{at[0]}H{at[1]}",
+                **formed, **sel.lead_fraction(tau, tau_lo, formed["t_form"], lo)}
+
+    # the task's other attention rules (e.g. induction's previous-token head), when it names any
+    rule_heads = {name: rule_head(name) for name in attn[-1].get("rules") or {}}
 
     def ablation_at(target: int | None) -> dict | None:
         if target is None or not ablations:
@@ -248,7 +267,7 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
                 "mean_candidate_loss": rec["mean"]["candidate_loss"][layer][head],
                 "zero_delta_z": z["delta_z"][layer][head]}
 
-    log_k = run.log_k
+    log_k = progress.height
     after = ablation_at(steps[-1])
     attribution_by_step = {r["step"]: r for r in cache["attribution"]}
     agree = []
@@ -275,6 +294,7 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
         "circuit": circuit_summary(circ, (layer, head), log_k, tau),
         "agreement": agree,
         "analysed_steps": len(steps),
+        **({"attention_rules": rule_heads} if rule_heads else {}),
     }
 
 
@@ -307,6 +327,9 @@ def format_summary(s: dict[str, Any]) -> str:
         lb = [round(x, 3) for x in r["lead_bracket"]] if r["lead_bracket"] else None
         lines.append(f"t_form {rule:<12} {na(r['t_form'], '{}'):>6}  bracket {r['t_form_bracket']}  lead "
                      f"{na(r['lead_fraction'])}  bracket {lb}")
+    for name, r in (s.get("attention_rules") or {}).items():
+        lines.append(f"{name + ' head':<15} {r['label']}: attention {na(r['start_value'])} -> {na(r['final_value'])}; "
+                     f"t_form {na(r['t_form'], '{}')} bracket {r['t_form_bracket']}, lead {na(r['lead_fraction'])}")
     if s.get("smoothing"):
         lines.append(f"smoothing       {s['smoothing']['window']} point(s), {s['smoothing']['kind']}")
     lines += format_circuit(s.get("circuit"), s["log_k"], s["head"])

@@ -1,26 +1,33 @@
-"""Attention to the selector: which heads look at z when the target is predicted.
+"""Attention to the cue: which heads look at what the routing must read when the answer is predicted.
 
-Method: run the model on seeded examples (the input tokens ``tokens[:, :layout.input_len]``),
-caching only the attention patterns (``hook_pattern`` of every layer), and read, for every
-(layer, head):
+The cue and the positions come from the task (``training.tasks.base.Task``): for the selector task
+the cue is z, read from the last ``<SEP>``; for induction it is the token after the earlier
+occurrence of the current token. Method: run the model on seeded examples (the input tokens
+``tokens[:, :task.input_len]``), caching only the attention patterns (``hook_pattern`` of every
+layer), and read, for every (layer, head):
 
-* ``to_z_first``: the attention weight from the position that predicts the first target token
-  (``layout.first_target_pred_pos``) to the z positions (``layout.z_span``), summed over the z
-  positions and averaged over examples;
-* ``to_z_all_targets``: the same, averaged over every target-predicting position
-  (``layout.target_pred_positions``) as well;
-* ``entropy_first``: the entropy (nats) of the attention distribution at the first-target
-  position, averaged over examples.
+* ``to_z_first``: the attention weight from the prediction position (``task.pred_pos``) to the
+  cue positions (``task.cue_positions(tokens, pred_pos)``, per example), summed over them and
+  averaged over examples
+  (the name keeps the selector task's z, so that earlier caches load);
+* ``to_z_all_targets``: the same, averaged over every position the loss counts
+  (``task.loss_positions``), each with its own cue positions;
+* ``entropy_first``: the entropy (nats) of the attention distribution at the prediction
+  position, averaged over examples;
+* ``rules``: for a task with other named attention patterns (``task.attention_rules()``, e.g.
+  ``previous token``), the attention from each rule's query positions to its key positions,
+  averaged like ``to_z_all_targets``.
 
-Sign and range: ``to_z_*`` lie in [0, 1]; 1 means the head attends only to z (a selector-routing
-head), 0 that it ignores z. The entropy lies in [0, log(first_target_pred_pos + 1)]; low means
-focused. Only the backward task has a selector.
+Sign and range: ``to_z_*`` lie in [0, 1]; 1 means the head attends only to the cue (a routing
+head), 0 that it ignores it. The entropy lies in [0, log(pred_pos + 1)]; low means focused.
+Only a task with a cue (capability ``cue``) has these.
 """
 
 from __future__ import annotations
 
 import argparse
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 import einops
@@ -31,8 +38,7 @@ from transformer_lens.utilities import get_act_name
 
 from interp.cli import add_ckpt_args, format_table, resolve_ckpt, run_cli, write_json
 from training.backend import Model
-from training.layout import Layout
-from training.task import Task
+from training.tasks.base import Task
 
 
 @dataclass
@@ -43,6 +49,8 @@ class AttentionToZ:
     to_z_all_targets: Float[Tensor, "n_layers n_heads"]
     entropy_first: Float[Tensor, "n_layers n_heads"]
     n_examples: int
+    rules: dict[str, Float[Tensor, "n_layers n_heads"]] = field(default_factory=dict)
+    """The task's other named attention patterns, each averaged over its query positions."""
 
     def ranking(self) -> list[tuple[int, int]]:
         """(layer, head) pairs by decreasing ``to_z_first``."""
@@ -51,81 +59,95 @@ class AttentionToZ:
         return [(i // n_heads, i % n_heads) for i in order]
 
     def top_head(self) -> tuple[int, int]:
-        """The head that attends most to z from the first-target position."""
+        """The head that attends most to the cue from the prediction position."""
         return self.ranking()[0]
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types: every per-head tensor as nested lists."""
-        return {
+        out = {
             "n_examples": self.n_examples,
             "to_z_first": self.to_z_first.tolist(),
             "to_z_all_targets": self.to_z_all_targets.tolist(),
             "entropy_first": self.entropy_first.tolist(),
             "top_head": list(self.top_head()),
         }
-
-
-def _check_layout(layout: Layout) -> tuple[int, int]:
-    if layout.z_span is None:
-        raise ValueError("attention to z needs a selector in the prompt (the forward task and no_z have none)")
-    return layout.z_span
+        if self.rules:
+            out["rules"] = {name: values.tolist() for name, values in self.rules.items()}
+        return out
 
 
 @torch.inference_mode()
 def attention_patterns(
-    model: Model, tokens: Int[Tensor, "N seq"], layout: Layout
+    model: Model, tokens: Int[Tensor, "N seq"], input_len: int
 ) -> Float[Tensor, "N n_layers n_heads q k"]:
     """Attention patterns of every layer and head on the model's inputs (cached, nothing else)."""
     names = [get_act_name("pattern", layer) for layer in range(model.cfg.n_layers)]
     wanted = set(names)
     device = next(model.parameters()).device
-    _, cache = model.run_with_cache(tokens[:, : layout.input_len].to(device), names_filter=lambda n: n in wanted)
+    _, cache = model.run_with_cache(tokens[:, :input_len].to(device), names_filter=lambda n: n in wanted)
     return torch.stack([cache[n] for n in names], dim=1).float().cpu()
 
 
+def attention_to_keys(patterns: Float[Tensor, "N n_layers n_heads q k"], tokens: Int[Tensor, "N seq"],
+                      queries: list[int], keys_of: Callable[[Tensor, int], Tensor]) -> Float[Tensor, "n_layers n_heads"]:
+    """Attention from each of ``queries`` to its ``keys_of(tokens, query)`` (``[N, C]`` positions per
+    sequence), summed over the keys and averaged over the queries and the sequences."""
+    index = torch.stack([keys_of(tokens, q) for q in queries], dim=1)  # [N, T, C]
+    if index.shape[-1] == 0:
+        raise ValueError("an attention rule gave no key position for a query")
+    rows = patterns[..., queries, :]  # [N, L, H, T, k]
+    first = index[0, 0]
+    if (index == first).all() and torch.equal(first, torch.arange(int(first[0]), int(first[0]) + len(first))):
+        picked = rows[..., int(first[0]): int(first[-1]) + 1]  # one span for every sequence and query: a slice
+    else:
+        picked = rows.gather(-1, index[:, None, None].expand(*rows.shape[:3], *index.shape[1:]))
+    return einops.reduce(picked, "n l h t k -> l h", "sum") / (len(patterns) * len(queries))
+
+
 def attention_stats_from_patterns(
-    patterns: Float[Tensor, "N n_layers n_heads q k"], layout: Layout
+    patterns: Float[Tensor, "N n_layers n_heads q k"], tokens: Int[Tensor, "N seq"], task: Task
 ) -> AttentionToZ:
-    """The statistics of the module docstring from already computed patterns."""
-    z0, z1 = _check_layout(layout)
-    first = patterns[..., layout.first_target_pred_pos, :]  # [N, L, H, k]
-    targets = patterns[..., layout.target_pred_positions, :]  # [N, L, H, T, k]
+    """The statistics of the module docstring from already computed patterns of ``tokens``."""
+    task.require("cue", "attention to the cue")
+    first = patterns[..., task.pred_pos, :]  # [N, L, H, k]
     return AttentionToZ(
-        to_z_first=einops.reduce(first[..., z0:z1], "n l h k -> l h", "sum") / len(patterns),
-        to_z_all_targets=einops.reduce(targets[..., z0:z1], "n l h t k -> l h", "sum")
-        / (len(patterns) * targets.shape[-2]),
+        to_z_first=attention_to_keys(patterns, tokens, [task.pred_pos], task.cue_positions),
+        to_z_all_targets=attention_to_keys(patterns, tokens, task.loss_positions, task.cue_positions),
         entropy_first=einops.reduce(torch.special.entr(first), "n l h k -> l h", "sum") / len(patterns),
         n_examples=len(patterns),
+        rules={name: attention_to_keys(patterns, tokens, rule.queries, rule.keys)
+               for name, rule in task.attention_rules().items() if name != "cue"},
     )
 
 
 def attention_stats(
-    model: Model, tokens: Int[Tensor, "N seq"], layout: Layout, batch_size: int = 1024
+    model: Model, tokens: Int[Tensor, "N seq"], task: Task, batch_size: int = 1024
 ) -> AttentionToZ:
-    """Attention-to-z statistics over the given full sequences (chunked; exact example average)."""
-    _check_layout(layout)
-    parts = [attention_stats_from_patterns(attention_patterns(model, chunk, layout), layout)
+    """Attention-to-cue statistics over the given full sequences (chunked; exact example average)."""
+    task.require("cue", "attention to the cue")
+    parts = [attention_stats_from_patterns(attention_patterns(model, chunk, task.input_len), chunk, task)
              for chunk in tokens.split(batch_size)]
     n = torch.tensor([p.n_examples for p in parts], dtype=torch.float32)[:, None, None]
 
-    def avg(field: str) -> Float[Tensor, "n_layers n_heads"]:
-        return (torch.stack([getattr(p, field) for p in parts]) * n).sum(0) / n.sum()
+    def avg(values: list[Tensor]) -> Float[Tensor, "n_layers n_heads"]:
+        return (torch.stack(values) * n).sum(0) / n.sum()
 
-    return AttentionToZ(avg("to_z_first"), avg("to_z_all_targets"), avg("entropy_first"), len(tokens))
+    fields_ = ("to_z_first", "to_z_all_targets", "entropy_first")
+    return AttentionToZ(*(avg([getattr(p, f) for p in parts]) for f in fields_), len(tokens),
+                        {name: avg([p.rules[name] for p in parts]) for name in parts[0].rules})
 
 
 def sample_examples(task: Task, n_examples: int, seed: int) -> Int[Tensor, " n"]:
-    """``n_examples`` seeded example indices of the task (all of them if it has fewer)."""
-    gen = torch.Generator().manual_seed(seed)
-    return torch.randperm(task.cfg.D, generator=gen)[: min(n_examples, task.cfg.D)]
+    """``n_examples`` seeded example indices of the task (``Task.sample_examples``)."""
+    return task.sample_examples(n_examples, seed)
 
 
 def attention_to_z(model: Model, task: Task, n_examples: int = 256, seed: int = 0) -> AttentionToZ:
-    """Attention-to-z statistics of every head on ``n_examples`` seeded examples of ``task``."""
-    _check_layout(task.layout)
+    """Attention-to-cue statistics of every head on ``n_examples`` seeded examples of ``task``."""
+    task.require("cue", "attention to the cue")
     if n_examples < 1:
         raise ValueError(f"n_examples must be at least 1, got {n_examples}")
-    return attention_stats(model, task.tokens[sample_examples(task, n_examples, seed)], task.layout)
+    return attention_stats(model, task.tokens[task.sample_examples(n_examples, seed)], task)
 
 
 def head_table(values: Float[Tensor, "n_layers n_heads"]) -> tuple[list[list[Any]], list[str]]:

@@ -17,7 +17,7 @@ Method, per analysed checkpoint (the steps where exact patching runs):
   its layer, its layer but it, and each other head of its layer alone.
 * **Where the routing reads z.** Exact patching of each head's output at one position
   (``heads_by_pos``) at the z positions and at the last ``<SEP>`` (the position that predicts
-  the first target token), from ``training.layout.Layout``. Normalised like
+  the first target token), from the task (``Task.cue_positions``, ``Task.pred_pos``). Normalised like
   ``interp.patch`` (1 = restores the clean answer); raw effects in logits too.
 
 Verdict (:func:`verdict`): ``none`` before the drop (step < tau, or no tau); ``single head``
@@ -39,11 +39,11 @@ import torch
 from jaxtyping import Bool
 from torch import Tensor
 
-from interp.ablate import MARGINAL_TOL, HeadAblation, ablation_metrics, build_evalset, near_log_k
+from interp.ablate import MARGINAL_TOL, HeadAblation, ablation_metrics, build_evalset, n_scored_groups, near_log_k
 from interp.inputs import PromptPairs
-from interp.patch import PatchSpec, patch, patch_sweep, position_labels
+from interp.patch import PatchSpec, patch, patch_sweep
 from training.backend import Model
-from training.task import Task
+from training.tasks.base import Task
 
 SINGLE_HEAD_SHARE = 0.6
 """The top head's minimum share of its layer's positive patching effect for a ``single head`` verdict."""
@@ -109,7 +109,7 @@ def ablate_sets(model: Model, task: Task, kind: str = "mean", n_groups: int = 8,
     def grid(ms: list[dict], key: str) -> list[list[float]]:
         return [[ms[la * H + h][key] for h in range(H)] for la in range(L)]
 
-    return {"kind": kind, "n_groups": len(evalset.shift), "base": base,
+    return {"kind": kind, "n_groups": n_scored_groups(task, evalset), "base": base,
             "alone": grid(alone, "candidate_loss"), "layer": [m["candidate_loss"] for m in layer],
             "layer_but": grid(but, "candidate_loss"), "alone_delta_z": grid(alone, "delta_z"),
             "layer_delta_z": [m["delta_z"] for m in layer], "layer_but_delta_z": grid(but, "delta_z")}
@@ -121,12 +121,14 @@ def each_head_ablation(sets: dict[str, Any]) -> HeadAblation:
     return HeadAblation.from_metrics(sets["kind"], sets["n_groups"], sets["base"], sets["alone"], sets["alone_delta_z"])
 
 
-def read_positions(task: Task) -> list[int]:
-    """The z positions and the last ``<SEP>`` (the first-target prediction position), from the layout."""
-    lay = task.layout
-    if lay.z_span is None:
-        raise ValueError("the routing reads z: it needs the backward task")
-    return [*range(*lay.z_span), lay.first_target_pred_pos]
+def read_positions(task: Task, pairs: PromptPairs) -> list[int]:
+    """The cue positions seen from the prediction position, and the prediction position itself
+    (the selector task: z and the last ``<SEP>``); the cue must sit at the same positions in every pair."""
+    task.require("cue", "the circuit's read positions")
+    cue = task.cue_positions(pairs.clean, pairs.pred_pos)
+    if not (cue == cue[0]).all():
+        raise ValueError(f"the cue of {task.describe()} moves between prompts: no fixed positions to patch")
+    return sorted({*cue[0].tolist(), pairs.pred_pos})
 
 
 def reads_z(model: Model, pairs: PromptPairs, positions: list[int]) -> dict[str, Any]:
@@ -146,8 +148,8 @@ def circuit_record(model: Model, task: Task, pairs: PromptPairs, kind: str = "me
     """One checkpoint's circuit record: shares (from ``heads_patch`` or a fresh patch), set ablations, reads-z."""
     if heads_patch is None:
         heads_patch = patch(model, pairs, "heads").to_dict()
-    positions = read_positions(task)
-    names = position_labels(task.layout, pairs.corrupt.shape[1])
+    positions = read_positions(task, pairs)
+    names = task.position_labels(pairs.corrupt.shape[1])
     return {"shares": head_shares(head_effects(heads_patch)), "ablation": ablate_sets(model, task, kind, n_groups, seed),
             "reads_z": {**reads_z(model, pairs, positions), "labels": [names[p] for p in positions]}}
 

@@ -20,7 +20,6 @@ from torch import Tensor
 
 from interp.results import strict_json
 from training.backend import Model
-from training.layout import Layout
 
 NORMALISE_EPS = 1e-6
 """Below this |clean - corrupt| gap the normalised effects are NaN."""
@@ -125,24 +124,6 @@ def patch_spec(model: Model, target: str, n_pos: int) -> PatchSpec:
         axes, shape = ("layer", "pos"), (L, n_pos)
     masks = m.reshape(math.prod(shape), *m.shape[len(shape):])
     return PatchSpec(target, HOOK[target], axes, shape, masks)
-
-
-def position_labels(layout: Layout, n_pos: int) -> list[str]:
-    """Readable names of prompt positions: BOS, b1.., SEP, z1.., a1.. (from the run's layout)."""
-    labels = [str(i) for i in range(n_pos)]
-    if n_pos:
-        labels[0] = "BOS"
-    spans = [("b", layout.b_span), ("z", layout.z_span), ("a", layout.a_span)]
-    for name, span in spans:
-        if span is None:
-            continue
-        for i, pos in enumerate(range(*span)):
-            if pos < n_pos:
-                labels[pos] = f"{name}{i + 1}"
-    for pos in layout.sep_positions:
-        if pos < n_pos:
-            labels[pos] = "SEP"
-    return labels
 
 
 def component_label(target: str, index: tuple[int, ...], pos_names: list[str]) -> str:

@@ -71,10 +71,13 @@ from interp.selector import RULES
 from interp.snap import SNAP_HI, snap_statistics
 from training import run as rd
 from training.metrics import MARGINAL_REL, compute_tau
+from training.tasks.base import ProgressMeasure
 from training.run import MANIFEST_FILE, Run, RunError
 
 THRESHOLDS: tuple[float, ...] = (0.3, 0.5, 0.7)
 """Where tau is read off, in units of log K (0.5 is tau; forward runs: exact-match accuracy)."""
+EXACT_MATCH = ProgressMeasure("accuracy", 1.0, falls=False, label="exact-match accuracy")
+"""The measure both directions share: t_acc50 is the first step above 50% exact match."""
 FACTORS: tuple[str, ...] = ("direction", "preset", "D", "K", "lr", "batch_size")
 """What defines a configuration, besides the seed: runs equal in all but one form a family."""
 PAPER = {"alpha": 1.19, "alpha_ci": (1.137, 1.308), "k_slope": 0.0, "batch_factor": 1.8, "lr_factor": 3.6,
@@ -108,10 +111,11 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
     cfg = run.config
     metrics = run.metrics()
     summary = run.summary() or {}
-    direction, log_k = cfg.task.direction, run.log_k
-    taus = {t: compute_tau(metrics, log_k, direction, t) for t in THRESHOLDS}
+    direction, progress = cfg.task.direction, run.progress
+    log_k = progress.height
+    taus = {t: compute_tau(metrics, progress, t) for t in THRESHOLDS}
     tau = taus[0.5]
-    tokens_per_step = cfg.train.batch_size * run.layout.target_len
+    tokens_per_step = cfg.train.batch_size * run.task().tokens_per_example()
     snap = snap_statistics(metrics, tau)
     span = summary.get("plateau_span")
     path = analysis_dir(run.path) / SELECTOR_FILE
@@ -126,7 +130,7 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
         "complete": bool(summary.get("complete")), "final_step": metrics[-1]["step"] if metrics else None,
         "tau": tau, **{tau_key(t): v for t, v in taus.items()},
         "tokens_per_step": tokens_per_step, "tau_tokens": tau * tokens_per_step if tau is not None else None,
-        "t_acc50": compute_tau(metrics, log_k, "forward", 0.5),
+        "t_acc50": compute_tau(metrics, EXACT_MATCH, 0.5),
         "plateau_start": span[0] if span else None, "plateau_end": span[1] if span else None,
         "lead_fraction": selector.get("lead_fraction"),
         **{f"lead_{rule}": (rules.get(rule) or {}).get("lead_fraction") for rule in RULES},

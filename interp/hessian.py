@@ -1,6 +1,6 @@
 """Plateau geometry: the Hessian spectrum of the training loss, escape directions, gradient noise.
 
-Method. The loss is THE training loss (``training.metrics.target_cross_entropy``: mean
+Method. The loss is THE training loss (``Task.loss``, ``training.tasks.base``: mean
 cross-entropy over the target tokens) at one checkpoint, on a fixed, seeded batch of examples
 (``hessian_batch``), as a function of the flat vector of the trainable parameters (buffers are
 held fixed). Hessian-vector products (HVPs) come from ``torch.func``: ``vjp`` of ``grad`` of a
@@ -68,10 +68,8 @@ from tqdm.auto import tqdm
 
 from interp.cli import CliError, resolve_ckpt, run_cli, write_json
 from interp.results import HESSIAN_FILE, analysis_dir, append_records, load_records, settings_key, strict_json
-from training.layout import Layout
-from training.metrics import target_cross_entropy
 from training.run import Run, RunError
-from training.task import Task
+from training.tasks.base import Task
 
 log = logging.getLogger(__name__)
 
@@ -126,15 +124,15 @@ class ParamSpec:
         return {n: t.view(s) for n, t, s in zip(self.names, theta.split(self.numels), self.shapes)}
 
 
-def model_loss(model: torch.nn.Module, layout: Layout) -> tuple[LossFn, Float[Tensor, " P"], ParamSpec]:
+def model_loss(model: torch.nn.Module, task: Task) -> tuple[LossFn, Float[Tensor, " P"], ParamSpec]:
     """The training loss as ``loss(theta, tokens)``, the model's flat parameters, and their layout."""
     spec = ParamSpec.of(model)
     fixed = {n: b.detach() for n, b in model.named_buffers()}
     fixed.update({n: p.detach() for n, p in model.named_parameters() if not p.requires_grad})
 
     def loss(theta: Tensor, tokens: Tensor) -> Tensor:
-        logits = functional_call(model, (spec.unflatten(theta), fixed), (tokens[:, : layout.input_len],))
-        return target_cross_entropy(logits, tokens, layout)
+        logits = functional_call(model, (spec.unflatten(theta), fixed), (tokens[:, : task.input_len],))
+        return task.loss(logits, tokens)
 
     return loss, spec.flatten(model), spec
 
@@ -425,7 +423,7 @@ def geometry(model: torch.nn.Module, task: Task, *, k: int = DEFAULT_K, n_bottom
                          f"{n_batches}, {chunk})")
     if not 0 < tol < 1:
         raise ValueError(f"tol must lie in (0, 1), got {tol}")
-    loss, theta, spec = model_loss(model, task.layout)
+    loss, theta, spec = model_loss(model, task)
     device = theta.device
     P = theta.numel()
     if displacement is not None and displacement.numel() != P:

@@ -1,68 +1,31 @@
-"""Inputs shared by the analyses: clean / corrupted prompt pairs and the first-target metric.
+"""Inputs shared by the analyses: clean / corrupted prompt pairs and the metric on them.
 
-A *prompt* is a sequence cut just before its target: ``<BOS> B <SEP> z <SEP>`` (backward), so
-its last position (``layout.first_target_pred_pos``) predicts the first target token. Every
-analysis in ``interp`` measures that first target token: the K targets of a group start with
-distinct characters in the paper-style presets, so the first token alone says which target
-the model picked.
-
-A *pair* shares B and differs in the selector: the clean prompt has z_j, the corrupted one z_j'
-with j' != j (a seeded derangement), so the correct first target token changes from
-A_gj[0] to A_gj'[0].
+The pairs come from the task (``Task.prompt_pairs``, capability ``pairs``): a *prompt* is a
+sequence cut just after its prediction position (``task.pred_pos``), whose logits predict the
+answer. For the selector task a pair shares B and differs in the selector z, so the correct first
+target token changes from A_gj[0] to A_gj'[0]; for induction the corrupted prompt changes the
+token after the earlier occurrence, so copying predicts another token.
 
 Metric (sign: positive = the model prefers the clean answer): the logit difference
-``logit[A_gj[0]] - logit[A_gj'[0]]`` at the prediction position, averaged over pairs.
+``logit[clean_answer] - logit[corrupt_answer]`` at the prediction position, averaged over pairs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import torch
-from jaxtyping import Float, Int
+from jaxtyping import Float
 from torch import Tensor
 
-from training.task import Task
+from training.tasks.base import PromptPairs, Task
 
-
-@dataclass
-class PromptPairs:
-    """Clean and corrupted prompts with their answer tokens."""
-
-    clean: Int[Tensor, "N prompt_len"]
-    corrupt: Int[Tensor, "N prompt_len"]
-    clean_answer: Int[Tensor, " N"]
-    """First target token of the clean example (A_gj[0])."""
-    corrupt_answer: Int[Tensor, " N"]
-    """First target token of the corrupted example (A_gj'[0])."""
-    examples: Int[Tensor, " N"]
-    """Index of each clean example in the task."""
-    pred_pos: int
-    """The position whose logits are measured (last position of the prompt)."""
+__all__ = ["PromptPairs", "prompt_pairs", "logit_diff", "last_logit_diff"]
 
 
 def prompt_pairs(task: Task, n: int = 256, seed: int = 0) -> PromptPairs:
-    """``n`` seeded (clean, corrupted) prompt pairs: same B, another selector."""
-    if task.cfg.direction != "backward" or task.cfg.K < 2:
-        raise ValueError("prompt pairs need the backward task with K >= 2 (a selector to corrupt)")
-    if not task.cfg.has_selector:
-        raise ValueError("prompt pairs need a selector to corrupt: this task has no_z (the (B) -> A control)")
-    gen = torch.Generator().manual_seed(seed)
-    D, K = task.cfg.D, task.cfg.K
-    examples = torch.randperm(D, generator=gen)[: min(n, D)]
-    shift = torch.randint(1, K, (len(examples),), generator=gen)
-    group, sel = task.group[examples], task.selector[examples]
-    corrupt_examples = group * K + (sel + shift) % K
-    pred_pos = task.layout.first_target_pred_pos
-    first = task.layout.target_span[0]
-    return PromptPairs(
-        clean=task.tokens[examples, : pred_pos + 1],
-        corrupt=task.tokens[corrupt_examples, : pred_pos + 1],
-        clean_answer=task.tokens[examples, first],
-        corrupt_answer=task.tokens[corrupt_examples, first],
-        examples=examples,
-        pred_pos=pred_pos,
-    )
+    """``n`` seeded (clean, corrupted) prompt pairs of the task (a one-line error if it has none)."""
+    task.require("pairs", "patching")
+    if n < 1:
+        raise ValueError(f"the number of prompt pairs must be at least 1, got {n}")
+    return task.prompt_pairs(n, seed)
 
 
 def logit_diff(

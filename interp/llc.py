@@ -7,7 +7,7 @@ SGLD (``devinterp.optim.SGMCMC.sgld``, Lau et al. 2023)::
 
 where ``L_m`` is the training loss on a minibatch of ``m`` examples of the run's own data set,
 and estimate ``LLC = nbeta (E_chain[L(w_t)] - L(w*))``. ``L`` is the training objective,
-``training.metrics.target_cross_entropy``: the mean cross-entropy over the A (target) tokens
+``Task.loss`` (``training.tasks.base``): the mean cross-entropy over the A (target) tokens
 under teacher forcing. ``E_chain`` is the mean of the minibatch losses of the draws (the steps
 after burn-in) over all chains; ``L(w*)`` is the loss at the checkpoint on a fixed, seeded
 subset of the data set (``LLCSettings.init_examples``). The sampler comes from ``devinterp``
@@ -56,8 +56,8 @@ from interp.analyze import pick_steps
 from interp.cli import run_cli
 from interp.results import (LLC_FILE, LLC_SUMMARY_FILE, SELECTOR_FILE, analysis_dir, append_records, load_records, na,
                             write_json_result)
-from training.layout import Layout
-from training.metrics import compute_tau, target_cross_entropy
+from training.metrics import compute_tau
+from training.tasks.base import Task
 from training.run import Run, RunError, read_json, read_jsonl
 
 log = logging.getLogger(__name__)
@@ -133,17 +133,17 @@ class LLCSettings:
 # ---- the estimator ------------------------------------------------------------------------
 
 
-def target_loss(model: torch.nn.Module, tokens: Int[Tensor, "N seq"], layout: Layout) -> Float[Tensor, ""]:
-    """The training loss (``target_cross_entropy``) of ``model`` on ``tokens``."""
-    return target_cross_entropy(model(tokens[:, : layout.input_len]), tokens, layout)
+def target_loss(model: torch.nn.Module, tokens: Int[Tensor, "N seq"], task: Task) -> Float[Tensor, ""]:
+    """The training loss (``Task.loss``) of ``model`` on ``tokens``."""
+    return task.loss(model(tokens[:, : task.input_len]), tokens)
 
 
 @torch.no_grad()
-def dataset_loss(model: torch.nn.Module, tokens: Int[Tensor, "N seq"], layout: Layout, chunk: int = 2048) -> float:
+def dataset_loss(model: torch.nn.Module, tokens: Int[Tensor, "N seq"], task: Task, chunk: int = 2048) -> float:
     """The training loss over all of ``tokens`` (chunked; every example weighted equally)."""
     total = 0.0
     for part in tokens.split(chunk):
-        total += target_loss(model, part, layout).item() * len(part)
+        total += target_loss(model, part, task).item() * len(part)
     return total / len(tokens)
 
 
@@ -155,12 +155,12 @@ def drift(trace: Float[np.ndarray, "... draws"]) -> Float[np.ndarray, "..."]:
     return diff / np.where(spread > 0, spread, 1.0)
 
 
-def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], layout: Layout | None,
+def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: Task | None,
                  settings: LLCSettings = LLCSettings(), loss_fn: Any = None) -> dict[str, Any]:
     """Estimate the LLC of ``model`` at its current weights by SGLD on the examples ``tokens``.
 
-    ``loss_fn(model, batch) -> scalar`` defaults to the training loss on the A tokens
-    (:func:`target_loss` with ``layout``); it must be the mean over the examples of ``batch``
+    ``loss_fn(model, batch) -> scalar`` defaults to the task's training loss
+    (:func:`target_loss` with ``task``); it must be the mean over the examples of ``batch``
     (any model and data: the tests use a linear regression).
     ``model`` itself is not changed (each chain samples a copy). Returns plain floats/lists:
     ``llc`` (mean over chains), ``llc_std`` (std over chains), ``llc_per_chain``, ``init_loss``,
@@ -169,11 +169,11 @@ def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], layout
     settings.validate()
     sgld = require_devinterp()
     if loss_fn is None:
-        if layout is None:
-            raise ValueError("estimate_llc needs a layout for the default (target-token) loss")
+        if task is None:
+            raise ValueError("estimate_llc needs a task for the default (training) loss")
 
         def loss_fn(m: torch.nn.Module, batch: Tensor) -> Tensor:
-            return target_loss(m, batch, layout)
+            return target_loss(m, batch, task)
     n = len(tokens)
     gen = torch.Generator().manual_seed(settings.seed)
     if 0 < settings.init_examples < n:
@@ -251,7 +251,7 @@ def llc_at(run: Run, steps: list[int], settings: LLCSettings, device: str = "cpu
     tokens = run.task().tokens
     for step in tqdm(todo, desc=f"LLC {run.path.name}", disable=not progress, dynamic_ncols=True):
         model = run.load_model(step, device)
-        record = {"step": step, "settings": key, **estimate_llc(model, tokens.to(device), run.layout, settings)}
+        record = {"step": step, "settings": key, **estimate_llc(model, tokens.to(device), run.task(), settings)}
         append_records(llc_path(run.path), [record])
         have[step] = record
     return [have[s] for s in steps]
@@ -308,7 +308,7 @@ def llc_series(run_dir: str | Path, steps: list[int] | None = None, every: int =
         c_step = chosen[-1] if calib_step is None else calib_step
         run.checkpoint_path(c_step)
         calibration = calibrate(run, c_step, settings, device, progress)
-    tau = compute_tau(run.metrics(), run.log_k)
+    tau = compute_tau(run.metrics(), run.progress)
     sel_path = analysis_dir(run.path) / SELECTOR_FILE
     selector = read_json(sel_path) if sel_path.exists() else {}
     t_form = selector.get("t_form")

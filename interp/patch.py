@@ -55,8 +55,7 @@ from transformer_lens.utilities import get_act_name
 
 from interp.attribution import agreement, attribute
 from interp.cli import CliError, add_ckpt_args, format_table, resolve_ckpt, run_cli, write_json
-from interp.components import (NORMALISE_EPS, TARGETS, PatchResult, PatchSpec, component_label, normalise, patch_spec,
-                               position_labels)
+from interp.components import NORMALISE_EPS, TARGETS, PatchResult, PatchSpec, component_label, normalise, patch_spec
 from interp.inputs import PromptPairs, last_logit_diff, prompt_pairs
 from interp.prefix import RunCache, cached_run, first_difference, forward_from, suffix_run
 from training.backend import Model
@@ -257,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
         task = run.task()
         pairs = prompt_pairs(task, args.n_examples, args.seed)
         model = run.load_model(step, device=args.device, backend=args.backend)
-        pos_names = position_labels(task.layout, pairs.corrupt.shape[1])
+        pos_names = task.position_labels(pairs.corrupt.shape[1])
         results: dict[str, PatchResult] = {}
         if args.method in ("exact", "both"):
             results["exact"] = patch(model, pairs, args.target, max_batch=args.max_batch,

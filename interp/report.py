@@ -92,11 +92,11 @@ def _views(run: Run, step: int, layers: Sequence[int], examples: Sequence[int],
     """Per-layer views and, when ``top_heads`` is not empty, one view per example of just those heads."""
     task = run.task()
     tokens = task.tokens[list(examples)]
-    patterns = attention_patterns(run.load_model(step), tokens, task.layout)  # [N, L, H, q, k]
+    patterns = attention_patterns(run.load_model(step), tokens, task.input_len)  # [N, L, H, q, k]
     sel = tuple(selector_head) if selector_head is not None else None
     out, top = [], []
     for n, ex in enumerate(examples):
-        words = task.decode(tokens[n, : task.layout.input_len])
+        words = task.decode(tokens[n, : task.input_len])
         for layer in layers:
             names = [head_label(layer, h) + (" (selector)" if (layer, h) == sel else "")
                      for h in range(patterns.shape[2])]

@@ -42,9 +42,9 @@ import torch
 from transformer_lens import HookedTransformer
 
 from training.config import ModelConfig, TaskConfig
-from training.layout import BOS, SPECIAL_TOKENS
+from training.tasks.selector_layout import BOS, SPECIAL_TOKENS
 from training.model import build_hooked_transformer, hooked_config_dict
-from training.task import Task
+from training.tasks.selector import SelectorTask
 
 SELECTOR_HEAD: tuple[int, int] = (0, 1)
 """(layer, head) of the one head that routes the selector."""
@@ -67,7 +67,7 @@ D_MODEL, N_HEADS, D_HEAD = 48, 2, 8
 N_TOKEN_ID = 8
 
 
-def handbuilt_task() -> Task:
+def handbuilt_task() -> SelectorTask:
     """The task described in the module docstring (targets (c_k, d_g), selectors (x_j, y_j))."""
     cfg = TaskConfig(n_b=N_B, K=K, b_len=2, z_len=2, a_len=2, alphabet=ALPHABET, seed=0)
     cfg.validate()
@@ -78,7 +78,7 @@ def handbuilt_task() -> Task:
     b = torch.stack([off + K + g, off + g], -1)  # B_g = (d_g, c_g): distinct, never read
     z = torch.stack([off + 2 * K + j, off + 3 * K + j], -1)  # i j k l / m n o p: only in z
     a = torch.stack(torch.broadcast_tensors(c[None, :], d[:, None]), -1)  # [n_b, K, 2]
-    return Task.from_token_arrays(cfg, b.numpy(), z.numpy(), a.numpy())
+    return SelectorTask.from_token_arrays(cfg, b.numpy(), z.numpy(), a.numpy())
 
 
 def _dims(n_ctx: int) -> dict[str, slice]:
@@ -93,7 +93,7 @@ def _dims(n_ctx: int) -> dict[str, slice]:
 
 
 @torch.no_grad()
-def selector_copy_model(task: Task | None = None, split: bool = False) -> HookedTransformer:
+def selector_copy_model(task: SelectorTask | None = None, split: bool = False) -> HookedTransformer:
     """The hand-built model of the module docstring, for ``handbuilt_task()`` (the default);
     ``split``: the copy shared by :data:`SPLIT_HEADS`, half each."""
     task = handbuilt_task() if task is None else task
@@ -102,7 +102,7 @@ def selector_copy_model(task: Task | None = None, split: bool = False) -> Hooked
         raise ValueError("selector_copy_model is built for handbuilt_task()")
     mcfg = ModelConfig(n_layers=2, d_model=D_MODEL, n_heads=N_HEADS, d_head=D_HEAD, d_mlp=16,
                        act_fn="relu", normalization_type=None)
-    model = build_hooked_transformer(hooked_config_dict(mcfg, lay, len(vocab)), seed=0)
+    model = build_hooked_transformer(hooked_config_dict(mcfg, task), seed=0)
     for p in model.parameters():
         p.zero_()
     dims = _dims(lay.seq_len)
@@ -168,7 +168,7 @@ class UniformOverCandidates(torch.nn.Module):
     through the task's layout); a lookup in Python, for tests only.
     """
 
-    def __init__(self, task: Task):
+    def __init__(self, task: SelectorTask):
         super().__init__()
         self.task = task
         self.dummy = torch.nn.Parameter(torch.zeros(()))
@@ -196,7 +196,7 @@ class UniformOverCandidates(torch.nn.Module):
 class UniformOverAlphabet(torch.nn.Module):
     """Knows nothing: uniform over the alphabet's characters at every position (special tokens ~0)."""
 
-    def __init__(self, task: Task):
+    def __init__(self, task: SelectorTask):
         super().__init__()
         self.n_vocab = len(task.vocab)
         self.dummy = torch.nn.Parameter(torch.zeros(()))

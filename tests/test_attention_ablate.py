@@ -12,9 +12,9 @@ from interp.ablate import KINDS, ablate_each_head, ablate_heads, build_evalset, 
 from interp.attention import attention_stats, attention_to_z
 from tests.handbuilt import ALPHA, SELECTOR_HEAD, handbuilt_task, selector_copy_model
 from training.config import TaskConfig
-from training.metrics import evaluate
+from training.tasks.selector_metrics import evaluate
 from training.run import Run
-from training.task import Task
+from training.tasks.selector import SelectorTask
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def test_ablation_scores_like_training_metrics(handbuilt):
 
 
 def test_backward_only():
-    task = Task.generate(TaskConfig(n_b=4, K=2, direction="forward"))
+    task = SelectorTask.generate(TaskConfig(n_b=4, K=2, direction="forward"))
     with pytest.raises(ValueError):
         build_evalset(task)
     with pytest.raises(ValueError):
@@ -96,7 +96,7 @@ def test_entropy_matches_hand_computation_on_one_example(tiny):
     layer, head = 0, 1
     row = cache[get_act_name("pattern", layer)][0, head, lay.first_target_pred_pos].tolist()
     hand = -sum(p * math.log(p) for p in row if p > 0)
-    res = attention_stats(model, tokens, lay)
+    res = attention_stats(model, tokens, task)
     assert float(res.entropy_first[layer, head]) == pytest.approx(hand, abs=1e-5)
     assert float(res.to_z_first[layer, head]) == pytest.approx(sum(row[slice(*lay.z_span)]), abs=1e-6)
 
@@ -112,7 +112,7 @@ def test_attention_shapes_and_ranges(tiny):
         assert ((t >= 0) & (t <= 1 + 1e-6)).all()
     assert ((res.entropy_first >= 0) & (res.entropy_first <= math.log(task.layout.first_target_pred_pos + 1) + 1e-5)).all()
     # chunking does not change the average
-    again = attention_stats(model, task.tokens[attention.sample_examples(task, 32, 1)], task.layout, batch_size=5)
+    again = attention_stats(model, task.tokens[attention.sample_examples(task, 32, 1)], task, batch_size=5)
     assert torch.allclose(again.to_z_first, res.to_z_first, atol=1e-6)
     d = json.loads(json.dumps(res.to_dict()))
     assert len(d["to_z_first"]) == shape[0] and len(d["to_z_first"][0]) == shape[1]

@@ -102,7 +102,7 @@ def test_logits_equal_the_reference_forward(ci, phase):
     bridge, about 1e-7 on HookedTransformer (it rounds some intermediates to its cfg.dtype, float32)."""
     step = plateau_and_after(ci)[phase]
     model, ref = ci.load_model(step, backend=INSTALLED), reference(ci, step)
-    tokens = ci.task().tokens[:512, : ci.layout.input_len]
+    tokens = ci.task().tokens[:512, : ci.task().input_len]
     with torch.no_grad():
         got, want = model(tokens), ref(tokens)
         assert got.shape == want.shape and got.dtype == torch.float32
@@ -171,7 +171,7 @@ import sys, torch
 from safetensors.torch import save_file
 from training.run import Run
 run = Run(sys.argv[1])
-tokens = run.task().tokens[:, : run.layout.input_len]
+tokens = run.task().tokens[:, : run.task().input_len]
 with torch.no_grad():
     out = {str(s): m(tokens).contiguous() for s, m in run.models(backend=sys.argv[2])}
 save_file(out, sys.argv[3])
@@ -190,7 +190,7 @@ def test_series_opens_on_the_other_backend(tiny_run, tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     theirs = load_file(str(out))
     run = Run(tiny_run)
-    tokens = run.task().tokens[:, : run.layout.input_len]
+    tokens = run.task().tokens[:, : run.task().input_len]
     assert sorted(map(int, theirs)) == run.steps()
     for step, model in run.models(backend=INSTALLED):
         with torch.no_grad():

@@ -14,7 +14,7 @@ from tests.conftest import copy_run
 from training.config import ModelConfig, TaskConfig
 from training.model import build_hooked_transformer, hooked_config_dict
 from training.run import Run
-from training.task import Task
+from training.tasks.selector import SelectorTask
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is fastest
@@ -23,11 +23,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is
 @pytest.fixture(scope="module")
 def small():
     """A 1-layer, d_model 8 transformer in float64 on a 4 x 2 task (a few hundred parameters)."""
-    task = Task.generate(TaskConfig(n_b=4, K=2, b_len=2, z_len=1, a_len=2, alphabet="abcdef"))
-    cfg = hooked_config_dict(ModelConfig(n_layers=1, d_model=8, n_heads=1, d_head=4, d_mlp=8), task.layout,
-                             len(task.vocab))
+    task = SelectorTask.generate(TaskConfig(n_b=4, K=2, b_len=2, z_len=1, a_len=2, alphabet="abcdef"))
+    cfg = hooked_config_dict(ModelConfig(n_layers=1, d_model=8, n_heads=1, d_head=4, d_mlp=8), task)
     model = build_hooked_transformer({**cfg, "dtype": torch.float64}, seed=0)
-    loss, theta, spec = H.model_loss(model, task.layout)
+    loss, theta, spec = H.model_loss(model, task)
     theta = theta + 0.3 * torch.randn(theta.shape, generator=torch.Generator().manual_seed(1), dtype=theta.dtype)
     tokens = task.tokens
     exact = hessian(lambda t: loss(t, tokens))(theta)
@@ -172,7 +171,7 @@ def test_geometry_record(small):
     assert st["n_batches"] == 2 and st["seeds"] == [0, 1] and len(st["lambda_max"]["values"]) == 2
     assert st["lambda_max"]["values"][0] == pytest.approx(rec["spectrum"]["lambda_max"])
     # Against the exact Hessian of each batch (torch.func.hessian of the same loss).
-    loss, theta, _ = H.model_loss(model, task.layout)
+    loss, theta, _ = H.model_loss(model, task)
     batches = [H.hessian_batch(task, 6, seed) for seed in (0, 1)]
     exact = [torch.linalg.eigh(hessian(lambda t, b=b: loss(t, b))(theta)) for b in batches]
     lam_min = [float(e.eigenvalues[0]) for e in exact]

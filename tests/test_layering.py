@@ -1,4 +1,5 @@
-"""The seams of the house: analyses compute and draw nothing; training never imports interp.
+"""The seams of the house: analyses compute and draw nothing; training never imports interp; interp
+never imports a task-specific module (it asks the task protocol, ``training.tasks.base``).
 
 Read from the source (every ``import`` statement, at any depth, except under
 ``if __name__ == "__main__":``), followed transitively through this project's own modules.
@@ -19,11 +20,23 @@ ANALYSES = ("interp.inputs", "interp.results", "interp.attention", "interp.patch
 VIEWS = ("plotly", "circuitsvis", "interp.figures", "interp.sweep_figures", "interp.pages", "interp.report",
          "interp.sweep_report")
 """Figure and page modules, and the drawing libraries."""
+TASK_SPECIFIC = ("training.tasks.selector", "training.tasks.selector_layout", "training.tasks.selector_metrics",
+                 "training.tasks.induction")
+"""The modules of the built-in tasks: only the task registry (by name, at run time) reaches them."""
+
+
+def module_file(name: str) -> Path | None:
+    """The source file of one of this project's modules (a package's ``__init__.py``), or None."""
+    path = ROOT / name.replace(".", "/")
+    for candidate in (path.with_suffix(".py"), path / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
 
 
 def direct_imports(module: str) -> set[str]:
     """Modules named by the import statements of ``module`` (outside its ``__main__`` block)."""
-    tree = ast.parse((ROOT / (module.replace(".", "/") + ".py")).read_text())
+    tree = ast.parse(module_file(module).read_text())
     main_blocks = [n for n in ast.walk(tree) if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
     skip = {id(n) for block in main_blocks for n in ast.walk(block)}
     found: set[str] = set()
@@ -46,7 +59,7 @@ def closure(module: str) -> set[str]:
             if name in seen:
                 continue
             seen.add(name)
-            if name.split(".")[0] in ("training", "interp") and (ROOT / (name.replace(".", "/") + ".py")).is_file():
+            if name.split(".")[0] in ("training", "interp") and module_file(name) is not None:
                 todo.append(name)
     return seen
 
@@ -62,9 +75,25 @@ def test_analyses_import_no_figure_or_page_module(module):
     assert not views, f"{module} imports {sorted(views)}"
 
 
-@pytest.mark.parametrize("module", sorted(p.stem for p in (ROOT / "training").glob("*.py")))
+TRAINING = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "training").rglob("*.py"))
+INTERP = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "interp").rglob("*.py")
+                if p.name != "__init__.py")
+
+
+@pytest.mark.parametrize("module", TRAINING)
 def test_training_never_imports_interp(module):
-    assert not {m for m in closure(f"training.{module}") if m.split(".")[0] == "interp"}
+    assert not {m for m in closure(module) if m.split(".")[0] == "interp"}
+
+
+def test_the_checker_sees_task_modules():
+    assert "training.tasks.induction" in closure("training.presets")
+    assert "training.tasks.base" in closure("interp.attention")
+
+
+@pytest.mark.parametrize("module", INTERP)
+def test_interp_imports_no_task_specific_module(module):
+    found = sorted(m for m in closure(module) if m in TASK_SPECIFIC or m.rpartition(".")[0] in TASK_SPECIFIC)
+    assert not found, f"{module} imports {found}"
 
 
 def test_no_import_cycle_between_patch_and_attribution():

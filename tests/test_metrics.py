@@ -7,8 +7,10 @@ import torch
 from torch import nn
 
 from training.config import TaskConfig
-from training.metrics import EvalSet, candidate_metrics, compute_tau, evaluate, plateau_span
-from training.task import Task
+from training.metrics import compute_tau, plateau_span
+from training.tasks.selector_metrics import EvalSet, candidate_metrics, evaluate
+from training.tasks.base import ProgressMeasure
+from training.tasks.selector import SelectorTask
 
 NEG = -1e4
 
@@ -20,7 +22,7 @@ class LookupModel(nn.Module):
     and then certain of the rest of the candidate it has started: exactly the marginal.
     """
 
-    def __init__(self, task: Task, use_z: bool):
+    def __init__(self, task: SelectorTask, use_z: bool):
         super().__init__()
         self.task, self.use_z = task, use_z
         self.dummy = nn.Parameter(torch.zeros(()))
@@ -46,7 +48,7 @@ class LookupModel(nn.Module):
 
 @pytest.fixture
 def task():
-    return Task.generate(TaskConfig(n_b=12, K=5, seed=1))
+    return SelectorTask.generate(TaskConfig(n_b=12, K=5, seed=1))
 
 
 def test_marginal_model_sits_exactly_at_log_k(task):
@@ -100,11 +102,14 @@ def test_tau_and_plateau_from_records():
     recs = [{"step": s, "candidate_loss": c * lk, "delta_z": dz * lk, "accuracy": a}
             for s, c, dz, a in [(0, 1.4, 0, 0), (10, 1.05, 0.01, 0), (20, 0.98, 0.02, 0), (30, 0.95, 0.05, 0.1),
                                 (40, 0.6, 0.3, 0.3), (50, 0.45, 0.6, 0.6), (60, 0.05, 0.9, 0.99)]]
-    assert compute_tau(recs, lk) == 50
-    assert compute_tau(recs, lk, threshold=0.7) == 40
-    assert compute_tau(recs, lk, direction="forward") == 50
-    assert plateau_span(recs, lk, 50) == (10, 30)
-    assert compute_tau(recs[:3], lk) is None
+    backward = ProgressMeasure("candidate_loss", lk, cue_effect_key="delta_z")
+    forward = ProgressMeasure("accuracy", lk, falls=False)
+    assert compute_tau(recs, backward) == 50
+    assert compute_tau(recs, backward, threshold=0.7) == 40
+    assert compute_tau(recs, forward) == 50
+    assert plateau_span(recs, backward, 50) == (10, 30)
+    assert plateau_span(recs, forward, 50) is None
+    assert compute_tau(recs[:3], backward) is None
 
 
 def _brute_force_evaluate(model, task, evalset):
@@ -162,7 +167,7 @@ def test_pruned_prefixes_give_the_same_exact_match(tiny_run, kind):
     """prune=True stops prefixes whose sequences have all missed a target token: exact match unchanged,
     log-probabilities unchanged wherever they are still computed."""
     from tests.handbuilt import handbuilt_task, selector_copy_model
-    from training.metrics import shared_prefix_logprobs
+    from training.scoring import shared_prefix_logprobs
     from training.model import build_hooked_transformer
     from training.run import Run
 
@@ -180,8 +185,8 @@ def test_pruned_prefixes_give_the_same_exact_match(tiny_run, kind):
         seqs[::2, lay.target_span[0] + 1] = (seqs[::2, lay.target_span[0] + 1] + 1) % len(task.vocab)
     tree = seqs.view(-1, K, 1, seqs.shape[-1])
     splits = (lay.z_span[0], lay.target_span[0])
-    full_logp, full_exact = shared_prefix_logprobs(model, tree, splits, lay, batch_size=5)
-    logp, exact = shared_prefix_logprobs(model, tree, splits, lay, batch_size=5, prune=True)
+    full_logp, full_exact = shared_prefix_logprobs(model, tree, splits, task, batch_size=5)
+    logp, exact = shared_prefix_logprobs(model, tree, splits, task, batch_size=5, prune=True)
     assert torch.equal(exact, full_exact)
     n_exact = int(full_exact.sum())
     assert (n_exact == full_exact.numel()) if kind == "oracle" else (n_exact == 0) if kind == "random_2layer" \

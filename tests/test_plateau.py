@@ -7,9 +7,10 @@ import pytest
 
 from tests.handbuilt import UniformOverAlphabet, UniformOverCandidates
 from training.config import TaskConfig
-from training.layout import SPECIAL_TOKENS
-from training.metrics import EvalSet, evaluate, know_nothing_reference, summarize
-from training.task import Task
+from training.tasks.selector_layout import SPECIAL_TOKENS
+from training.metrics import summarize
+from training.tasks.selector_metrics import EvalSet, evaluate, know_nothing_reference
+from training.tasks.selector import SelectorTask
 
 VARIANTS = [
     {},
@@ -21,12 +22,12 @@ VARIANTS = [
 ]
 
 
-def small_task(**kw) -> Task:
+def small_task(**kw) -> SelectorTask:
     base = {"n_b": 12, "K": 4, "b_len": 3, "a_len": 3, "alphabet": "abcdef", "seed": 2}
-    return Task.generate(TaskConfig(**{**base, **kw}))
+    return SelectorTask.generate(TaskConfig(**{**base, **kw}))
 
 
-def brute_force_reference(task: Task) -> dict:
+def brute_force_reference(task: SelectorTask) -> dict:
     """Enumerate every string of the alphabet: the mass a uniform model puts on each group's
     candidates, and on the characters that start one of them."""
     V, L = len(task.cfg.alphabet), task.cfg.a_len
@@ -41,7 +42,7 @@ def brute_force_reference(task: Task) -> dict:
     return {"set_loss": sum(set_losses) / len(set_losses), "first_token_set_loss": sum(first_losses) / len(first_losses)}
 
 
-def records_of(model, task: Task, steps=(0, 10, 20, 30)) -> list[dict]:
+def records_of(model, task: SelectorTask, steps=(0, 10, 20, 30)) -> list[dict]:
     """The metrics a frozen model would log at each step (evaluated once, on every group)."""
     evalset = EvalSet.build(task, n_eval_groups=task.cfg.n_b, n_tracked_groups=2, seed=0)
     m = evaluate(model, task, evalset)
@@ -62,7 +63,7 @@ def test_know_nothing_reference_equals_brute_force(variant):
 
 
 def test_paper_task_reference_is_the_readme_number():
-    ref = know_nothing_reference(Task.generate(TaskConfig(n_b=100, K=10)))
+    ref = know_nothing_reference(SelectorTask.generate(TaskConfig(n_b=100, K=10)))
     assert ref["set_loss"] == pytest.approx(4 * math.log(36) - math.log(10), abs=1e-9)
 
 
@@ -76,12 +77,12 @@ def test_verdicts_on_hand_built_models(variant):
     assert marginal[0]["first_token_set_loss"] == pytest.approx(0.0, abs=1e-5)
     shelf = records_of(UniformOverAlphabet(task), task)
     for records, want in [(marginal, "marginal"), (shelf, "shelf")]:
-        block = summarize(records, log_k, "backward", ref)["plateau"]
+        block = summarize(records, task.progress, ref)["plateau"]
         assert block["verdict"] == want
         assert block["share"][want] == 1.0 and block["n_evaluations"] == len(records)
     # Half the plateau on the shelf, half on the marginal: neither holds two thirds.
     half = shelf[:2] + [{**r, "step": r["step"] + 100} for r in marginal[:2]]
-    block = summarize(half, log_k, "backward", ref)["plateau"]
+    block = summarize(half, task.progress, ref)["plateau"]
     assert block["verdict"] == "mixed" and block["t_marginal"] == 100
     assert block["share"]["marginal"] == block["share"]["shelf"] == 0.5
 
@@ -89,6 +90,6 @@ def test_verdicts_on_hand_built_models(variant):
 def test_no_plateau_no_verdict():
     task = small_task()
     rec = records_of(UniformOverCandidates(task), task)
-    assert summarize(rec, task.cfg.log_k, "backward", None)["plateau"] is None
+    assert summarize(rec, task.progress, None)["plateau"] is None
     moved = [{**r, "candidate_loss": 0.0} for r in rec]  # never near log K: no plateau span
-    assert summarize(moved, task.cfg.log_k, "backward", know_nothing_reference(task))["plateau"]["verdict"] is None
+    assert summarize(moved, task.progress, know_nothing_reference(task))["plateau"]["verdict"] is None

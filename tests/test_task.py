@@ -3,13 +3,13 @@ import pytest
 import torch
 
 from training.config import ConfigError, TaskConfig
-from training.layout import BOS, SEP, Layout
-from training.task import Task
+from training.tasks.selector_layout import BOS, SEP, Layout
+from training.tasks.selector import SelectorTask
 
 
 def test_strings_are_unique_and_shaped():
     cfg = TaskConfig(n_b=200, K=12, seed=3)
-    task = Task.generate(cfg)
+    task = SelectorTask.generate(cfg)
     assert task.tokens.shape == (cfg.D, task.layout.seq_len)
     assert len({tuple(r) for r in task.b_tokens.tolist()}) == cfg.n_b
     assert len({tuple(r) for r in task.z_tokens.tolist()}) == cfg.K
@@ -20,13 +20,13 @@ def test_strings_are_unique_and_shaped():
 
 
 def test_deterministic_in_seed():
-    a, b, c = (Task.generate(TaskConfig(n_b=50, K=5, seed=s)) for s in (1, 1, 2))
+    a, b, c = (SelectorTask.generate(TaskConfig(n_b=50, K=5, seed=s)) for s in (1, 1, 2))
     assert torch.equal(a.tokens, b.tokens)
     assert not torch.equal(a.tokens, c.tokens)
 
 
 def test_backward_layout_positions():
-    task = Task.generate(TaskConfig(n_b=20, K=4))
+    task = SelectorTask.generate(TaskConfig(n_b=20, K=4))
     lay = task.layout
     sep, bos = task.vocab.index(SEP), task.vocab.index(BOS)
     assert (task.tokens[:, 0] == bos).all()
@@ -43,7 +43,7 @@ def test_backward_layout_positions():
 
 
 def test_forward_layout_has_no_selector():
-    task = Task.generate(TaskConfig(n_b=20, K=4, direction="forward"))
+    task = SelectorTask.generate(TaskConfig(n_b=20, K=4, direction="forward"))
     lay = task.layout
     assert lay.z_span is None and lay.target_span == lay.b_span
     assert lay.a_span[1] < lay.b_span[0]
@@ -51,15 +51,15 @@ def test_forward_layout_has_no_selector():
 
 
 def test_records_round_trip():
-    task = Task.generate(TaskConfig(n_b=30, K=3, seed=5))
-    back = Task.from_records(task.cfg, task.records())
+    task = SelectorTask.generate(TaskConfig(n_b=30, K=3, seed=5))
+    back = SelectorTask.from_records(task.cfg, task.records())
     assert torch.equal(back.tokens, task.tokens)
     r = task.records()[4]
     assert r["group"] == 1 and r["selector"] == 1 and len(r["b"]) == 6 and len(r["a"]) == 4
 
 
 def test_candidate_sequences_diagonal_is_the_data():
-    task = Task.generate(TaskConfig(n_b=10, K=3))
+    task = SelectorTask.generate(TaskConfig(n_b=10, K=3))
     groups = torch.tensor([2, 5])
     seqs = task.candidate_sequences(groups)
     assert seqs.shape == (2, 3, 3, task.layout.seq_len)
@@ -79,12 +79,12 @@ def test_candidate_sequences_diagonal_is_the_data():
 ])
 def test_impossible_requests_fail_with_one_line(kwargs, message):
     with pytest.raises(ConfigError, match=message) as info:
-        Task.generate(TaskConfig(**kwargs))
+        SelectorTask.generate(TaskConfig(**kwargs))
     assert "\n" not in str(info.value)
 
 
 def test_digits_cover_the_alphabet():
-    task = Task.generate(TaskConfig(n_b=500, K=10))
+    task = SelectorTask.generate(TaskConfig(n_b=500, K=10))
     used = np.unique(task.a_tokens.numpy())
     assert len(used) == 36 and used.min() == 2  # ids 0, 1 are <BOS>, <SEP>
     assert Layout.for_task(task.cfg).seq_len == 15

@@ -79,7 +79,7 @@ def test_checkpoint_loads_into_plain_transformer_lens(tiny_run):
     plain = HookedTransformer(HookedTransformerConfig(**cfg["hooked_transformer_config"]))
     plain.load_state_dict(load_file(tiny_run / rd.CHECKPOINT_DIR / rd.checkpoint_name(step)), strict=False)
     ours = run.load_model(step)
-    tokens = run.task().tokens[:8, : run.layout.input_len]
+    tokens = run.task().tokens[:8, : run.task().input_len]
     assert torch.equal(plain(tokens), ours(tokens))
     assert cfg["vocab"][:2] == ["<BOS>", "<SEP>"] and cfg["layout"]["first_target_pred_pos"] == 10
 

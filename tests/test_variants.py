@@ -1,4 +1,4 @@
-"""Task variants: each builds a valid task, trains a few steps and is recorded; impossible ones fail
+"""SelectorTask variants: each builds a valid task, trains a few steps and is recorded; impossible ones fail
 with one line and exit code 2; old run directories load with the defaults."""
 
 import json
@@ -8,10 +8,10 @@ import torch
 
 from training import run as rd
 from training.config import ConfigError, RunConfig, TaskConfig
-from training.layout import SEP, Layout
+from training.tasks.selector_layout import SEP, Layout
 from training.presets import get_preset
 from training.run import Run
-from training.task import Task
+from training.tasks.selector import SelectorTask
 from training.train import main, train
 
 VARIANTS = {
@@ -26,7 +26,7 @@ VARIANTS = {
 }
 
 
-def check_task(task: Task) -> None:
+def check_task(task: SelectorTask) -> None:
     """The invariants every variant keeps: K distinct targets per group, layout-placed tokens."""
     cfg, lay = task.cfg, task.layout
     for grp in task.a_tokens.tolist():
@@ -53,13 +53,13 @@ def check_task(task: Task) -> None:
     else:
         assert torch.equal(task.tokens[:, slice(*lay.z_span)], z[g, j])
         assert (lay.z_span[0] < lay.b_span[0]) == (cfg.order == "zb")
-    back = Task.from_records(cfg, task.records())
+    back = SelectorTask.from_records(cfg, task.records())
     assert torch.equal(back.tokens, task.tokens)
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_variant_builds_a_valid_task(name):
-    check_task(Task.generate(TaskConfig(n_b=300, K=10, **VARIANTS[name])))
+    check_task(SelectorTask.generate(TaskConfig(n_b=300, K=10, **VARIANTS[name])))
 
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
@@ -70,8 +70,8 @@ def test_variant_trains_and_is_recorded(tmp_path, name):
     stored = rd.read_json(tmp_path / name / rd.CONFIG_FILE)
     for key, value in VARIANTS[name].items():
         assert stored["run"]["task"][key] == value
-    assert run.config == cfg and run.layout == Layout.for_task(cfg.task)
-    assert stored["layout"]["seq_len"] == run.layout.seq_len
+    assert run.config == cfg and run.task().layout == Layout.for_task(cfg.task)
+    assert stored["layout"]["seq_len"] == run.task().layout.seq_len
     check_task(run.task())
     rec = run.metrics()[-1]
     assert rec["candidate_loss"] is not None and rec["first_token_set_loss"] is not None

@@ -156,7 +156,7 @@ def backend_of(model: Model) -> str:
 
 
 def shares_prefixes(model: torch.nn.Module) -> bool:
-    """Whether ``model`` takes the prefix-sharing fast paths (``training.metrics.shared_prefix_logprobs``,
+    """Whether ``model`` takes the prefix-sharing fast paths (``training.scoring.shared_prefix_logprobs``,
     :mod:`interp.prefix`): a forward from a given layer over the new positions only, reading the
     earlier positions' keys and values from frozen TransformerLens key/value cache entries
     (``forward(start_at_layer=..., past_kv_cache=...)``, ``embed`` / ``pos_embed`` / ``input_to_embed``).

@@ -19,14 +19,17 @@ TAILS: tuple[str, ...] = ("random", "by_first_char")
 ORDERS: tuple[str, ...] = ("bz", "zb")
 SELECTORS: tuple[str, ...] = ("shared", "private")
 
-T = TypeVar("T", bound="_DictMixin")
+T = TypeVar("T", bound="JsonConfig")
 
 
 class ConfigError(ValueError):
     """A configuration or request that cannot be satisfied; its message is one line."""
 
 
-class _DictMixin:
+class JsonConfig:
+    """Base of every config dataclass: a round trip through plain JSON types (``config.json``).
+    A task of your own can build its ``Config`` on it."""
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)  # type: ignore[call-overload]
 
@@ -41,7 +44,7 @@ class _DictMixin:
 
 
 @dataclass(frozen=True)
-class TaskConfig(_DictMixin):
+class TaskConfig(JsonConfig):
     """The (B, z) -> A wind tunnel."""
 
     n_b: int = 1000
@@ -92,6 +95,10 @@ class TaskConfig(_DictMixin):
     def has_selector(self) -> bool:
         """Whether the prompt holds a selector z (the backward task without ``no_z``)."""
         return self.direction == "backward" and not self.no_z
+
+    def run_label(self) -> str:
+        """The task's part of a default run directory name: ``backward_K10_nb1000``."""
+        return f"{self.direction}_K{self.K}_nb{self.n_b}"
 
     def variant_label(self) -> str:
         """The task variant options that differ from the paper's, e.g. ``a_len=1,order=zb`` (``default``)."""
@@ -164,7 +171,7 @@ class TaskConfig(_DictMixin):
 
 
 @dataclass(frozen=True)
-class ModelConfig(_DictMixin):
+class ModelConfig(JsonConfig):
     """A decoder-only HookedTransformer; mapped onto HookedTransformerConfig in ``training.model``."""
 
     n_layers: int = 4
@@ -185,10 +192,18 @@ class ModelConfig(_DictMixin):
     """Learned absolute positions (``standard``) or ``rotary``."""
     seed: int = 0
     """Seed of the weight initialisation."""
+    attn_only: bool = False
+    """Attention blocks only, no MLPs (TransformerLens's ``attn_only``; ``d_mlp`` is then unused)."""
+
+    def validate(self) -> None:
+        """Raise a one-line ConfigError for a model that cannot be built."""
+        for name in ("n_layers", "d_model", "n_heads", "d_head"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
-class TrainConfig(_DictMixin):
+class TrainConfig(JsonConfig):
     """The optimiser, the schedule and what is written during training."""
 
     seed: int = 0
@@ -236,34 +251,45 @@ class TrainConfig(_DictMixin):
 
 
 @dataclass(frozen=True)
-class RunConfig(_DictMixin):
+class RunConfig(JsonConfig):
     """Everything that defines a run: same RunConfig, same numbers (on the same device)."""
 
-    task: TaskConfig = field(default_factory=TaskConfig)
-    """The data set."""
+    task: Any = field(default_factory=TaskConfig)
+    """The data set: the configuration dataclass of the task named by ``task_name`` (``TaskConfig``
+    for the selector task)."""
     model: ModelConfig = field(default_factory=ModelConfig)
     """The architecture."""
     train: TrainConfig = field(default_factory=TrainConfig)
     """The optimiser and schedule."""
     preset: str | None = None
     """Name of the preset this run started from, for the record."""
+    task_name: str = "selector"
+    """The task (``training.tasks.loading``): a built-in name (``selector``, ``induction``), or a task
+    of your own as ``path/to/file.py:Class`` or ``module:Class``. Runs written before tasks existed
+    read as ``selector``."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> RunConfig:
-        """The inverse of ``to_dict``."""
+        """The inverse of ``to_dict`` (the task's config class comes from ``task_name``)."""
+        from training.tasks.loading import task_class  # the tasks import this module
+
         unknown = sorted(set(d) - {f.name for f in fields(cls)})
         if unknown:
             raise ConfigError(f"RunConfig: unknown field(s) {', '.join(unknown)}")
+        task_name = d.get("task_name", "selector")
         return cls(
-            task=TaskConfig.from_dict(d.get("task", {})),
+            task=task_class(task_name).Config.from_dict(d.get("task", {})),
             model=ModelConfig.from_dict(d.get("model", {})),
             train=TrainConfig.from_dict(d.get("train", {})),
             preset=d.get("preset"),
+            task_name=task_name,
         )
 
     def validate(self) -> RunConfig:
         """Validate the task, model and training configs together; return self."""
-        self.task.validate()
+        if hasattr(self.task, "validate"):
+            self.task.validate()
+        self.model.validate()
         self.train.validate()
         return self
 
@@ -278,4 +304,4 @@ class RunConfig(_DictMixin):
                 raise ConfigError(f"no config field named {key!r}")
             for owner in owners:
                 parts[owner] = dataclasses.replace(parts[owner], **{key: value})
-        return RunConfig(**parts, preset=self.preset)
+        return RunConfig(**parts, preset=self.preset, task_name=self.task_name)

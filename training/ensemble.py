@@ -12,7 +12,7 @@ so each member's slice receives the update a solo run would make from the same g
 
 Everything else is per member and is the solo run's: the initialisation (``model.seed``), the
 minibatch order (a generator seeded with ``train.seed``, walked the same way), the fixed
-evaluation set, ``training.metrics.evaluate`` (on a plain HookedTransformer holding the
+evaluation set, ``training.tasks.selector_metrics.evaluate`` (on a plain HookedTransformer holding the
 member's weights: evaluation is not the hot path), tau, ``stop_after_tau``, and every file of
 the run directory, written by the helpers that ``training.train.train`` uses. A member run
 therefore has the solo layout and can be resumed, analysed or reported like any other run.
@@ -51,11 +51,11 @@ from tqdm.auto import tqdm
 
 from training import run as rd
 from training.config import ConfigError, RunConfig
-from training.layout import Layout
-from training.metrics import EvalSet, compute_tau, target_cross_entropy
+from training.metrics import compute_tau
 from training.model import build_hooked_transformer
 from training.schedule import scheduled_steps
-from training.task import Task
+from training.tasks.base import Task
+from training.tasks.loading import build_task
 from training.train import (deterministic, evaluation_record, finish, load_resume_point, prepare_run_dir, resolve_device,
                             save_checkpoint_and_state, stop_due, train_step)
 
@@ -70,7 +70,8 @@ class Member:
     """Position in the caller's list (results come back in that order)."""
     cfg: RunConfig
     out: Path
-    evalset: EvalSet
+    evalset: object
+    """The member's fixed evaluation set (the task's ``build_evalset``)."""
     data_gen: torch.Generator
     perm: Int[Tensor, " D"]
     cursor: int
@@ -125,11 +126,11 @@ def stack_members(template: torch.nn.Module, weights: list[dict[str, Tensor]], o
 
 
 def ensemble_loss(template: torch.nn.Module, params: dict[str, Tensor], buffers: dict[str, Tensor],
-                  batches: Int[Tensor, "S B seq"], layout: Layout) -> Float[Tensor, " S"]:
-    """Each member's training loss on its own minibatch, in one vectorised forward pass."""
+                  batches: Int[Tensor, "S B seq"], task: Task) -> Float[Tensor, " S"]:
+    """Each member's training loss (the task's) on its own minibatch, in one vectorised forward pass."""
     def member_loss(p: dict[str, Tensor], batch: Tensor) -> Tensor:
-        logits = functional_call(template, (p, buffers), (batch[:, : layout.input_len],))
-        return target_cross_entropy(logits, batch, layout)
+        logits = functional_call(template, (p, buffers), (batch[:, : task.input_len],))
+        return task.loss(logits, batch)
 
     return torch.vmap(member_loss)(params, batches)
 
@@ -184,9 +185,9 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
         torch.set_num_threads(tc.threads)
 
     # --- The run directories, and each member's model, data order and evaluation set. -------
-    task = Task.generate(cfg.task)  # the data set does not depend on the (model, train) seeds
+    task = build_task(cfg.task_name, cfg.task)  # the data set does not depend on the (model, train) seeds
     tokens = task.tokens.to(dev)
-    log_k, direction = task.cfg.log_k, cfg.task.direction
+    n_examples, progress_measure = len(task.tokens), task.progress
     results = [{}] * len(cfgs)
     members: list[Member] = []
     weights: list[dict[str, Tensor]] = []
@@ -195,16 +196,16 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
     for i, (c, out) in enumerate(zip(cfgs, outs)):
         hooked_cfg = prepare_run_dir(c, task, out, resume)
         data_gen = torch.Generator().manual_seed(c.train.seed)  # minibatch order only, as solo
-        evalset = EvalSet.build(task, tc.eval_groups, tc.tracked_groups, c.train.seed)
+        evalset = task.build_evalset(tc.eval_groups, tc.tracked_groups, c.train.seed)
         m = Member(index=i, cfg=c, out=out, evalset=evalset, data_gen=data_gen, cursor=0, records=[], tau=None,
-                   perm=torch.randperm(task.cfg.D, generator=data_gen), t0=time.perf_counter())
+                   perm=torch.randperm(n_examples, generator=data_gen), t0=time.perf_counter())
         point = load_resume_point(out, tc.max_steps) if resume else None
         if point is None:
             weights.append(build_hooked_transformer(hooked_cfg, seed=c.model.seed, device=dev).state_dict())
         else:
             if point.complete:
                 log.info("%s is already complete at step %d", out, point.step)
-                results[i] = finish(out, point.records, log_k, c, point.step, reuse=True)
+                results[i] = finish(out, point.records, task, point.step, reuse=True)
                 continue
             step = point.step
             m.perm, m.cursor, m.records = point.perm, point.cursor, point.records
@@ -212,7 +213,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
             m.data_gen.set_state(point.data_gen)
             weights.append({k: v.to(dev) for k, v in point.weights.items()})
             opt_states.append(point.optimizer)
-        m.tau = compute_tau(m.records, log_k, direction)
+        m.tau = compute_tau(m.records, progress_measure)
         # Metrics past the resume point (from the killed process) are dropped, never duplicated.
         rd.write_text_atomic(out / rd.METRICS_FILE, "".join(json.dumps(r) + "\n" for r in m.records))
         members.append(m)
@@ -247,7 +248,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
                     m.records.append(record)
                     m.metrics_file.write(json.dumps(record) + "\n")
                     m.metrics_file.flush()
-                    m.tau = m.tau if m.tau is not None else compute_tau([record], log_k, direction)
+                    m.tau = m.tau if m.tau is not None else compute_tau([record], progress_measure)
                     m.stop = stop_due(tc, m.tau, step)
             # 2. Checkpoint each member (weights + its solo-format resume state).
             stacked_state = optimizer.state_dict()
@@ -260,7 +261,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
             for j in done:
                 m = members[j]
                 m.metrics_file.close()
-                results[m.index] = finish(m.out, m.records, log_k, m.cfg, step)
+                results[m.index] = finish(m.out, m.records, task, step)
             if done:
                 keep = [j for j in range(len(members)) if j not in done]
                 if not keep:
@@ -275,15 +276,15 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
             # 4. Each member's next minibatch: its own permutation, walked as a solo run walks it.
             rows = []
             for m in members:
-                if m.cursor + tc.batch_size > task.cfg.D:
-                    m.perm, m.cursor = torch.randperm(task.cfg.D, generator=m.data_gen), 0
+                if m.cursor + tc.batch_size > n_examples:
+                    m.perm, m.cursor = torch.randperm(n_examples, generator=m.data_gen), 0
                 rows.append(m.perm[m.cursor: m.cursor + tc.batch_size])
                 m.cursor += tc.batch_size
             batches = tokens[torch.stack(rows).to(dev)]  # [S, batch, seq]
 
             # 5-6. All members' losses in one vectorised pass, then the solo run's update step
             # (their summed loss has each member's own gradient; clipping is per member).
-            train_step(lambda b: ensemble_loss(template, params, buffers, b, task.layout), batches, optimizer, tc,
+            train_step(lambda b: ensemble_loss(template, params, buffers, b, task), batches, optimizer, tc,
                        step, clip=lambda max_norm: clip_member_grads(params, max_norm))
             step += 1
             bar.update(1)

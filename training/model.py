@@ -10,11 +10,13 @@ from typing import Any
 
 from training.backend import build_hooked_transformer  # noqa: F401  (re-exported)
 from training.config import ModelConfig
-from training.layout import Layout
+from training.tasks.base import Task
 
 
-def hooked_config_dict(model: ModelConfig, layout: Layout, d_vocab: int) -> dict[str, Any]:
-    """Keyword arguments that ``HookedTransformerConfig(**d)`` accepts (stored in ``config.json``)."""
+def hooked_config_dict(model: ModelConfig, task: Task) -> dict[str, Any]:
+    """Keyword arguments that ``HookedTransformerConfig(**d)`` accepts (stored in ``config.json``):
+    the architecture, and the task's vocabulary and sequence length."""
+    d_vocab = len(task.vocab)
     return {
         "n_layers": model.n_layers,
         "d_model": model.d_model,
@@ -24,10 +26,10 @@ def hooked_config_dict(model: ModelConfig, layout: Layout, d_vocab: int) -> dict
         "act_fn": model.act_fn,
         "normalization_type": model.normalization_type,
         "positional_embedding_type": model.positional_embedding_type,
-        "n_ctx": layout.seq_len,
+        "n_ctx": task.seq_len,
         "d_vocab": d_vocab,
         "d_vocab_out": d_vocab,
-        "attn_only": False,
+        "attn_only": model.attn_only,
         "default_prepend_bos": False,
         "seed": None,
     }

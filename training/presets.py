@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from training.config import ConfigError, ModelConfig, RunConfig, TaskConfig, TrainConfig
+from training.tasks.induction import InductionConfig, InductionTask
 
 PAPER_MODEL = ModelConfig(n_layers=4, d_model=128, n_heads=4, d_head=32, d_mlp=512)
 
@@ -30,6 +31,15 @@ PRESETS: dict[str, RunConfig] = {
         train=TrainConfig(max_steps=3000, eval_every=25, ckpt_every=5, eval_groups=16, tracked_groups=50,
                           stop_after_tau=1.3),
         preset="ci",
+    ),
+    # Induction heads (training.tasks.induction): a 2-layer attention-only model, V 64, L 16, the
+    # repeat 16 to 32 positions after the segment. About 400 steps to tau, a checkpoint every 5.
+    "induction": RunConfig(
+        task=InductionConfig(),
+        model=InductionTask.default_model,
+        train=InductionTask.default_train,
+        preset="induction",
+        task_name="induction",
     ),
     # A few steps of a tiny model: for unit tests of the machinery, not of the science.
     "tiny": RunConfig(

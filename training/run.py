@@ -2,8 +2,9 @@
 
 Layout of a run directory (names are the constants below)::
 
-    config.json        RunConfig, the HookedTransformerConfig kwargs, vocabulary, token layout
-    dataset.jsonl      every example: b, z, a, group, selector
+    config.json        RunConfig (with its task_name), the HookedTransformerConfig kwargs, vocabulary,
+                       the task's positions
+    dataset.jsonl      every example (the selector task: b, z, a, group, selector)
     metrics.jsonl      one JSON object per evaluation
     summary.json       tau, plateau span, final metrics (written at the end)
     checkpoints/step_0000120.safetensors   model weights, step in name and metadata
@@ -27,11 +28,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, safe_open, save_file
 
-from training.config import RunConfig
-from training.layout import Layout
 from training.backend import Model, build_model, load_hooked_state_dict
-from training.metrics import compute_tau, know_nothing_reference, plateau_span, plateau_verdict
-from training.task import Task
+from training.config import ConfigError, RunConfig
+from training.metrics import compute_tau, plateau_span, plateau_verdict
+from training.tasks.base import ProgressMeasure, Task
+from training.tasks.loading import task_class
 
 CONFIG_FILE = "config.json"
 DATASET_FILE = "dataset.jsonl"
@@ -171,9 +172,10 @@ class Run:
             self.config = RunConfig.from_dict(raw["run"])
             self.hooked_config: dict[str, Any] = raw["hooked_transformer_config"]
             self.vocab: list[str] = raw["vocab"]
+        except ConfigError as e:  # e.g. the file of a task of one's own is gone
+            raise RunError(f"{self.path / CONFIG_FILE}: {e}") from None
         except (KeyError, TypeError, ValueError) as e:
             raise RunError(f"{self.path / CONFIG_FILE}: not a run config of this toolkit ({_one_line(e)})") from None
-        self.layout = Layout.for_task(self.config.task)
         self._task: Task | None = None
 
     @classmethod
@@ -184,9 +186,14 @@ class Run:
         return cls(path.parent.parent), int(meta["step"])
 
     @property
+    def progress(self) -> ProgressMeasure:
+        """The task's progress measure: what defines tau and the plateau."""
+        return self.task().progress
+
+    @property
     def log_k(self) -> float:
-        """log K of the run's task: the plateau height."""
-        return self.config.task.log_k
+        """The plateau height of the progress measure (log K for the selector task)."""
+        return self.progress.height
 
     def steps(self) -> list[int]:
         """Steps with a checkpoint, ascending."""
@@ -229,19 +236,21 @@ class Run:
 
     def plateau(self) -> dict | None:
         """The plateau verdict block: ``summary.json``'s, or computed from the metrics and the task for
-        runs written before it existed (None for the forward task or an empty run)."""
+        runs written before it existed (None for a task without references, or an empty run)."""
         summary = self.summary() or {}
         if "plateau" in summary:
             return summary["plateau"]
         records = self.metrics() if (self.path / METRICS_FILE).exists() else []
-        if self.config.task.direction != "backward" or not records:
+        reference = self.task().plateau_reference() if records else None
+        if reference is None:
             return None
-        tau = compute_tau(records, self.log_k)
-        return plateau_verdict(records, self.log_k, plateau_span(records, self.log_k, tau),
-                               know_nothing_reference(self.task()))
+        progress = self.progress
+        tau = compute_tau(records, progress)
+        return plateau_verdict(records, progress.height, plateau_span(records, progress, tau), reference)
 
     def task(self) -> Task:
         """The run's task, rebuilt from ``dataset.jsonl`` (cached)."""
         if self._task is None:
-            self._task = Task.from_records(self.config.task, read_jsonl(self.path / DATASET_FILE))
+            self._task = task_class(self.config.task_name).from_records(
+                self.config.task, read_jsonl(self.path / DATASET_FILE))
         return self._task

@@ -8,6 +8,7 @@ and RNG state, so the weights after N + M steps equal those of an uninterrupted 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import json
 import logging
@@ -26,13 +27,14 @@ from tqdm.auto import tqdm
 from training import run as rd
 from training.backend import BACKENDS, BackendError, build_model, hooked_state_dict, load_hooked_state_dict, \
     resolve_backend
-from training.config import (DIRECTIONS, ORDERS, SELECTORS, TAILS, TARGET_UNIQUENESS, ConfigError, RunConfig,
-                             TrainConfig)
-from training.metrics import EvalSet, compute_tau, evaluate, know_nothing_reference, summarize, target_cross_entropy
+from training.config import (DIRECTIONS, ORDERS, SELECTORS, TAILS, TARGET_UNIQUENESS, ConfigError, ModelConfig,
+                             RunConfig, TrainConfig)
+from training.metrics import compute_tau, summarize
 from training.model import hooked_config_dict
 from training.presets import PRESETS, get_preset
 from training.schedule import scheduled_steps
-from training.task import Task
+from training.tasks.base import ProgressMeasure, Task
+from training.tasks.loading import BUILTIN_TASKS, build_task, task_class
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -90,17 +92,18 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
         torch.set_num_threads(tc.threads)
 
     # --- The run directory: a fresh one, or the one we resume. -----------------------------
-    task = Task.generate(cfg.task)
+    task = build_task(cfg.task_name, cfg.task)
     hooked_cfg = prepare_run_dir(cfg, task, out, resume)
 
     # --- Model, optimiser, fixed evaluation set, data order. --------------------------------
     model = build_model(hooked_cfg, backend=backend, seed=cfg.model.seed, device=dev)
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=tc.betas)
-    evalset = EvalSet.build(task, tc.eval_groups, tc.tracked_groups, tc.seed)
+    evalset = task.build_evalset(tc.eval_groups, tc.tracked_groups, tc.seed)
     data_gen = torch.Generator().manual_seed(tc.seed)  # minibatch order only
-    perm, cursor, step, wall_s = torch.randperm(task.cfg.D, generator=data_gen), 0, 0, 0.0
+    n_examples = len(task.tokens)
+    perm, cursor, step, wall_s = torch.randperm(n_examples, generator=data_gen), 0, 0, 0.0
     tokens = task.tokens.to(dev)
-    log_k = task.cfg.log_k
+    measure = task.progress  # what defines tau
 
     # --- Resume: weights, optimiser, data order, RNGs, and metrics up to the saved step. ----
     records: list[dict] = []
@@ -116,13 +119,13 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
         torch.set_rng_state(point.torch_rng)
         if point.complete:
             log.info("%s is already complete at step %d", out, step)
-            return finish(out, records, log_k, cfg, step, reuse=True)
+            return finish(out, records, task, step, reuse=True)
     # Metrics past the resume point (from the killed process) are dropped, never duplicated.
     rd.write_text_atomic(out / rd.METRICS_FILE, "".join(json.dumps(r) + "\n" for r in records))
 
     eval_steps = scheduled_steps(tc.eval_every, tc.max_steps, tc.early_log_points)
     ckpt_steps = scheduled_steps(tc.ckpt_every, tc.max_steps, tc.early_log_points)
-    tau = compute_tau(records, log_k, cfg.task.direction)
+    tau = compute_tau(records, measure)
     bar = tqdm(total=tc.max_steps, initial=step, disable=not progress, desc=out.name, dynamic_ncols=True)
     metrics_file = open(out / rd.METRICS_FILE, "a")
     t0 = time.perf_counter() - wall_s
@@ -135,9 +138,9 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
                 records.append(record)
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
-                tau = tau if tau is not None else compute_tau([record], log_k, cfg.task.direction)
+                tau = tau if tau is not None else compute_tau([record], measure)
                 stop = stop_due(tc, tau, step)
-                bar.set_postfix(_bar_fields(record, log_k), refresh=False)
+                bar.set_postfix(_bar_fields(record, measure), refresh=False)
             # 2. Checkpoint (weights + the state needed to resume exactly from here).
             if step in ckpt_steps or stop:
                 save_checkpoint_and_state(out, step, hooked_state_dict(model), optimizer.state_dict(), data_gen, perm,
@@ -148,14 +151,14 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
                 return {"stopped_at": step}
 
             # 3. Next minibatch: walk a fresh permutation each epoch, dropping the ragged tail.
-            if cursor + tc.batch_size > task.cfg.D:
-                perm, cursor = torch.randperm(task.cfg.D, generator=data_gen), 0
+            if cursor + tc.batch_size > n_examples:
+                perm, cursor = torch.randperm(n_examples, generator=data_gen), 0
             batch = tokens[perm[cursor: cursor + tc.batch_size].to(dev)]
             cursor += tc.batch_size
 
-            # 4-5. Loss on the target tokens only (logits at p predict the token at p + 1), then
-            # the update: warmup, backward, clipping, AdamW (the step the seed ensemble takes too).
-            train_step(lambda b: target_cross_entropy(model(b[:, : task.layout.input_len]), b, task.layout),
+            # 4-5. The task's loss (on its loss positions: logits at p predict the token at p + 1),
+            # then the update: warmup, backward, clipping, AdamW (the step the seed ensemble takes too).
+            train_step(lambda b: task.loss(model(b[:, : task.input_len]), b),
                        batch, optimizer, tc, step,
                        clip=lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
             step += 1
@@ -163,7 +166,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     finally:
         metrics_file.close()
         bar.close()
-    return finish(out, records, log_k, cfg, step)
+    return finish(out, records, task, step)
 
 
 # ---- the pieces of the loop that the seed ensemble (training.ensemble) shares --------------
@@ -194,9 +197,9 @@ def train_step(loss_of: Callable[[Tensor], Tensor], batch: Int[Tensor, "*members
 def prepare_run_dir(cfg: RunConfig, task: Task, out: Path, resume: bool) -> dict:
     """Write a fresh run directory (dataset + config), or check that the stored run has this
     config when resuming; return the HookedTransformerConfig kwargs of the run."""
-    if task.cfg.D < cfg.train.batch_size:
-        raise ConfigError(f"batch_size={cfg.train.batch_size} is larger than the data set (D={task.cfg.D})")
-    hooked_cfg = hooked_config_dict(cfg.model, task.layout, len(task.vocab))
+    if len(task.tokens) < cfg.train.batch_size:
+        raise ConfigError(f"batch_size={cfg.train.batch_size} is larger than the data set (D={len(task.tokens)})")
+    hooked_cfg = hooked_config_dict(cfg.model, task)
     existing = out / rd.CONFIG_FILE
     if existing.exists():
         if not resume:
@@ -212,7 +215,7 @@ def prepare_run_dir(cfg: RunConfig, task: Task, out: Path, resume: bool) -> dict
         out.mkdir(parents=True, exist_ok=True)
         rd.write_text_atomic(out / rd.DATASET_FILE, "".join(json.dumps(r) + "\n" for r in task.records()))
         rd.write_json_atomic(existing, {"run": cfg.to_dict(), "hooked_transformer_config": hooked_cfg,
-                                        "vocab": task.vocab, "layout": task.layout.to_dict()})
+                                        "vocab": task.vocab, "layout": task.layout_record()})
     return hooked_cfg
 
 
@@ -266,12 +269,12 @@ def save_checkpoint_and_state(out: Path, step: int, weights: dict[str, torch.Ten
         "wall_s": wall_s, "torch_rng": torch.get_rng_state(), "backend": backend})
 
 
-def evaluation_record(model: torch.nn.Module, task: Task, evalset: EvalSet, step: int, tc: TrainConfig,
+def evaluation_record(model: torch.nn.Module, task: Task, evalset: object, step: int, tc: TrainConfig,
                       wall_s: float) -> dict:
     """One line of ``metrics.jsonl``: every metric of ``model`` on the fixed evaluation set."""
     model.eval()
-    record = {"step": step, "tokens_seen": step * tc.batch_size * task.layout.target_len,
-              **evaluate(model, task, evalset, tc.eval_batch_size), "wall_s": round(wall_s, 3)}
+    record = {"step": step, "tokens_seen": step * tc.batch_size * task.tokens_per_example(),
+              **task.evaluate(model, evalset, tc.eval_batch_size), "wall_s": round(wall_s, 3)}
     model.train()
     return record
 
@@ -281,14 +284,13 @@ def stop_due(tc: TrainConfig, tau: int | None, step: int) -> bool:
     return tc.stop_after_tau is not None and tau is not None and step >= tc.stop_after_tau * tau
 
 
-def finish(out: Path, records: list[dict], log_k: float, cfg: RunConfig, step: int, reuse: bool = False) -> dict:
+def finish(out: Path, records: list[dict], task: Task, step: int, reuse: bool = False) -> dict:
     """Write and return ``summary.json`` (``reuse``: return the one already written, if any)."""
     summary_path = out / rd.SUMMARY_FILE
     if reuse and summary_path.exists():
         return rd.read_json(summary_path)
-    reference = know_nothing_reference(Task.generate(cfg.task)) if cfg.task.direction == "backward" else None
-    summary = {**summarize(records, log_k, cfg.task.direction, reference), "final_step": step, "complete": True,
-               "D": cfg.task.D, "K": cfg.task.K, "direction": cfg.task.direction}
+    summary = {**summarize(records, task.progress, task.plateau_reference()), "final_step": step, "complete": True,
+               **task.summary_fields()}
     rd.write_json_atomic(summary_path, summary)
     return summary
 
@@ -297,17 +299,22 @@ def _fmt(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.2f}"
 
 
-def _bar_fields(record: dict, log_k: float) -> dict:
-    if record.get("candidate_loss") is None:
+def _bar_fields(record: dict, progress: ProgressMeasure) -> dict:
+    if not progress.falls or record.get(progress.key) is None:
         return {"loss": f"{record['loss']:.3f}", "acc": f"{record['accuracy']:.2f}"}
-    return {"cand/logK": f"{record['candidate_loss'] / log_k:.3f}", "dz": f"{record['delta_z']:.3f}"}
+    fields = {f"{progress.key}/{progress.height_name}": f"{record[progress.key] / progress.height:.3f}"}
+    if progress.cue_effect_key is not None and record.get(progress.cue_effect_key) is not None:
+        fields[progress.cue_effect_key] = f"{record[progress.cue_effect_key]:.3f}"
+    return fields
 
 
 def default_run_name(cfg: RunConfig) -> str:
-    """The run directory name made from the options: preset, direction, K, n_b, lr, batch and seed."""
-    t, tr = cfg.task, cfg.train
-    return (f"{cfg.preset or 'custom'}_{t.direction}_K{t.K}_nb{t.n_b}_lr{tr.lr:g}_bs{tr.batch_size}"
-            f"_seed{tr.seed}")
+    """The run directory name made from the options: preset, the task's label (direction, K, n_b for
+    the selector task; else the task's name), lr, batch and seed."""
+    tr = cfg.train
+    label = cfg.task.run_label() if hasattr(cfg.task, "run_label") else \
+        Path(cfg.task_name.rpartition(":")[2] or cfg.task_name).stem.lower()
+    return f"{cfg.preset or 'custom'}_{label}_lr{tr.lr:g}_bs{tr.batch_size}_seed{tr.seed}"
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -322,9 +329,12 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``python -m training.train``."""
     p = OneLineParser(
         prog="python -m training.train",
-        description="Train a HookedTransformer on the (B, z) -> A task, writing dense checkpoints, "
-                    "metrics.jsonl and summary.json into a run directory.")
-    p.add_argument("--preset", default="demo", choices=sorted(PRESETS), help="starting configuration (default: demo)")
+        description="Train a HookedTransformer on a task (the (B, z) -> A selector task unless --task says "
+                    "otherwise), writing dense checkpoints, metrics.jsonl and summary.json into a run directory.")
+    p.add_argument("--preset", choices=sorted(PRESETS),
+                   help="starting configuration (default: demo; with --task, the task's own defaults)")
+    p.add_argument("--task", help=f"the task: a built-in one ({', '.join(BUILTIN_TASKS)}), or your own as "
+                                  "path/to/file.py:Class or module:Class (default: the preset's task)")
     p.add_argument("--K", type=int, help="targets per base string (plateau height log K)")
     p.add_argument("--n-b", type=int, help="number of base strings; D = n_b * K")
     p.add_argument("--seed", type=int, help="seed of the initialisation and the data order")
@@ -353,8 +363,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
-    """The preset with the command line's overrides applied, validated."""
-    cfg = get_preset(args.preset)
+    """The preset (or, with ``--task`` alone, the task's defaults) with the command line's overrides
+    applied, validated."""
+    if args.task is not None and args.preset is None:
+        cfg = task_defaults(args.task)
+    else:
+        cfg = get_preset(args.preset or "demo")
+        if args.task is not None and args.task != cfg.task_name:
+            cfg = dataclasses.replace(cfg, task=task_class(args.task).Config(), task_name=args.task)
     overrides = {name: getattr(args, attr) for name, attr in [
         ("K", "K"), ("n_b", "n_b"), ("seed", "seed"), ("direction", "direction"), ("lr", "lr"),
         ("batch_size", "batch_size"), ("max_steps", "max_steps"), ("stop_after_tau", "stop_after_tau"),
@@ -362,9 +378,16 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         ("order", "order"), ("selectors", "selectors"), ("no_z", "no_z")] if getattr(args, attr) is not None}
     cfg = cfg.replace(**overrides)
     if args.data_seed is not None:
-        cfg = RunConfig(task=cfg.task.__class__(**{**cfg.task.to_dict(), "seed": args.data_seed}),
-                        model=cfg.model, train=cfg.train, preset=cfg.preset)
+        cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, seed=args.data_seed))
     return cfg.validate()
+
+
+def task_defaults(task_name: str) -> RunConfig:
+    """A run of ``task_name`` with its own defaults: its ``Config()``, and its ``default_model`` /
+    ``default_train`` where the task class sets them (else ``ModelConfig()`` / ``TrainConfig()``)."""
+    cls = task_class(task_name)
+    return RunConfig(task=cls.Config(), model=getattr(cls, "default_model", None) or ModelConfig(),
+                     train=getattr(cls, "default_train", None) or TrainConfig(), preset=None, task_name=task_name)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -388,7 +411,9 @@ def main(argv: list[str] | None = None) -> int:
     verdict = (f"plateau verdict {plateau.get('verdict') or 'none'} (median set loss "
                f"{_fmt(plateau.get('median_set_loss'))}, know-nothing {_fmt(plateau.get('know_nothing', {}).get('set_loss'))}); "
                if plateau else "")
-    print(f"tau = {tau if tau is not None else 'not reached'} steps (log K = {summary['log_k']:.3f}); "
+    measure = task_class(cfg.task_name).generate(cfg.task).progress
+    print(f"tau = {tau if tau is not None else 'not reached'} steps ({measure.height_name} = "
+          f"{summary[measure.height_name]:.3f}); "
           f"plateau span {span}; {verdict}run in {out}")
     return 0
 

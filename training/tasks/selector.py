@@ -6,7 +6,7 @@ A[0]), ``selectors=private`` (each group draws its own K selectors; ``z_tokens``
 ``[n_b, K, z_len]``), and the layout ones (``order``, ``no_z``, in ``training.layout``).
 With the default options the strings are drawn exactly as before the variants existed.
 
-``Task.generate(cfg)`` is deterministic in ``cfg.seed``. Examples are ordered by group then
+``SelectorTask.generate(cfg)`` is deterministic in ``cfg.seed``. Examples are ordered by group then
 selector, so example ``g * K + j`` is (B_g, z_j) -> A_gj. Both directions share the same
 strings; only the token layout (``training.layout``) differs.
 """
@@ -14,14 +14,16 @@ strings; only the token layout (``training.layout``) differs.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
-from jaxtyping import Int
-from torch import Tensor
+from jaxtyping import Float, Int
+from torch import Tensor, nn
 
 from training.config import TaskConfig
-from training.layout import BOS, SEP, SPECIAL_TOKENS, Layout, vocabulary
+from training.tasks.base import ProgressMeasure, PromptPairs, Task
+from training.tasks.selector_layout import BOS, SEP, SPECIAL_TOKENS, Layout, vocabulary
 
 
 def _distinct_codes(rng: np.random.Generator, n: int, space: int) -> np.ndarray:
@@ -94,8 +96,11 @@ def _unique_targets(rng: np.random.Generator, cfg: TaskConfig) -> np.ndarray:
 
 
 @dataclass
-class Task:
-    """A generated data set and its token tensors."""
+class SelectorTask(Task):
+    """The (B, z) -> A task: a generated data set, its token tensors and its layout."""
+
+    name: ClassVar[str] = "selector"
+    Config: ClassVar[type] = TaskConfig
 
     cfg: TaskConfig
     layout: Layout
@@ -110,7 +115,7 @@ class Task:
     selector: Int[Tensor, " D"]
 
     @classmethod
-    def generate(cls, cfg: TaskConfig) -> Task:
+    def generate(cls, cfg: TaskConfig) -> SelectorTask:
         """The seeded data set of a task configuration."""
         cfg.validate()
         rng = np.random.default_rng(cfg.seed)
@@ -125,7 +130,7 @@ class Task:
         return cls.from_token_arrays(cfg, b + offset, z + offset, a + offset)
 
     @classmethod
-    def from_records(cls, cfg: TaskConfig, records: list[dict]) -> Task:
+    def from_records(cls, cfg: TaskConfig, records: list[dict]) -> SelectorTask:
         """Rebuild from ``dataset.jsonl`` records (b, z, a, group, selector)."""
         vocab = vocabulary(cfg.alphabet)
         index = {ch: i for i, ch in enumerate(vocab)}
@@ -141,7 +146,7 @@ class Task:
         return cls.from_token_arrays(cfg, b, z, a)
 
     @classmethod
-    def from_token_arrays(cls, cfg: TaskConfig, b: np.ndarray, z: np.ndarray, a: np.ndarray) -> Task:
+    def from_token_arrays(cls, cfg: TaskConfig, b: np.ndarray, z: np.ndarray, a: np.ndarray) -> SelectorTask:
         """A task from its token arrays of B, z and A per (group, selector) (what the constructors share)."""
         layout = Layout.for_task(cfg)
         vocab = vocabulary(cfg.alphabet)
@@ -175,10 +180,6 @@ class Task:
             return self.z_tokens
         return self.z_tokens[None].expand(self.cfg.n_b, -1, -1)
 
-    def decode(self, tokens: Int[Tensor, " seq"]) -> list[str]:
-        """Token ids back to text."""
-        return [self.vocab[t] for t in tokens.tolist()]
-
     def example_ids(self, groups: Int[Tensor, " G"]) -> Int[Tensor, "G K"]:
         """Example indices of the given groups, one row per group in selector order."""
         return groups[:, None] * self.cfg.K + torch.arange(self.cfg.K)
@@ -196,3 +197,117 @@ class Task:
         seqs[..., start:stop] = self.a_tokens[groups][:, None, :, :]  # candidate k's target
         return seqs
 
+
+    # ---- the task protocol (training.tasks.base) -----------------------------------------
+
+    @property
+    def capabilities(self) -> frozenset[str]:  # type: ignore[override]
+        """Going backward with K >= 2: the plateau verdict, and with a selector z the cue, pairs and candidates."""
+        caps = set()
+        if self.cfg.direction == "backward" and self.cfg.K >= 2:
+            caps.add("plateau_reference")
+            if self.cfg.has_selector:
+                caps |= {"cue", "pairs", "candidates"}
+        return frozenset(caps)
+
+    @property
+    def loss_positions(self) -> list[int]:
+        """The positions that predict the target tokens."""
+        return self.layout.target_pred_positions
+
+    @property
+    def progress(self) -> ProgressMeasure:
+        """Candidate loss against log K going backward; exact-match accuracy forward (no candidates)."""
+        if self.cfg.direction == "backward":
+            return ProgressMeasure("candidate_loss", self.cfg.log_k, "log_k", True, "delta_z", "candidate loss")
+        return ProgressMeasure("accuracy", self.cfg.log_k, "log_k", False, None, "exact-match accuracy")
+
+    def build_evalset(self, n_eval: int, n_tracked: int, seed: int) -> Any:
+        """``training.tasks.selector_metrics.EvalSet``: the seeded evaluation and tracked groups."""
+        from training.tasks.selector_metrics import EvalSet
+        return EvalSet.build(self, n_eval, n_tracked, seed)
+
+    def evaluate(self, model: nn.Module, evalset: Any, batch_size: int = 512) -> dict:
+        """``training.tasks.selector_metrics.evaluate``: candidate, set and first-token losses, delta_z, group accuracy."""
+        from training.tasks.selector_metrics import evaluate
+        return evaluate(model, self, evalset, batch_size)
+
+    def eval_sequences(self, evalset: Any) -> Int[Tensor, "E seq"]:
+        """The true sequences of the evaluation groups."""
+        return evalset.eval_seqs
+
+    def candidate_tree(self, evalset: Any) -> tuple[Int[Tensor, "G K K seq"], tuple[int, ...]]:
+        """The K x K candidate sequences of each evaluation group; prefixes split at z and at A."""
+        self.require("candidates", "candidate scoring")
+        G, K = evalset.shift.shape[0], self.cfg.K
+        return evalset.candidate_seqs.view(G, K, K, -1), (self.layout.z_span[0], self.layout.target_span[0])
+
+    def candidate_metrics(self, scores: Float[Tensor, "G K K"], evalset: Any) -> dict[str, float]:
+        """``training.tasks.selector_metrics.candidate_metrics``: candidate loss and accuracy, set loss, delta_z, seq NLL."""
+        from training.tasks.selector_metrics import candidate_metrics
+        return candidate_metrics(scores, evalset.shift)
+
+    def plateau_reference(self) -> dict | None:
+        """``training.tasks.selector_metrics.know_nothing_reference`` going backward (None forward)."""
+        from training.tasks.selector_metrics import know_nothing_reference
+        return know_nothing_reference(self) if self.cfg.direction == "backward" else None
+
+    def summary_fields(self) -> dict:
+        """D, K and the direction."""
+        return {"D": self.cfg.D, "K": self.cfg.K, "direction": self.cfg.direction}
+
+    @property
+    def pred_pos(self) -> int:
+        """The last ``<SEP>``: it predicts the first target token."""
+        return self.layout.first_target_pred_pos
+
+    def cue_positions(self, tokens: Int[Tensor, "N seq"], query: int) -> Int[Tensor, "N C"]:
+        """The selector z, for every sequence and query position (none without z)."""
+        span = torch.arange(*self.layout.z_span) if self.layout.z_span is not None else torch.empty(0, dtype=torch.long)
+        return span.expand(len(tokens), -1)
+
+    def prompt_pairs(self, n: int = 256, seed: int = 0) -> PromptPairs:
+        """``n`` seeded pairs ``<BOS> B <SEP> z <SEP>``: same B, another selector (a seeded shift of j).
+
+        The K targets of a group start with distinct characters in the paper-style presets, so the
+        first target token alone says which target the model picked: the answers are A_gj[0]
+        (clean) and A_gj'[0] (corrupted)."""
+        self.require("pairs", "prompt pairs")
+        gen = torch.Generator().manual_seed(seed)
+        D, K = self.cfg.D, self.cfg.K
+        examples = torch.randperm(D, generator=gen)[: min(n, D)]
+        shift = torch.randint(1, K, (len(examples),), generator=gen)
+        group, sel = self.group[examples], self.selector[examples]
+        corrupt_examples = group * K + (sel + shift) % K
+        pred_pos, first = self.pred_pos, self.layout.target_span[0]
+        return PromptPairs(
+            clean=self.tokens[examples, : pred_pos + 1],
+            corrupt=self.tokens[corrupt_examples, : pred_pos + 1],
+            clean_answer=self.tokens[examples, first],
+            corrupt_answer=self.tokens[corrupt_examples, first],
+            examples=examples,
+            pred_pos=pred_pos,
+        )
+
+    def position_labels(self, n_pos: int) -> list[str]:
+        """BOS, b1.., SEP, z1.., a1.. (from the layout)."""
+        labels = super().position_labels(n_pos)
+        spans = [("b", self.layout.b_span), ("z", self.layout.z_span), ("a", self.layout.a_span)]
+        for name, span in spans:
+            if span is None:
+                continue
+            for i, pos in enumerate(range(*span)):
+                if pos < n_pos:
+                    labels[pos] = f"{name}{i + 1}"
+        for pos in self.layout.sep_positions:
+            if pos < n_pos:
+                labels[pos] = "SEP"
+        return labels
+
+    def layout_record(self) -> dict:
+        """``Layout.to_dict``: the spans of B, z and A."""
+        return self.layout.to_dict()
+
+    def describe(self) -> str:
+        """``selector (backward, K=10, default)``."""
+        return f"selector ({self.cfg.direction}, K={self.cfg.K}, {self.cfg.variant_label()})"
