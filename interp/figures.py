@@ -22,6 +22,8 @@ from plotly.subplots import make_subplots
 from interp.hessian import PAPER_ANISOTROPY
 from interp.results import na
 from interp.snap import SNAP_HI, SNAP_LO, group_accuracies, snap_statistics
+from training.metrics import plateau_span
+from training.tasks.base import ProgressMeasure
 
 SELECTOR_COLOR = "#d62728"
 OTHER_COLOR = "rgba(120, 120, 120, 0.55)"
@@ -100,7 +102,7 @@ def _per_head_lines(steps: list[int], grid: np.ndarray, head: Sequence[int] | No
     for i, (l, h) in enumerate((l, h) for l in range(n_layers) for h in range(n_heads)):
         is_sel = (l, h) == sel
         fig.add_trace(go.Scatter(
-            x=steps, y=_nan_to_none(grid[:, l, h]), mode=mode, name=head_label(l, h) + (" (selector)" if is_sel else ""),
+            x=steps, y=_nan_to_none(grid[:, l, h]), mode=mode, name=head_label(l, h) + (" (routing)" if is_sel else ""),
             line={"color": SELECTOR_COLOR if is_sel else HEAD_COLORS[i % len(HEAD_COLORS)],
                   "width": 3.5 if is_sel else 1.3}, opacity=1.0 if is_sel else opacity))
     return fig
@@ -115,28 +117,34 @@ def _head_grid(records: list[dict[str, Any]], field: str) -> tuple[list[int], np
 # ---- training curves ----------------------------------------------------------------------
 
 
-def loss_curves(records: list[dict[str, Any]], log_k: float, tau: int | None = None,
+def loss_curves(records: list[dict[str, Any]], progress: ProgressMeasure, tau: int | None = None,
                 t_form: int | None = None, plateau: dict[str, Any] | None = None) -> Captioned:
-    """Candidate loss / log K, training loss and set loss (top), delta_z (bottom), over steps.
+    """The task's progress measure over its height (e.g. candidate loss / log K), the training loss and
+    (when logged) the set loss on top, the cue effect (e.g. delta_z) below, over steps.
 
     With ``plateau`` (the run's ``summary.json`` block) also the first-token set loss, the
     know-nothing set loss as a line, and the verdict in the title and caption.
     """
-    rec = [r for r in records if r.get("candidate_loss") is not None]
+    key, height, hl = progress.key, progress.height, progress.height_label
+    rec = [r for r in records if r.get(key) is not None]
     steps = [int(r["step"]) for r in rec]
+    has_set_loss = any(r.get("set_loss") is not None for r in rec)
+    cue = progress.cue_effect_key
     fig = make_subplots(rows=2, cols=1, shared_xaxes=True, vertical_spacing=0.08, row_heights=[0.62, 0.38],
                         specs=[[{"secondary_y": True}], [{}]])
-    fig.add_trace(go.Scatter(x=steps, y=[r["candidate_loss"] / log_k for r in rec], name="candidate loss / log K",
+    fig.add_trace(go.Scatter(x=steps, y=[r[key] / height for r in rec], name=f"{progress.label} / {hl}",
                              mode="lines", line={"color": "#1f77b4", "width": 2.5}), row=1, col=1)
     fig.add_trace(go.Scatter(x=steps, y=[r.get("loss") for r in rec], name="training loss (nats/token)",
                              mode="lines", line={"color": "#ff7f0e", "width": 1.5}), row=1, col=1, secondary_y=True)
-    fig.add_trace(go.Scatter(x=steps, y=[r.get("set_loss") for r in rec], name="set loss (nats)",
-                             mode="lines", line={"color": "#9467bd", "width": 1.5, "dash": "dash"}),
-                  row=1, col=1, secondary_y=True)
-    fig.add_trace(go.Scatter(x=steps, y=[r.get("delta_z") for r in rec], name="Δz (nats)", mode="lines",
-                             line={"color": "#2ca02c", "width": 2}), row=2, col=1)
+    if has_set_loss:
+        fig.add_trace(go.Scatter(x=steps, y=[r.get("set_loss") for r in rec], name="set loss (nats)",
+                                 mode="lines", line={"color": "#9467bd", "width": 1.5, "dash": "dash"}),
+                      row=1, col=1, secondary_y=True)
+    if cue is not None:
+        fig.add_trace(go.Scatter(x=steps, y=[r.get(cue) for r in rec], name=f"{progress.cue_label} (nats)",
+                                 mode="lines", line={"color": "#2ca02c", "width": 2}), row=2, col=1)
     fig.add_hline(y=1.0, line={"color": "#1f77b4", "dash": "dot", "width": 1},
-                  label={"text": "log K", "textposition": "end", "font": {"size": 11, "color": "#1f77b4"}}, row=1, col=1)
+                  label={"text": hl, "textposition": "end", "font": {"size": 11, "color": "#1f77b4"}}, row=1, col=1)
     verdict = ""
     if plateau is not None:
         fig.add_trace(go.Scatter(x=steps, y=[r.get("first_token_set_loss") for r in rec],
@@ -149,25 +157,36 @@ def loss_curves(records: list[dict[str, Any]], log_k: float, tau: int | None = N
                              "font": {"size": 11, "color": "#9467bd"}}, row=1, col=1)
         verdict = f"; plateau: {plateau.get('verdict') or 'none'}"
     _add_landmarks(fig, tau, t_form, rows=(1, 2))
-    _layout(fig, f"Loss across training (K = {np.exp(log_k):.0f}, log K = {log_k:.3f}{verdict})", "", "", height=560)
+    _layout(fig, f"Loss across training ({hl} = {height:.3f}{verdict})", "", "", height=560)
     fig.update_xaxes(title_text="step", row=2, col=1)
-    fig.update_yaxes(title_text="candidate loss / log K", row=1, col=1, secondary_y=False, rangemode="tozero")
+    fig.update_yaxes(title_text=f"{progress.label} / {hl}", row=1, col=1, secondary_y=False, rangemode="tozero")
     fig.update_yaxes(title_text="nats", row=1, col=1, secondary_y=True, rangemode="tozero", showgrid=False,
                      tickmode="auto")
-    fig.update_yaxes(title_text="Δz (nats)", row=2, col=1)
+    fig.update_yaxes(title_text=f"{progress.cue_label} (nats)", row=2, col=1)
     _log_x_toggle(fig, 2)
-    caption = ("The candidate loss sits at log K (the dotted line at 1) while Δz stays near 0 - z is ignored - "
-               f"until the drop at τ = {na(tau, '{}')}; the set loss (dashed) tells which plateau it is: near 0, "
-               "the model has learned the marginal and waits to use z; high, it cannot yet tell the candidates "
-               "from other strings.")
+    span = plateau_span(rec, progress, tau)
+    caption = (f"The {progress.label} sits within 10% of {hl} (the dotted line at 1)"
+               + (f" with {progress.cue_label} below 0.1 {hl} - the cue unused -" if cue else "")
+               + (f" from step {span[0]} to step {span[1]}" if span else " at no evaluated step")
+               + f"; it drops below half of {hl} at τ = {na(tau, '{}')}.")
+    if has_set_loss:
+        caption = (caption[:-1] + "; the set loss (dashed) tells which plateau it is: near 0, the model has learned "
+                   "the marginal and waits to use the cue, high, it cannot yet tell the candidates from other strings.")
     if plateau is not None:
         share = plateau.get("share") or {}
         caption = (caption[:-1] + f"; here the verdict is {plateau.get('verdict') or 'no plateau'}: "
                    f"{na(share.get('marginal'), '{:.0%}')} of the plateau's evaluations have set loss below "
-                   f"0.1 log K and {na(share.get('shelf'), '{:.0%}')} above 90% of the know-nothing set loss "
+                   f"0.1 {hl} and {na(share.get('shelf'), '{:.0%}')} above 90% of the know-nothing set loss "
                    f"{plateau['know_nothing']['set_loss']:.2f} nats (dotted purple line: a model uniform over the "
                    "alphabet), and the dotted brown line is the first-token set loss, the cheapest marginal.")
     return fig, caption
+
+
+def timing_word(t_form: int | None, tau: int | None) -> str:
+    """``ahead of`` / ``at`` / ``after`` the drop, as the numbers say (``before`` with no t_form or tau)."""
+    if t_form is None or tau is None:
+        return "with no t_form or τ to compare"
+    return "ahead of" if t_form < tau else "at" if t_form == tau else "after"
 
 
 # ---- attention to z -----------------------------------------------------------------------
@@ -175,7 +194,7 @@ def loss_curves(records: list[dict[str, Any]], log_k: float, tau: int | None = N
 
 def attention_heatmap(records: list[dict[str, Any]], head: Sequence[int] | None = None, tau: int | None = None,
                       t_form: int | None = None, field: str = "to_z_first") -> Captioned:
-    """Attention to z of every head (rows) at every analysed step (columns)."""
+    """Attention to the cue of every head (rows) at every analysed step (columns)."""
     steps, grid = _head_grid(records, field)
     n_layers, n_heads = grid.shape[1:] if grid.size else (0, 0)
     labels = [head_label(l, h) for l in range(n_layers) for h in range(n_heads)]
@@ -183,31 +202,33 @@ def attention_heatmap(records: list[dict[str, Any]], head: Sequence[int] | None 
     sel = f"{head_label(*head)}" if head is not None else None
     y = [f"{lab} ★" if lab == sel else lab for lab in labels]
     fig = go.Figure(go.Heatmap(x=steps, y=y, z=_nan_to_none(z), colorscale="Viridis", zmin=0, zmax=1,
-                               colorbar={"title": {"text": "attn to z"}}, name="attention to z",
-                               hovertemplate="step %{x}<br>%{y}<br>attention to z %{z:.3f}<extra></extra>"))
+                               colorbar={"title": {"text": "attn to cue"}}, name="attention to the cue",
+                               hovertemplate="step %{x}<br>%{y}<br>attention to the cue %{z:.3f}<extra></extra>"))
     if sel is not None:
         row = labels.index(sel)
         fig.add_shape(type="rect", xref="paper", x0=0, x1=1, yref="y", y0=row - 0.5, y1=row + 0.5,
                       line={"color": SELECTOR_COLOR, "width": 2.5})
     _add_landmarks(fig, tau, t_form)
-    _layout(fig, "Attention to z from the first target prediction position, per head", "step", "head")
+    _layout(fig, "Attention to the cue from the prediction position, per head", "step", "head")
     fig.update_yaxes(autorange="reversed", type="category")
-    caption = (f"Each row is a head's attention from the last <SEP> to the selector z; the selector head "
-               f"{sel or '(none)'} (★, boxed) brightens during the plateau, before τ = {na(tau, '{}')}.")
+    caption = (f"Each row is a head's attention from the prediction position to the cue (the selector task: from "
+               f"the last <SEP> to z); the routing head {sel or '(none)'} (★, boxed) goes halfway up at t_form = "
+               f"{na(t_form, '{}')}, {timing_word(t_form, tau)} the drop at τ = {na(tau, '{}')}.")
     return fig, caption
 
 
 def attention_lines(records: list[dict[str, Any]], head: Sequence[int] | None = None, tau: int | None = None,
                     t_form: int | None = None, field: str = "to_z_first") -> Captioned:
-    """Attention to z over steps, one line per head, the selector head highlighted."""
+    """Attention to the cue over steps, one line per head, the routing head highlighted."""
     steps, grid = _head_grid(records, field)
     fig = _per_head_lines(steps, grid, head, "lines", 0.7)
     _add_landmarks(fig, tau, t_form)
-    _layout(fig, "Attention to z over training, per head", "step", "attention to z (first target position)")
+    _layout(fig, "Attention to the cue over training, per head", "step", "attention to the cue (prediction position)")
     fig.update_yaxes(range=[0, 1])
     _log_x_toggle(fig)
-    caption = (f"The selector head's attention to z (thick red) rises from the plateau onwards and has gone halfway "
-               f"by t_form = {na(t_form, '{}')}, ahead of the loss drop at τ = {na(tau, '{}')}.")
+    caption = (f"The routing head's attention to the cue (thick red) has gone halfway from its plateau-start value "
+               f"to its final one by t_form = {na(t_form, '{}')}, {timing_word(t_form, tau)} the loss drop at "
+               f"τ = {na(tau, '{}')}.")
     return fig, caption
 
 
@@ -267,8 +288,11 @@ def patching_slider(records: list[dict[str, Any]], head: Sequence[int] | None = 
     fig.update_layout(sliders=[slider])
     fig.update_yaxes(autorange="reversed")
     what = "logits restored (patched - corrupt)" if value == "effect" else "normalised effect (1 = fully restored)"
+    first_gap = records[0]["heads"]["clean_metric"] - records[0]["heads"]["corrupt_metric"]
+    last_gap = records[-1]["heads"]["clean_metric"] - records[-1]["heads"]["corrupt_metric"]
     caption = (f"Drag the slider through the {len(steps)} analysed steps: each cell is a head's {what} when its clean "
-               f"output is patched into the corrupted-z run; heads only start to carry z after the plateau.")
+               f"output is patched into the corrupted-cue run; the clean - corrupt gap that the heads can restore is "
+               f"{first_gap:.2f} logits at step {steps[0]} and {last_gap:.2f} at step {steps[-1]}.")
     return fig, caption
 
 
@@ -294,7 +318,7 @@ def selector_patching_lines(exact: list[dict[str, Any]], attribution: list[dict[
     _layout(fig, f"Patching effect of the selector head {head_label(l, h)} over training", "step",
             "logit difference restored (patched - corrupt)")
     _log_x_toggle(fig)
-    caption = (f"Patching {head_label(l, h)}'s clean output into the corrupted-z run restores a growing share of the "
+    caption = (f"Patching {head_label(l, h)}'s clean output into the corrupted-cue run restores a growing share of the "
                f"clean-corrupt gap (dashed); the attribution line follows the exact points where both exist.")
     return fig, caption
 
@@ -318,7 +342,7 @@ def ablation_lines(records: list[dict[str, Any]], log_k: float, head: Sequence[i
             for l in range(n_layers):
                 for h in range(n_heads):
                     is_sel = (l, h) == sel
-                    name = (f"{head_label(l, h)} {kind}-ablated (selector)" if is_sel
+                    name = (f"{head_label(l, h)} {kind}-ablated (routing)" if is_sel
                             else f"other heads, {kind}-ablated")
                     fig.add_trace(go.Scatter(
                         x=steps, y=_nan_to_none(grid[:, l, h]), mode="lines", name=name,
@@ -521,33 +545,57 @@ def llc_figure(summary: dict[str, Any], title: str = "Local learning coefficient
 # ---- all of them --------------------------------------------------------------------------
 
 
-def all_figures(metrics: list[dict[str, Any]], analysis: dict[str, Any], log_k: float,
+def rule_lines(records: list[dict[str, Any]], name: str, rule: dict[str, Any], tau: int | None = None) -> Captioned:
+    """Attention along one of the task's named rules (``rules`` of the attention records, e.g.
+    ``previous token``), one line per head, the rule's head (``rule``: the analysis summary's
+    ``attention_rules[name]``) highlighted."""
+    steps = [int(r["step"]) for r in records]
+    grid = np.stack([_array(r["rules"][name]) for r in records])
+    head, t_form = rule.get("head"), rule.get("t_form")
+    fig = _per_head_lines(steps, grid, head, "lines", 0.7)
+    _add_landmarks(fig, tau, t_form)
+    _layout(fig, f"Attention to the {name}, per head", "step", f"attention to the {name}")
+    fig.update_yaxes(range=[0, 1])
+    _log_x_toggle(fig)
+    caption = (f"{rule.get('label')} (thick red) attends most to the {name} at the end "
+               f"({na(rule.get('final_value'))}, from {na(rule.get('start_value'))} at the plateau start); it went "
+               f"halfway up at t_form = {na(t_form, '{}')}, {timing_word(t_form, tau)} the loss drop at τ = {na(tau, '{}')}.")
+    return fig, caption
+
+
+def all_figures(metrics: list[dict[str, Any]], analysis: dict[str, Any], progress: ProgressMeasure,
                 tau: int | None = None, plateau: dict[str, Any] | None = None) -> list[tuple[str, str, go.Figure, str]]:
     """Every figure of a run: ``[(key, heading, figure, caption), ...]`` in reading order.
 
-    ``analysis`` is :func:`interp.analyze.load_analysis`'s result; its selector summary gives the
-    selector head, t_form (and tau, unless given).
+    ``analysis`` is :func:`interp.analyze.load_analysis`'s result; its summary gives the routing
+    head, t_form (and tau, unless given); ``progress`` is the run's task's progress measure.
     """
     sel = analysis.get("selector") or {}
     head = sel.get("head")
     tau = tau if tau is not None else sel.get("tau")
     t_form = sel.get("t_form")
-    out: list[tuple[str, str, go.Figure, str]] = [("loss", "Plateau and drop", *loss_curves(metrics, log_k, tau, t_form, plateau))]
+    out: list[tuple[str, str, go.Figure, str]] = [("loss", "Plateau and drop",
+                                                   *loss_curves(metrics, progress, tau, t_form, plateau))]
     if analysis.get("attention"):
-        out.append(("attention_heatmap", "Attention to z: heads x steps",
+        out.append(("attention_heatmap", "Attention to the cue: heads x steps",
                     *attention_heatmap(analysis["attention"], head, tau, t_form)))
-        out.append(("attention_lines", "Attention to z: one line per head",
+        out.append(("attention_lines", "Attention to the cue: one line per head",
                     *attention_lines(analysis["attention"], head, tau, t_form)))
+        for name, rule in (sel.get("attention_rules") or {}).items():
+            out.append((f"rule_{name.replace(' ', '_')}", f"Attention to the {name}: one line per head",
+                        *rule_lines(analysis["attention"], name, rule, tau)))
     patches = analysis.get("patch") or analysis.get("attribution") or []
     if patches:
         out.append(("patching_slider", "Activation patching over time", *patching_slider(patches, head)))
     if head is not None and (analysis.get("patch") or analysis.get("attribution")):
-        out.append(("selector_patching", "The selector head's patching effect",
+        out.append(("selector_patching", "The routing head's patching effect",
                     *selector_patching_lines(analysis.get("patch", []), analysis.get("attribution", []), head, tau, t_form)))
     if analysis.get("ablation"):
-        out.append(("ablation", "Head ablation over time", *ablation_lines(analysis["ablation"], log_k, head, tau, t_form)))
+        out.append(("ablation", "Head ablation over time",
+                    *ablation_lines(analysis["ablation"], progress.height, head, tau, t_form)))
     if analysis.get("circuit"):
         out.append(("head_shares", "One head or a layer: shares of the routing",
                     *head_share_lines(analysis["circuit"], head, tau, t_form)))
-    out.append(("snap", "Collective snap", *snap_raster(metrics, tau, t_form)))
+    if any(r.get("group_acc") for r in metrics):
+        out.append(("snap", "Collective snap", *snap_raster(metrics, tau, t_form)))
     return out

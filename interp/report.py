@@ -151,35 +151,44 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
     set0 = next((r.get("set_loss") for r in metrics if r.get("set_loss") is not None), None)
     abl = (sel.get("ablation") or {}).get("end")
     agree = [a["spearman"] for a in sel.get("agreement") or [] if a.get("spearman") is not None]
+    pm = run.progress
+    hl, cue = pm.height_label, pm.cue_label
     rows = [
-        ("log K", f"{run.log_k:.3f} (K = {run.config.task.K})"),
-        ("tau (first step with candidate loss < 0.5 log K)", na(sel.get("tau"), "{}") + _bracket(sel.get("tau_bracket"))),
-        ("tau at thresholds 0.3 / 0.5 / 0.7 log K",
+        (hl, f"{pm.height:.3f}" + (f" (K = {run.config.task.K})" if hl == "log K" else "")),
+        (f"tau (first step with {pm.label} < 0.5 {hl})", na(sel.get("tau"), "{}") + _bracket(sel.get("tau_bracket"))),
+        (f"tau at thresholds 0.3 / 0.5 / 0.7 {hl}",
          " / ".join(na(v, "{}") for v in (summary.get("tau_by_threshold") or {}).values()) or "n/a"),
-        ("plateau (candidate loss within 10% of log K, Δz < 0.1 log K)", f"steps {span[0]} .. {span[1]}" if span else "none"),
-        ("set loss on the plateau (median)", f"{na(summary.get('plateau_median_set_loss'))} nats "
-                                             f"(step 0: {na(set0)}; 0 = all mass on the K candidates)"),
+        (f"plateau ({pm.label} within 10% of {hl}, {cue} < 0.1 {hl})", f"steps {span[0]} .. {span[1]}" if span else "none"),
+        *([("set loss on the plateau (median)", f"{na(summary.get('plateau_median_set_loss'))} nats "
+                                                f"(step 0: {na(set0)}; 0 = all mass on the K candidates)")]
+          if set0 is not None else []),
         *plateau_rows(run.plateau()),
-        ("selector head", f"{sel.get('label')} (rule: {sel.get('rule')})"),
-        ("its attention to z", f"{na(sel.get('start_value'))} at the plateau start -> {na(sel.get('final_value'))} at the end"),
-        ("t_form (attention to z halfway up)", na(sel.get("t_form"), "{}") + _bracket(sel.get("t_form_bracket"))),
+        ("routing head", f"{sel.get('label')} (rule: {sel.get('rule')})"),
+        ("its attention to the cue", f"{na(sel.get('start_value'))} at the plateau start -> {na(sel.get('final_value'))} "
+                                     "at the end"),
+        ("t_form (attention to the cue halfway up)", na(sel.get("t_form"), "{}") + _bracket(sel.get("t_form_bracket"))),
         ("lead fraction (tau - t_form) / tau", na(sel.get("lead_fraction")) + _bracket(sel.get("lead_bracket"), "{:.3f}")
-         + " (paper: about 0.5)"),
+         + (" (paper: about 0.5)" if hl == "log K" else "")),
         *[(f"t_form / lead by {rule}", na(r.get("t_form"), "{}") + _bracket(r.get("t_form_bracket"))
            + f"; lead {na(r.get('lead_fraction'))}" + _bracket(r.get("lead_bracket"), "{:.3f}"))
           for rule, r in (sel.get("t_form_rules") or {}).items()],
+        *[(f"{name} head", f"{r['label']}: attention {na(r.get('start_value'))} at the plateau start -> "
+                           f"{na(r.get('final_value'))} at the end; t_form {na(r.get('t_form'), '{}')}"
+           + _bracket(r.get("t_form_bracket")) + f", lead {na(r.get('lead_fraction'))}")
+          for name, r in (sel.get("attention_rules") or {}).items()],
         ("circuit verdict", _circuit_text(sel.get("circuit"))),
-        ("where the selector head reads z (its output patched at one position; 1 = clean answer)",
+        ("where the routing head reads the cue (its output patched at one position; 1 = clean answer)",
          reads_z_text(sel["circuit"], sel["head"]) if sel.get("circuit") else "n/a"),
-        ("selector head ablated at the end (candidate loss)",
+        ("routing head ablated at the end (candidate loss)",
          f"{na(abl['base_candidate_loss'])} -> zero {na(abl['zero_candidate_loss'])}, mean {na(abl['mean_candidate_loss'])} "
          f"(falls back to the marginal: {sel.get('falls_back_to_marginal')})" if abl else "n/a"),
-        (f"groups >= {snap['hi']:.0%} accurate at tau/2", f"{na(snap['share_above_at_half_tau'], '{:.0%}')} of "
-         f"{snap['n_groups']} tracked groups (at step {na(snap['half_tau_step'], '{}')}; paper: none)"),
-        ("snapped groups", f"{snap['n_snapped']} / {snap['n_groups']} reach {snap['hi']:.0%}"),
-        ("snap window (median over groups) / tau", f"{na(snap['snap_window_tau'])} ({snap['n_windows']} groups; "
-         f"first step >= {snap['hi']:.0%} minus the last step < {snap['lo']:.0%} before it)"),
-        ("spread of snap steps / tau", f"{na(snap['snap_spread_tau'])} (latest - earliest snap step; paper: about 0.5)"),
+        *([(f"groups >= {snap['hi']:.0%} accurate at tau/2", f"{na(snap['share_above_at_half_tau'], '{:.0%}')} of "
+            f"{snap['n_groups']} tracked groups (at step {na(snap['half_tau_step'], '{}')}; paper: none)"),
+           ("snapped groups", f"{snap['n_snapped']} / {snap['n_groups']} reach {snap['hi']:.0%}"),
+           ("snap window (median over groups) / tau", f"{na(snap['snap_window_tau'])} ({snap['n_windows']} groups; "
+            f"first step >= {snap['hi']:.0%} minus the last step < {snap['lo']:.0%} before it)"),
+           ("spread of snap steps / tau", f"{na(snap['snap_spread_tau'])} (latest - earliest snap step; paper: about 0.5)")]
+          if snap["n_groups"] else []),
         ("attribution vs exact patching (heads)",
          f"Spearman median {median(agree):.3f}, min {min(agree):.3f} over {len(agree)} steps" if agree else "n/a"),
         ("analysed checkpoints", f"{sel.get('analysed_steps')} of {len(run.steps())}"),
@@ -237,12 +246,11 @@ def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str
     cfg = run.config
     parts = [f"<h1>Run report: {html.escape(run.path.name)}</h1>",
              f'<p class="sub">{html.escape(str(run.path.resolve()))} - preset {html.escape(str(cfg.preset))}, '
-             f"{html.escape(cfg.task.direction)} task ({html.escape(cfg.task.variant_label())}), K = {cfg.task.K}, "
-             f"n_b = {cfg.task.n_b}, D = {cfg.task.D}; "
+             f"task {html.escape(run.task().describe())}, {len(run.task().tokens)} sequences; "
              f"{cfg.model.n_layers} layers x {cfg.model.n_heads} heads, d_model {cfg.model.d_model}; "
              f"{len(run.steps())} checkpoints up to step {run.steps()[-1] if run.steps() else 'n/a'}</p>",
              "<h2>Summary</h2>", table_html(summary_rows(run, metrics, sel, snap))]
-    figures = all_figures(metrics, analysis, run.log_k, tau, run.plateau())
+    figures = all_figures(metrics, analysis, run.progress, tau, run.plateau())
     llc_path = analysis_dir(run.path) / LLC_SUMMARY_FILE
     if llc_path.exists():  # written by python -m interp.llc; landmarks from the current selector summary
         llc = {**read_json(llc_path), "tau": tau, "t_form": sel.get("t_form")}
@@ -267,7 +275,7 @@ def _attention_section(run: Run, sel: dict[str, Any], n_examples: int, seed: int
     examples = sample_examples(run.task(), n_examples, seed).tolist()
     parts = ["<h2>Attention patterns (CircuitsVis)</h2>",
              f'<p class="caption">Layer {" and layer ".join(map(str, layers))} on {len(examples)} examples '
-             f"(tokens: &lt;BOS&gt; B &lt;SEP&gt; z &lt;SEP&gt; A) at {len(moments)} moments; click a head to enlarge it. The selector head "
+             f"at {len(moments)} moments; click a head to enlarge it. The routing head "
              f"{html.escape(str(sel.get('label')))} is marked; the last view of each moment shows only the routing's top heads "
              f"({html.escape(', '.join(head_label(*h) for h in tops))}: those holding 80% of the head-patching effect at "
              f"the end) on the same examples.</p>"]

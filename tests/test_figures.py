@@ -37,7 +37,7 @@ def landmark_xs(fig: go.Figure) -> set[float]:
 def test_loss_curves_with_plateau_verdict(data):
     run, metrics, _, sel = data
     plateau = run.plateau()
-    fig, caption = F.loss_curves(metrics, run.log_k, sel["tau"], sel["t_form"], plateau)
+    fig, caption = F.loss_curves(metrics, run.progress, sel["tau"], sel["t_form"], plateau)
     check_figure(fig, caption)
     assert [t.name for t in fig.data][-1] == "first-token set loss (nats)"
     np.testing.assert_allclose(fig.data[-1].y, [r["first_token_set_loss"] for r in metrics])
@@ -48,7 +48,7 @@ def test_loss_curves_with_plateau_verdict(data):
 
 def test_loss_curves(data):
     run, metrics, _, sel = data
-    fig, caption = F.loss_curves(metrics, run.log_k, sel["tau"], sel["t_form"])
+    fig, caption = F.loss_curves(metrics, run.progress, sel["tau"], sel["t_form"])
     check_figure(fig, caption)
     names = [t.name for t in fig.data]
     assert names == ["candidate loss / log K", "training loss (nats/token)", "set loss (nats)", "Δz (nats)"]
@@ -81,7 +81,7 @@ def test_attention_figures(data):
     fig, caption = F.attention_lines(attn, head, sel["tau"], sel["t_form"])
     check_figure(fig, caption)
     assert len(fig.data) == n_layers * n_heads
-    selected = [t for t in fig.data if "(selector)" in t.name]
+    selected = [t for t in fig.data if "(routing)" in t.name]
     assert len(selected) == 1 and selected[0].line.width > max(t.line.width for t in fig.data if t is not selected[0])
 
 
@@ -122,7 +122,7 @@ def test_ablation_lines(data):
     check_figure(fig, caption)
     assert len(fig.data) == 1 + 2 * n_layers * n_heads
     assert fig.data[0].name == "no ablation"
-    selected = [t for t in fig.data if "(selector)" in t.name]
+    selected = [t for t in fig.data if "(routing)" in t.name]
     assert sorted(t.line.dash for t in selected) == ["dash", "solid"]
     assert all(t.line.color == F.SELECTOR_COLOR for t in selected)
     l, h = sel["head"]
@@ -144,7 +144,7 @@ def test_snap_raster(data):
 
 def test_all_figures(data):
     run, metrics, analysis, _ = data
-    out = F.all_figures(metrics, analysis, run.log_k)
+    out = F.all_figures(metrics, analysis, run.progress)
     assert [k for k, *_ in out] == ["loss", "attention_heatmap", "attention_lines", "patching_slider",
                                     "selector_patching", "ablation", "head_shares", "snap"]
     for _, heading, fig, caption in out:
@@ -160,7 +160,7 @@ def test_head_share_lines_on_hand_made_records():
     fig, caption = F.head_share_lines(recs, (0, 1), tau=80, t_form=50)
     check_figure(fig, caption)
     assert len(fig.data) == 4
-    sel = next(t for t in fig.data if "(selector)" in t.name)
+    sel = next(t for t in fig.data if "(routing)" in t.name)
     assert sel.name.startswith("L0H1") and sel.line.color == F.SELECTOR_COLOR
     np.testing.assert_allclose(sel.y, [0.0, 0.75, 0.6])
     assert "L0H1 holds 60%" in caption and "2 heads together hold 80%" in caption

@@ -233,7 +233,7 @@ def test_report_renders_in_headless_chromium(browser, report, ci_analysed, tmp_p
     shot = tmp_path / "report.png"
     result = render(browser, report, tmp_path / "profile", screenshot=shot)
     run = Run(ci_analysed)
-    n_figures = len(all_figures(run.metrics(), load_analysis(ci_analysed), run.log_k))
+    n_figures = len(all_figures(run.metrics(), load_analysis(ci_analysed), run.progress))
     assert result["figures"] == n_figures, result
     assert result["figuresRendered"] == result["figures"], result
     assert result["views"] >= 4 and result["viewsRendered"] == result["views"], result

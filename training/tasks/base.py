@@ -64,6 +64,10 @@ class ProgressMeasure:
     the plateau requires it below ``0.1 height``. None: no such field."""
     label: str = "candidate loss"
     """A name for figures and captions."""
+    height_label: str = "log K"
+    """How captions write the height."""
+    cue_label: str = "Δz"
+    """How captions write the cue effect."""
 
     def crossed(self, record: dict, threshold: float = 0.5) -> bool:
         """Whether one ``metrics.jsonl`` record has made the drop (below / above the threshold)."""

@@ -152,7 +152,7 @@ class InductionTask(Task):
     def progress(self) -> ProgressMeasure:
         """The repeat loss against log V, with ``delta_cue`` as its cue effect."""
         return ProgressMeasure("repeat_loss", math.log(self.cfg.vocab_size), "log_v", True, "delta_cue",
-                               "repeat loss")
+                               "repeat loss", "log V", "Δcue")
 
     def build_evalset(self, n_eval: int, n_tracked: int, seed: int) -> EvalSequences:
         """``n_eval`` seeded repeat sequences (and their unrelated-first-copy twins), and ``n_tracked``
