@@ -10,8 +10,8 @@ layer), and read, for every (layer, head):
   cue positions (``task.cue_positions(tokens, pred_pos)``, per example), summed over them and
   averaged over examples
   (the name keeps the selector task's z, so that earlier caches load);
-* ``to_z_all_targets``: the same, averaged over every position the loss counts
-  (``task.loss_positions``), each with its own cue positions;
+* ``to_z_all_targets``: the same, averaged over the cue rule's query positions (by default every
+  position the loss counts, ``task.loss_positions``), each with its own cue positions;
 * ``entropy_first``: the entropy (nats) of the attention distribution at the prediction
   position, averaged over examples;
 * ``rules``: for a task with other named attention patterns (``task.attention_rules()``, e.g.
@@ -91,7 +91,7 @@ def attention_patterns(
 def attention_to_keys(patterns: Float[Tensor, "N n_layers n_heads q k"], tokens: Int[Tensor, "N seq"],
                       queries: list[int], keys_of: Callable[[Tensor, int], Tensor]) -> Float[Tensor, "n_layers n_heads"]:
     """Attention from each of ``queries`` to its ``keys_of(tokens, query)`` (``[N, C]`` positions per
-    sequence), summed over the keys and averaged over the queries and the sequences."""
+    sequence; -1 pads a row with fewer), summed over the keys and averaged over the queries and the sequences."""
     index = torch.stack([keys_of(tokens, q) for q in queries], dim=1)  # [N, T, C]
     if index.shape[-1] == 0:
         raise ValueError("an attention rule gave no key position for a query")
@@ -100,7 +100,8 @@ def attention_to_keys(patterns: Float[Tensor, "N n_layers n_heads q k"], tokens:
     if (index == first).all() and torch.equal(first, torch.arange(int(first[0]), int(first[0]) + len(first))):
         picked = rows[..., int(first[0]): int(first[-1]) + 1]  # one span for every sequence and query: a slice
     else:
-        picked = rows.gather(-1, index[:, None, None].expand(*rows.shape[:3], *index.shape[1:]))
+        expanded = index[:, None, None].expand(*rows.shape[:3], *index.shape[1:])
+        picked = rows.gather(-1, expanded.clamp(min=0)) * (expanded >= 0)
     return einops.reduce(picked, "n l h t k -> l h", "sum") / (len(patterns) * len(queries))
 
 
@@ -110,9 +111,10 @@ def attention_stats_from_patterns(
     """The statistics of the module docstring from already computed patterns of ``tokens``."""
     task.require("cue", "attention to the cue")
     first = patterns[..., task.pred_pos, :]  # [N, L, H, k]
+    cue = task.attention_rules()["cue"]
     return AttentionToZ(
-        to_z_first=attention_to_keys(patterns, tokens, [task.pred_pos], task.cue_positions),
-        to_z_all_targets=attention_to_keys(patterns, tokens, task.loss_positions, task.cue_positions),
+        to_z_first=attention_to_keys(patterns, tokens, [task.pred_pos], cue.keys),
+        to_z_all_targets=attention_to_keys(patterns, tokens, cue.queries, cue.keys),
         entropy_first=einops.reduce(torch.special.entr(first), "n l h k -> l h", "sum") / len(patterns),
         n_examples=len(patterns),
         rules={name: attention_to_keys(patterns, tokens, rule.queries, rule.keys)

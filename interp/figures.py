@@ -147,13 +147,19 @@ def loss_curves(records: list[dict[str, Any]], progress: ProgressMeasure, tau: i
                   label={"text": hl, "textposition": "end", "font": {"size": 11, "color": "#1f77b4"}}, row=1, col=1)
     verdict = ""
     if plateau is not None:
-        fig.add_trace(go.Scatter(x=steps, y=[r.get("first_token_set_loss") for r in rec],
-                                 name="first-token set loss (nats)", mode="lines",
-                                 line={"color": "#8c564b", "width": 1.2, "dash": "dot"}),
-                      row=1, col=1, secondary_y=True)
-        ref = plateau["know_nothing"]["set_loss"]
+        if any(r.get("first_token_set_loss") is not None for r in rec):
+            fig.add_trace(go.Scatter(x=steps, y=[r.get("first_token_set_loss") for r in rec],
+                                     name="first-token set loss (nats)", mode="lines",
+                                     line={"color": "#8c564b", "width": 1.2, "dash": "dot"}),
+                          row=1, col=1, secondary_y=True)
+        metric = plateau["know_nothing"].get("metric", "set_loss")
+        ref = plateau["know_nothing"][metric]
+        if metric != "set_loss":
+            fig.add_trace(go.Scatter(x=steps, y=[r.get(metric) for r in rec], name=f"{metric.replace('_', ' ')} (nats)",
+                                     mode="lines", line={"color": "#9467bd", "width": 1.5, "dash": "dash"}),
+                          row=1, col=1, secondary_y=True)
         fig.add_hline(y=ref, line={"color": "#9467bd", "dash": "dot", "width": 1}, secondary_y=True,
-                      label={"text": f"know-nothing set loss {ref:.2f}", "textposition": "start",
+                      label={"text": f"know-nothing {metric.replace('_', ' ')} {ref:.2f}", "textposition": "start",
                              "font": {"size": 11, "color": "#9467bd"}}, row=1, col=1)
         verdict = f"; plateau: {plateau.get('verdict') or 'none'}"
     _add_landmarks(fig, tau, t_form, rows=(1, 2))
@@ -174,11 +180,13 @@ def loss_curves(records: list[dict[str, Any]], progress: ProgressMeasure, tau: i
                    "the marginal and waits to use the cue, high, it cannot yet tell the candidates from other strings.")
     if plateau is not None:
         share = plateau.get("share") or {}
+        what = metric.replace("_", " ")
         caption = (caption[:-1] + f"; here the verdict is {plateau.get('verdict') or 'no plateau'}: "
-                   f"{na(share.get('marginal'), '{:.0%}')} of the plateau's evaluations have set loss below "
-                   f"0.1 {hl} and {na(share.get('shelf'), '{:.0%}')} above 90% of the know-nothing set loss "
-                   f"{plateau['know_nothing']['set_loss']:.2f} nats (dotted purple line: a model uniform over the "
-                   "alphabet), and the dotted brown line is the first-token set loss, the cheapest marginal.")
+                   f"{na(share.get('marginal'), '{:.0%}')} of the plateau's evaluations have {what} below "
+                   f"{na(plateau.get('marginal_threshold'))} and {na(share.get('shelf'), '{:.0%}')} above 90% of the "
+                   f"know-nothing {what} {ref:.2f} nats (dotted purple line)"
+                   + (", and the dotted brown line is the first-token set loss, the cheapest marginal."
+                      if metric == "set_loss" else "."))
     return fig, caption
 
 

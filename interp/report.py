@@ -197,21 +197,26 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
 
 
 def plateau_rows(plateau: dict[str, Any] | None) -> list[tuple[str, str]]:
-    """The plateau verdict as summary rows (none for runs without a set loss)."""
+    """The plateau verdict as summary rows (none for a task without references)."""
     if plateau is None:
         return []
     ref, share = plateau["know_nothing"], plateau.get("share") or {}
-    return [
-        ("plateau verdict (marginal | shelf | mixed)",
+    metric = ref.get("metric", "set_loss")
+    rows = [
+        (f"plateau verdict (marginal | shelf | mixed, on the {metric.replace('_', ' ')})",
          f"{plateau.get('verdict') or 'no plateau'}: {na(share.get('marginal'), '{:.0%}')} marginal "
-         f"(set loss < {na(plateau.get('marginal_threshold'))}), {na(share.get('shelf'), '{:.0%}')} shelf "
+         f"(< {na(plateau.get('marginal_threshold'))}), {na(share.get('shelf'), '{:.0%}')} shelf "
          f"(> {na(plateau.get('shelf_threshold'))}), {na(share.get('between'), '{:.0%}')} between"),
-        ("know-nothing reference (uniform over the alphabet)",
-         f"set loss {ref['set_loss']:.3f}, first-token set loss {ref['first_token_set_loss']:.3f}, "
-         f"first-token loss {ref['first_token_loss']:.3f} nats; marginal floor 0"),
-        ("first-token set loss on the plateau (median)", f"{na(plateau.get('median_first_token_set_loss'))} nats"),
-        ("t_marginal (first step with set loss < 0.1 log K)", na(plateau.get("t_marginal"), "{}")),
+        ("know-nothing reference", f"{metric.replace('_', ' ')} {ref[metric]:.3f} nats; marginal floor "
+                                   f"{plateau.get('marginal_floor', 0.0):.3f}"),
     ]
+    if metric == "set_loss":
+        rows += [("know-nothing first-token losses (uniform over the alphabet)",
+                  f"first-token set loss {ref['first_token_set_loss']:.3f}, first-token loss "
+                  f"{ref['first_token_loss']:.3f} nats"),
+                 ("first-token set loss on the plateau (median)", f"{na(plateau.get('median_first_token_set_loss'))} nats")]
+    return rows + [(f"t_marginal (first step with {metric.replace('_', ' ')} below the marginal threshold)",
+                    na(plateau.get("t_marginal"), "{}"))]
 
 
 def _circuit_text(c: dict[str, Any] | None) -> str:

@@ -22,7 +22,10 @@ from tests.conftest import copy_run
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 SWEEP_NOTEBOOKS = ("04_sweeps_and_scaling.ipynb",)
 """Notebooks that look at a sweep (``PLATEAUSCOPE_SWEEP_DIR``, the session's tiny sweep), not at a run."""
-NOTEBOOKS = tuple(sorted(p.name for p in NOTEBOOK_DIR.glob("*.ipynb") if p.name not in SWEEP_NOTEBOOKS))
+OWN_RUN_NOTEBOOKS = ("07_a_task_of_your_own.ipynb",)
+"""Notebooks that train their own run into ``PLATEAUSCOPE_OUT_DIR`` (a temporary folder here)."""
+NOTEBOOKS = tuple(sorted(p.name for p in NOTEBOOK_DIR.glob("*.ipynb")
+                         if p.name not in SWEEP_NOTEBOOKS + OWN_RUN_NOTEBOOKS))
 CELL_TIMEOUT_S = 300
 
 
@@ -57,7 +60,8 @@ def sweep_kernel_env(tiny_sweep, tmp_path_factory):
     mp.undo()
 
 
-@pytest.mark.parametrize("name, var", [(n, "RUN_DIR") for n in NOTEBOOKS] + [(n, "SWEEP_DIR") for n in SWEEP_NOTEBOOKS])
+@pytest.mark.parametrize("name, var", [(n, "RUN_DIR") for n in NOTEBOOKS] + [(n, "SWEEP_DIR") for n in SWEEP_NOTEBOOKS]
+                         + [(n, "OUT_DIR") for n in OWN_RUN_NOTEBOOKS])
 def test_notebook_is_committed_without_outputs(name, var):
     nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
     nbformat.validate(nb)
@@ -84,3 +88,18 @@ def test_notebook_runs(name, kernel_env):
 @pytest.mark.parametrize("name", SWEEP_NOTEBOOKS)
 def test_sweep_notebook_runs(name, sweep_kernel_env):
     test_notebook_runs(name, sweep_kernel_env)
+
+
+@pytest.fixture(scope="module")
+def out_kernel_env(tmp_path_factory):
+    """Notebook 07 trains its own task: PLATEAUSCOPE_OUT_DIR points it at an empty folder."""
+    out = tmp_path_factory.mktemp("notebooks") / "own"
+    out.mkdir()
+    mp = _kernel_env(tmp_path_factory, "PLATEAUSCOPE_OUT_DIR", out)
+    yield out
+    mp.undo()
+
+
+@pytest.mark.parametrize("name", OWN_RUN_NOTEBOOKS)
+def test_own_task_notebook_runs(name, out_kernel_env):
+    test_notebook_runs(name, out_kernel_env)

@@ -55,7 +55,7 @@ from training.metrics import compute_tau
 from training.model import build_hooked_transformer
 from training.schedule import scheduled_steps
 from training.tasks.base import Task
-from training.tasks.loading import build_task
+from training.tasks.loading import build_task, canonical_task_name
 from training.train import (deterministic, evaluation_record, finish, load_resume_point, prepare_run_dir, resolve_device,
                             save_checkpoint_and_state, stop_due, train_step)
 
@@ -161,8 +161,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
     """
     if not cfgs or len(cfgs) != len(out_dirs):
         raise ConfigError(f"an ensemble needs one run directory per config, got {len(cfgs)} and {len(out_dirs)}")
-    for c in cfgs:
-        c.validate()
+    cfgs = [dataclasses.replace(c, task_name=canonical_task_name(c.task_name)).validate() for c in cfgs]
     same_but_seed(cfgs)
     outs = [Path(o) for o in out_dirs]
     if len(set(outs)) != len(outs):

@@ -43,23 +43,27 @@ VERDICT_MAJORITY = 2 / 3
 """The verdict names the kind that holds at least this share of the plateau, else ``mixed``."""
 
 
-def t_marginal(records: list[dict], log_k: float, rel: float = MARGINAL_REL) -> int | None:
-    """First evaluated step with set loss below ``rel`` log K (None: never)."""
-    return next((r["step"] for r in records if r.get("set_loss") is not None and r["set_loss"] < rel * log_k), None)
+def t_marginal(records: list[dict], log_k: float, rel: float = MARGINAL_REL, metric: str = "set_loss",
+               floor: float = 0.0) -> int | None:
+    """First evaluated step with the reference metric (set loss) below ``floor + rel`` log K (None: never)."""
+    return next((r["step"] for r in records if r.get(metric) is not None and r[metric] < floor + rel * log_k), None)
 
 
 def plateau_verdict(records: list[dict], log_k: float, span: tuple[int, int] | list[int] | None,
                     reference: dict, majority: float = VERDICT_MAJORITY) -> dict:
     """The ``plateau`` block: references, shares of the plateau by kind, the verdict, first-token set loss.
 
-    ``reference`` is ``know_nothing_reference(task)``. The verdict is None when the run has no
-    plateau (or no set loss: the forward task).
+    ``reference`` is the task's ``plateau_reference()``: the know-nothing value of its reference
+    metric (``reference[metric]``; ``metric`` defaults to ``set_loss``, the selector task's
+    ``know_nothing_reference``) and its marginal floor (``marginal``, default 0). ``log_k`` is the
+    progress measure's height. The verdict is None when the run has no plateau.
     """
-    on = [r for r in records if span and span[0] <= r["step"] <= span[1] and r.get("set_loss") is not None]
-    lo, hi = MARGINAL_REL * log_k, SHELF_REL * reference["set_loss"]
+    metric, floor = reference.get("metric", "set_loss"), reference.get("marginal", 0.0)
+    on = [r for r in records if span and span[0] <= r["step"] <= span[1] and r.get(metric) is not None]
+    lo, hi = floor + MARGINAL_REL * log_k, SHELF_REL * reference[metric]
     n = len(on)
-    share = {"marginal": sum(r["set_loss"] < lo for r in on) / n if n else None,
-             "shelf": sum(r["set_loss"] > hi for r in on) / n if n else None}
+    share = {"marginal": sum(r[metric] < lo for r in on) / n if n else None,
+             "shelf": sum(r[metric] > hi for r in on) / n if n else None}
     share["between"] = 1.0 - share["marginal"] - share["shelf"] if n else None
     verdict = None
     if n:
@@ -68,14 +72,14 @@ def plateau_verdict(records: list[dict], log_k: float, span: tuple[int, int] | l
     return {
         "verdict": verdict,
         "know_nothing": reference,
-        "marginal_floor": 0.0,
+        "marginal_floor": floor,
         "marginal_threshold": lo,
         "shelf_threshold": hi,
         "n_evaluations": n,
         "share": share,
-        "median_set_loss": _median([r["set_loss"] for r in on]) if on else None,
+        f"median_{metric}": _median([r[metric] for r in on]) if on else None,
         "median_first_token_set_loss": _median(fts) if fts else None,
-        "t_marginal": t_marginal(records, log_k),
+        "t_marginal": t_marginal(records, log_k, metric=metric, floor=floor),
     }
 
 

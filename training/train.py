@@ -33,8 +33,8 @@ from training.metrics import compute_tau, summarize
 from training.model import hooked_config_dict
 from training.presets import PRESETS, get_preset
 from training.schedule import scheduled_steps
-from training.tasks.base import ProgressMeasure, Task
-from training.tasks.loading import BUILTIN_TASKS, build_task, task_class
+from training.tasks.base import ProgressMeasure, Task, TaskError
+from training.tasks.loading import BUILTIN_TASKS, build_task, canonical_task_name, task_class
 
 log = logging.getLogger(__name__)
 P = ParamSpec("P")
@@ -83,7 +83,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     ``stop_at_step`` abandons the run right after that step's evaluation, as a kill would
     (no checkpoint, no summary, unless they were due anyway): it exists to test resuming.
     """
-    cfg.validate()
+    cfg = dataclasses.replace(cfg, task_name=canonical_task_name(cfg.task_name)).validate()
     tc = cfg.train
     out = Path(out_dir)
     dev = resolve_device(device)
@@ -273,8 +273,13 @@ def evaluation_record(model: torch.nn.Module, task: Task, evalset: object, step:
                       wall_s: float) -> dict:
     """One line of ``metrics.jsonl``: every metric of ``model`` on the fixed evaluation set."""
     model.eval()
-    record = {"step": step, "tokens_seen": step * tc.batch_size * task.tokens_per_example(),
-              **task.evaluate(model, evalset, tc.eval_batch_size), "wall_s": round(wall_s, 3)}
+    metrics = task.evaluate(model, evalset, tc.eval_batch_size)
+    if not isinstance(metrics, dict) or task.progress.key not in metrics:
+        got = sorted(metrics) if isinstance(metrics, dict) else type(metrics).__name__
+        raise TaskError(f"task {task.describe()}: evaluate() must return a dict with its progress measure "
+                        f"{task.progress.key!r}, got {got}")
+    record = {"step": step, "tokens_seen": step * tc.batch_size * task.tokens_per_example(), **metrics,
+              "wall_s": round(wall_s, 3)}
     model.train()
     return record
 
@@ -408,8 +413,9 @@ def main(argv: list[str] | None = None) -> int:
     tau = summary.get("tau")
     span = summary.get("plateau_span")
     plateau = summary.get("plateau") or {}
-    verdict = (f"plateau verdict {plateau.get('verdict') or 'none'} (median set loss "
-               f"{_fmt(plateau.get('median_set_loss'))}, know-nothing {_fmt(plateau.get('know_nothing', {}).get('set_loss'))}); "
+    metric = (plateau.get("know_nothing") or {}).get("metric", "set_loss")
+    verdict = (f"plateau verdict {plateau.get('verdict') or 'none'} (median {metric.replace('_', ' ')} "
+               f"{_fmt(plateau.get(f'median_{metric}'))}, know-nothing {_fmt(plateau['know_nothing'].get(metric))}); "
                if plateau else "")
     measure = task_class(cfg.task_name).generate(cfg.task).progress
     print(f"tau = {tau if tau is not None else 'not reached'} steps ({measure.height_name} = "

@@ -217,8 +217,9 @@ class Task(ABC):
 
     @property
     def pred_pos(self) -> int:
-        """The position whose logits the patching metric measures."""
-        return self.loss_positions[0]
+        """The position whose logits the patching metric measures (default: the last loss position,
+        the one with the most context)."""
+        return self.loss_positions[-1]
 
     def cue_positions(self, tokens: Int[Tensor, "N seq"], query: int) -> Int[Tensor, "N C"]:
         """For each sequence, the positions of the cue that the query at position ``query`` must read

@@ -3,7 +3,7 @@
 ``task_class(spec)`` accepts:
 
 * a built-in name: ``selector`` (the (B, z) -> A wind tunnel) or ``induction``;
-* ``path/to/file.py:Class``: a class in a Python file (a path relative to the working directory);
+* ``path/to/file.py:Class``: a class in a Python file (a run records the file's absolute path);
 * ``package.module:Class``: a class in an importable module.
 
 The class must subclass :class:`training.tasks.base.Task`, implement its abstract members and
@@ -51,6 +51,14 @@ def task_class(spec: str) -> type[Task]:
     _check_class(spec, source, cls)
     _LOADED[spec] = cls
     return cls
+
+
+def canonical_task_name(spec: str) -> str:
+    """The spec a run records: a task file's path made absolute (so the run loads from any folder)."""
+    source, sep, name = spec.rpartition(":")
+    if spec in BUILTIN_TASKS or not sep or not source.endswith(".py"):
+        return spec
+    return f"{Path(source).resolve()}:{name}"
 
 
 def build_task(task_name: str, cfg: Any) -> Task:
@@ -103,6 +111,8 @@ def _import_file(spec: str, source: str) -> Any:
     if not path.is_file():
         raise TaskError(f"{source}: no such task file (--task {spec})")
     module_name = f"plateauscope_task_{path.stem}_{abs(hash(str(path.resolve())))}"
+    if module_name in sys.modules:  # the same file named another way (relative, absolute): one class
+        return sys.modules[module_name]
     loader_spec = importlib.util.spec_from_file_location(module_name, path)
     if loader_spec is None or loader_spec.loader is None:
         raise TaskError(f"{source}: cannot be imported as a Python file (--task {spec})")
