@@ -34,7 +34,7 @@ from transformer_lens.utilities import get_act_name
 
 from interp.attention import head_table
 from interp.cli import CliError, add_ckpt_args, format_table, resolve_ckpt, run_cli, write_json
-from training.backend import Model, shares_prefixes
+from training.backend import Model, hooks_added, shares_prefixes
 from training.scoring import shared_prefix_logprobs
 from training.tasks.base import Task
 
@@ -109,17 +109,24 @@ class SetAblation:
                 "d_candidate_loss": self.d_candidate_loss, "d_delta_z": self.d_delta_z}
 
 
+SEQUENCES_PER_GROUP = 32
+"""A task without candidates is scored on this many evaluation sequences per requested group."""
+
+
 def build_evalset(task: Task, n_groups: int = DEFAULT_GROUPS, seed: int = 0) -> Any:
-    """The eval set the ablations are scored on (the task's ``build_evalset``, seeded)."""
-    task.require("candidates", "head ablation")
+    """The eval set the ablations are scored on (the task's ``build_evalset``, seeded): ``n_groups``
+    groups of candidates, or ``SEQUENCES_PER_GROUP`` times as many sequences for a task without them."""
     if n_groups < 1:
         raise ValueError(f"the number of eval groups must be at least 1, got {n_groups}")
-    return task.build_evalset(n_groups, 1, seed)
+    n = n_groups if "candidates" in task.capabilities else n_groups * SEQUENCES_PER_GROUP
+    return task.build_evalset(n, 1, seed)
 
 
 def n_scored_groups(task: Task, evalset: Any) -> int:
-    """How many groups of candidates an eval set scores (fewer than asked when the task has fewer)."""
-    return int(task.candidate_tree(evalset)[0].shape[0])
+    """How many groups of candidates (or, without candidates, sequences) an eval set scores."""
+    if "candidates" in task.capabilities:
+        return int(task.candidate_tree(evalset)[0].shape[0])
+    return len(task.eval_sequences(evalset))
 
 
 @torch.inference_mode()
@@ -218,8 +225,22 @@ def ablation_metrics(
     masks: Bool[Tensor, "C n_layers n_heads"],
     kind: str = "zero",
 ) -> list[dict[str, float]]:
-    """The task's ``candidate_metrics`` for each ablation mask (an all-False mask: unablated)."""
-    return [task.candidate_metrics(s, evalset) for s in ablation_scores(model, task, evalset, masks, kind)]
+    """For each ablation mask (an all-False mask: unablated), the task's progress measure as
+    ``candidate_loss`` and its cue effect as ``delta_z`` (the selector task's names): from its
+    ``candidate_metrics`` when it has candidates, else from its ``evaluate`` with the heads ablated."""
+    if "candidates" in task.capabilities:
+        return [task.candidate_metrics(s, evalset) for s in ablation_scores(model, task, evalset, masks, kind)]
+    if kind not in KINDS:
+        raise ValueError(f"ablation kind must be one of {KINDS}, got {kind!r}")
+    progress = task.progress
+    replacement = mean_head_outputs(model, task.eval_sequences(evalset), task.input_len) if kind == "mean" else None
+    out = []
+    for mask in masks:
+        with hooks_added(model, _ablation_hooks(mask[None], replacement)):
+            m = task.evaluate(model, evalset)
+        out.append({"candidate_loss": m[progress.key],
+                    "delta_z": m.get(progress.cue_effect_key) if progress.cue_effect_key else None})
+    return out
 
 
 def ablate_each_head(

@@ -47,6 +47,7 @@ from interp.patch import patch
 from interp.results import (ABLATION_FILE, ATTENTION_FILE, ATTRIBUTION_FILE, CIRCUIT_FILE, PATCH_FILE, SELECTOR_FILE, analysis_dir,
                             append_records, load_records, median, na, settings_key, strict_json, write_json_result)
 from training.metrics import compute_tau
+from training.tasks.base import ProgressMeasure
 from training.run import Run, RunError, read_json
 
 log = logging.getLogger(__name__)
@@ -166,10 +167,8 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     folder = analysis_dir(run.path)
     cache = load_analysis(run.path, settings)
     done = {name: {r["step"] for r in cache[name]} for name in CACHE_FILES}
-    # head ablation and the circuit score candidates: a task without them gets the other analyses
-    scored = exact if "candidates" in task.capabilities else set()
-    wanted = {"attention": set(chosen), "attribution": set(chosen), "patch": exact, "ablation": scored,
-              "circuit": scored}
+    wanted = {"attention": set(chosen), "attribution": set(chosen), "patch": exact, "ablation": exact,
+              "circuit": exact}
     todo = sorted(s for name in CACHE_FILES for s in wanted[name] - done[name])
     pairs = prompt_pairs(task, settings.n_examples, settings.seed)
     targets = settings.patch_targets
@@ -307,21 +306,23 @@ def _result(d: dict) -> PatchResult:
                        d["clean_metric"], d["corrupt_metric"], d["method"], d["n_pairs"])
 
 
-def format_summary(s: dict[str, Any]) -> str:
-    """The selector summary as text lines (what ``python -m interp.analyze`` prints)."""
+def format_summary(s: dict[str, Any], progress: ProgressMeasure | None = None) -> str:
+    """The routing-head summary as text lines (what ``python -m interp.analyze`` prints), in the words
+    of the task's progress measure (default: the selector task's candidate loss and log K)."""
+    label, hl = (progress.label, progress.height_label) if progress else ("candidate loss", "log K")
     lead_bracket = [round(x, 3) for x in s["lead_bracket"]] if s["lead_bracket"] else None
     lines = [
-        f"selector head   {s['label']}  (rule: {s['rule']})",
-        f"attention-to-z  {na(s['start_value'])} at plateau start (step {s['plateau_start']}) -> "
+        f"routing head    {s['label']}  (rule: {s['rule']})",
+        f"attention-to-cue {na(s['start_value'])} at plateau start (step {s['plateau_start']}) -> "
         f"{na(s['final_value'])} at the end",
         f"t_form          {na(s['t_form'], '{}')}  bracket {s['t_form_bracket']}",
         f"tau             {na(s['tau'], '{}')}  bracket {s['tau_bracket']}",
-        f"lead fraction   {na(s['lead_fraction'])}  bracket {lead_bracket}  (paper: ~0.5)",
+        f"lead fraction   {na(s['lead_fraction'])}  bracket {lead_bracket}" + ("  (paper: ~0.5)" if hl == "log K" else ""),
     ]
     for name, a in s["ablation"].items():
         if a:
-            lines.append(f"ablation {name:<12} step {a['step']:>6}: candidate loss {a['base_candidate_loss']:.3f} -> "
-                         f"zero {a['zero_candidate_loss']:.3f}, mean {a['mean_candidate_loss']:.3f} (log K = {s['log_k']:.3f})")
+            lines.append(f"ablation {name:<12} step {a['step']:>6}: {label} {a['base_candidate_loss']:.3f} -> "
+                         f"zero {a['zero_candidate_loss']:.3f}, mean {a['mean_candidate_loss']:.3f} ({hl} = {s['log_k']:.3f})")
     lines.append(f"falls back to the marginal when ablated at the end: {s['falls_back_to_marginal']}")
     for rule, r in (s.get("t_form_rules") or {}).items():
         lb = [round(x, 3) for x in r["lead_bracket"]] if r["lead_bracket"] else None
@@ -332,7 +333,7 @@ def format_summary(s: dict[str, Any]) -> str:
                      f"t_form {na(r['t_form'], '{}')} bracket {r['t_form_bracket']}, lead {na(r['lead_fraction'])}")
     if s.get("smoothing"):
         lines.append(f"smoothing       {s['smoothing']['window']} point(s), {s['smoothing']['kind']}")
-    lines += format_circuit(s.get("circuit"), s["log_k"], s["head"])
+    lines += format_circuit(s.get("circuit"), s["log_k"], s["head"], label, hl)
     if s["agreement"]:
         rho = [a["spearman"] for a in s["agreement"] if a["spearman"] is not None]
         lines.append(f"attribution vs exact (heads, {len(s['agreement'])} steps): Spearman median "
@@ -372,7 +373,7 @@ def main(argv: list[str] | None = None) -> int:
                                     circuit_ablation=args.circuit_ablation, smooth=args.smooth)
         result = analyze_run(args.run, args.steps, args.every, args.n_exact, settings, args.device,
                              progress=not args.no_progress, backend=args.backend)
-        print(format_summary(result))
+        print(format_summary(result, Run(args.run).progress))
         print(f"results in {analysis_dir(args.run)}")
 
     return run_cli(body, argv, build_parser())

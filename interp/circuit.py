@@ -121,13 +121,13 @@ def each_head_ablation(sets: dict[str, Any]) -> HeadAblation:
     return HeadAblation.from_metrics(sets["kind"], sets["n_groups"], sets["base"], sets["alone"], sets["alone_delta_z"])
 
 
-def read_positions(task: Task, pairs: PromptPairs) -> list[int]:
+def read_positions(task: Task, pairs: PromptPairs) -> list[int] | None:
     """The cue positions seen from the prediction position, and the prediction position itself
-    (the selector task: z and the last ``<SEP>``); the cue must sit at the same positions in every pair."""
+    (the selector task: z and the last ``<SEP>``); None when the cue moves between prompts (induction)."""
     task.require("cue", "the circuit's read positions")
     cue = task.cue_positions(pairs.clean, pairs.pred_pos)
-    if not (cue == cue[0]).all():
-        raise ValueError(f"the cue of {task.describe()} moves between prompts: no fixed positions to patch")
+    if not (cue == cue[0]).all() or (cue < 0).any():
+        return None
     return sorted({*cue[0].tolist(), pairs.pred_pos})
 
 
@@ -151,7 +151,8 @@ def circuit_record(model: Model, task: Task, pairs: PromptPairs, kind: str = "me
     positions = read_positions(task, pairs)
     names = task.position_labels(pairs.corrupt.shape[1])
     return {"shares": head_shares(head_effects(heads_patch)), "ablation": ablate_sets(model, task, kind, n_groups, seed),
-            "reads_z": {**reads_z(model, pairs, positions), "labels": [names[p] for p in positions]}}
+            "reads_z": None if positions is None else
+            {**reads_z(model, pairs, positions), "labels": [names[p] for p in positions]}}
 
 
 def chosen_ablation(record: dict[str, Any], head: tuple[int, int] | list[int], log_k: float) -> dict[str, Any]:
@@ -202,34 +203,40 @@ def circuit_summary(records: list[dict[str, Any]], head: tuple[int, int] | list[
                       "n_for_80": r["shares"]["n_for_80"]})
     last = records[-1]
     final = verdict(last, log_k, tau is not None and last["step"] >= tau)
-    rz = last["reads_z"]
+    rz = last["reads_z"] or {}
     return {**final, "step": last["step"], "rule": f"single head: top head >= {SINGLE_HEAD_SHARE:.0%} of its layer's "
             "positive head-patching effect and ablating it alone returns the candidate loss to log K; "
             "none before tau", "chosen": chosen_ablation(last, head, log_k),
             "shares": last["shares"], "reads_z": {"positions": rz["positions"], "labels": rz.get("labels"),
                                                   "normalised": rz["normalised"],
-                                                  "raw": rz["raw"], "corrupt_metric": rz["corrupt_metric"]},
+                                                  "raw": rz["raw"], "corrupt_metric": rz["corrupt_metric"]}
+            if rz else None,
             "series": steps}
 
 
 def reads_z_text(c: dict[str, Any], head: tuple[int, int] | list[int]) -> str:
-    """The head's normalised patching effect at the z positions and the last ``<SEP>``, as text."""
+    """The head's normalised patching effect at the z positions and the last ``<SEP>``, as text
+    (n/a when the task's cue moves between prompts)."""
     rz = c["reads_z"]
+    if rz is None:
+        return "n/a (the cue moves between prompts)"
     layer, h = int(head[0]), int(head[1])
     labels = rz.get("labels") or [str(p) for p in rz["positions"]]
     vals = [row[h] for row in rz["normalised"][layer]]
     return ", ".join(f"{lab} {'n/a' if v is None else f'{v:+.2f}'}" for lab, v in zip(labels, vals))
 
 
-def format_circuit(c: dict[str, Any] | None, log_k: float, head: tuple[int, int] | list[int] | None = None) -> list[str]:
-    """The circuit summary as text lines (``python -m interp.analyze``)."""
+def format_circuit(c: dict[str, Any] | None, log_k: float, head: tuple[int, int] | list[int] | None = None,
+                   label: str = "candidate loss", height_label: str = "log K") -> list[str]:
+    """The circuit summary as text lines (``python -m interp.analyze``), in the words of the task's
+    progress measure (``label`` against ``height_label``, the value ``log_k``)."""
     if not c:
         return ["circuit         n/a (no exact-patching steps)"]
     ch = c["chosen"]
 
     def cl(e: dict[str, Any]) -> str:
         return "n/a" if e["candidate_loss"] is None else (
-            f"{e['candidate_loss']:.3f}{' (>= log K)' if e['reaches_log_k'] else ''}")
+            f"{e['candidate_loss']:.3f}{f' (>= {height_label})' if e['reaches_log_k'] else ''}")
 
     others = ", ".join(f"{k} {cl(v)}" for k, v in ch["others"].items())
     n80 = c["shares"]["n_for_80"]
@@ -237,6 +244,6 @@ def format_circuit(c: dict[str, Any] | None, log_k: float, head: tuple[int, int]
             + f"  (step {c['step']}; top head {c['top']} holds {c['top_share']:.0%} of all heads' effect, "
               f"{c['top_layer_share']:.0%} of its layer's; {n80} head{'' if n80 == 1 else 's'} hold{'s' if n80 == 1 else ''} 80%)",
             f"{ch['kind']} ablation  base {cl(ch['base'])}; chosen alone {cl(ch['alone'])}, its layer {cl(ch['layer'])}, "
-            f"layer but it {cl(ch['layer_but'])}; others alone: {others}  (log K = {log_k:.3f})"] + (
-        [f"reads z         {head_label(*head)} output patched at one position (normalised): {reads_z_text(c, head)}"]
+            f"layer but it {cl(ch['layer_but'])}; others alone: {others}  ({label}; {height_label} = {log_k:.3f})"] + (
+        [f"reads the cue   {head_label(*head)} output patched at one position (normalised): {reads_z_text(c, head)}"]
         if head is not None else [])

@@ -176,10 +176,10 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
                            f"{na(r.get('final_value'))} at the end; t_form {na(r.get('t_form'), '{}')}"
            + _bracket(r.get("t_form_bracket")) + f", lead {na(r.get('lead_fraction'))}")
           for name, r in (sel.get("attention_rules") or {}).items()],
-        ("circuit verdict", _circuit_text(sel.get("circuit"))),
+        ("circuit verdict", _circuit_text(sel.get("circuit"), pm.label, hl)),
         ("where the routing head reads the cue (its output patched at one position; 1 = clean answer)",
          reads_z_text(sel["circuit"], sel["head"]) if sel.get("circuit") else "n/a"),
-        ("routing head ablated at the end (candidate loss)",
+        (f"routing head ablated at the end ({pm.label})",
          f"{na(abl['base_candidate_loss'])} -> zero {na(abl['zero_candidate_loss'])}, mean {na(abl['mean_candidate_loss'])} "
          f"(falls back to the marginal: {sel.get('falls_back_to_marginal')})" if abl else "n/a"),
         *([(f"groups >= {snap['hi']:.0%} accurate at tau/2", f"{na(snap['share_above_at_half_tau'], '{:.0%}')} of "
@@ -219,18 +219,18 @@ def plateau_rows(plateau: dict[str, Any] | None) -> list[tuple[str, str]]:
                     na(plateau.get("t_marginal"), "{}"))]
 
 
-def _circuit_text(c: dict[str, Any] | None) -> str:
+def _circuit_text(c: dict[str, Any] | None, label: str, height_label: str) -> str:
     if not c:
         return "n/a (no exact-patching steps)"
     ch = c["chosen"]
 
     def cl(e: dict[str, Any]) -> str:
-        return na(e["candidate_loss"]) + (" (>= log K)" if e.get("reaches_log_k") else "")
+        return na(e["candidate_loss"]) + (f" (>= {height_label})" if e.get("reaches_log_k") else "")
 
     return (f"{c['verdict']}" + (f": {', '.join(c['heads'])}" if c["heads"] else "")
             + f" at step {c['step']} (top head {c['top']}: {c['top_share']:.0%} of all heads' positive patching effect, "
               f"{c['top_layer_share']:.0%} of its layer's; heads holding 80%: {c['shares']['n_for_80']}). "
-              f"{ch['kind']} ablation, candidate loss: selector alone {cl(ch['alone'])}, its layer {cl(ch['layer'])}, "
+              f"{ch['kind']} ablation, {label}: the routing head alone {cl(ch['alone'])}, its layer {cl(ch['layer'])}, "
               f"its layer but it {cl(ch['layer_but'])}, base {cl(ch['base'])}")
 
 

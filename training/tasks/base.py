@@ -248,8 +248,12 @@ class Task(ABC):
         return torch.randperm(len(self.tokens), generator=gen)[: min(n, len(self.tokens))]
 
     def eval_sequences(self, evalset: Any) -> Int[Tensor, "E seq"]:
-        """The true sequences of an evaluation set (e.g. the means of a mean ablation)."""
-        raise self.missing("candidates", "the evaluation sequences")
+        """The true sequences of an evaluation set (the means of a mean ablation); default: the
+        evaluation set itself, when it is a tensor of sequences."""
+        if isinstance(evalset, Tensor) and evalset.dim() == 2:
+            return evalset
+        raise TaskError(f"the task {self.describe()} must say which sequences its evaluation set holds "
+                        "(Task.eval_sequences) for a mean ablation")
 
     def candidate_tree(self, evalset: Any) -> tuple[Int[Tensor, "G K K seq"], tuple[int, ...]]:
         """Capability ``candidates``: the ``[group, prompt j, candidate k]`` sequences of an evaluation
