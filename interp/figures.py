@@ -335,8 +335,10 @@ def selector_patching_lines(exact: list[dict[str, Any]], attribution: list[dict[
 
 
 def ablation_lines(records: list[dict[str, Any]], log_k: float, head: Sequence[int] | None = None,
-                   tau: int | None = None, t_form: int | None = None) -> Captioned:
-    """Candidate loss with each head zero- or mean-ablated, over steps, with the unablated loss and log K."""
+                   tau: int | None = None, t_form: int | None = None, label: str = "candidate loss",
+                   height_label: str = "log K") -> Captioned:
+    """The progress measure (``label``: the selector task's candidate loss) with each head zero- or
+    mean-ablated, over steps, with the unablated value and the height ``log_k`` (``height_label``)."""
     steps = [int(r["step"]) for r in records]
     fig = go.Figure()
     if records:
@@ -361,13 +363,22 @@ def ablation_lines(records: list[dict[str, Any]], log_k: float, head: Sequence[i
                               "width": 3 if is_sel else 1.2}))
                     legend_shown = legend_shown or not is_sel
     fig.add_hline(y=log_k, line={"color": "#1f77b4", "dash": "dot", "width": 1},
-                  label={"text": "log K", "textposition": "end", "font": {"size": 11, "color": "#1f77b4"}})
+                  label={"text": height_label, "textposition": "end", "font": {"size": 11, "color": "#1f77b4"}})
     _add_landmarks(fig, tau, t_form)
-    _layout(fig, "Candidate loss with one head ablated (zero: solid, mean: dashed)", "step", "candidate loss (nats)")
+    _layout(fig, f"{label[0].upper() + label[1:]} with one head ablated (zero: solid, mean: dashed)", "step",
+            f"{label} (nats)")
     fig.update_yaxes(rangemode="tozero")
     _log_x_toggle(fig)
-    caption = ("Once the loss has dropped, ablating the selector head (red) alone sends the candidate loss back up "
-               "towards log K (dotted) while ablating any other head costs little.")
+    caption = f"{label[0].upper() + label[1:]} with each head ablated on its own at every exact-analysis step."
+    if records and head is not None:
+        last = records[-1]["mean"]
+        grid, base = _array(last["candidate_loss"]), last["base"]["candidate_loss"]
+        own = float(grid[tuple(head)])
+        others = np.delete(grid.flatten(), int(head[0]) * grid.shape[1] + int(head[1]))
+        worst = float(np.nanmax(others)) if others.size else float("nan")
+        caption = (f"At the last step ({records[-1]['step']}) mean-ablating the routing head {head_label(*head)} (red) "
+                   f"alone moves the {label} from {base:.3f} to {own:.3f} ({own / log_k:.0%} of {height_label}, dotted), "
+                   f"and the most any other head does alone is {worst:.3f}.")
     return fig, caption
 
 
@@ -600,7 +611,8 @@ def all_figures(metrics: list[dict[str, Any]], analysis: dict[str, Any], progres
                     *selector_patching_lines(analysis.get("patch", []), analysis.get("attribution", []), head, tau, t_form)))
     if analysis.get("ablation"):
         out.append(("ablation", "Head ablation over time",
-                    *ablation_lines(analysis["ablation"], progress.height, head, tau, t_form)))
+                    *ablation_lines(analysis["ablation"], progress.height, head, tau, t_form, progress.label,
+                                    progress.height_label)))
     if analysis.get("circuit"):
         out.append(("head_shares", "One head or a layer: shares of the routing",
                     *head_share_lines(analysis["circuit"], head, tau, t_form)))
