@@ -43,7 +43,7 @@ import transformer_lens.patching as tl_patching  # noqa: E402
 from interp import analyze  # noqa: E402
 from interp import attribution as attr  # noqa: E402
 from interp import patch as P  # noqa: E402
-from interp.results import ANALYSIS_DIR  # noqa: E402
+from interp.results import ANALYSIS_DIR, pick_steps  # noqa: E402
 from interp.inputs import logit_diff, prompt_pairs  # noqa: E402
 from training.config import ConfigError  # noqa: E402
 from training.presets import PRESETS, get_preset  # noqa: E402
@@ -155,7 +155,7 @@ def time_analysis(run: Run, every: int) -> tuple[float, dict[str, float], int]:
             for name, fn in originals.items():
                 setattr(analyze, name, fn)
             Run.load_model = load
-    n = len(analyze.pick_steps(run.steps(), every))
+    n = len(pick_steps(run.steps(), every))
     return total, dict(parts), n
 
 

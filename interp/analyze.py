@@ -45,7 +45,8 @@ from interp.inputs import prompt_pairs
 from interp.components import PatchResult
 from interp.patch import patch
 from interp.results import (ABLATION_FILE, ATTENTION_FILE, ATTRIBUTION_FILE, CIRCUIT_FILE, PATCH_FILE, SELECTOR_FILE, analysis_dir,
-                            append_records, load_records, median, na, settings_key, strict_json, write_json_result)
+                            append_records, load_records, median, na, pick_steps, settings_key, strict_json,
+                            write_json_result)
 from training.metrics import compute_tau
 from training.tasks.base import ProgressMeasure
 from training.run import Run, RunError, read_json
@@ -114,21 +115,6 @@ def load_analysis(run_dir: str | Path, settings: AnalysisSettings | None = None)
     selector = read_json(sel_path) if sel_path.exists() else None
     out["selector"] = selector if selector and selector.get("settings") == settings.to_dict() else None
     return out
-
-
-def pick_steps(available: list[int], every: int = 1, steps: list[int] | None = None) -> list[int]:
-    """The checkpoints to analyse: explicit ``steps`` (each must exist) or every ``every``-th one and the last."""
-    if every < 1:
-        raise ValueError(f"--every must be at least 1, got {every}")
-    if steps:
-        missing = sorted(set(steps) - set(available))
-        if missing:
-            raise RunError(f"no checkpoint at step(s) {', '.join(map(str, missing))}")
-        return sorted(set(steps))
-    chosen = available[::every]
-    if available and chosen[-1] != available[-1]:
-        chosen.append(available[-1])
-    return chosen
 
 
 def exact_steps(steps: list[int], n: int, landmarks: list[int]) -> list[int]:

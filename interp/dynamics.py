@@ -111,7 +111,8 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
     cfg = run.config
     metrics = run.metrics()
     summary = run.summary() or {}
-    direction, progress = cfg.task.direction, run.progress
+    # the selector task's factors; another task's runs are told apart by its name (no D / K fits)
+    direction, progress = getattr(cfg.task, "direction", cfg.task_name), run.progress
     log_k = progress.height
     taus = {t: compute_tau(metrics, progress, t) for t in THRESHOLDS}
     tau = taus[0.5]
@@ -125,8 +126,8 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
     plateau = run.plateau() or {}
     t_m = plateau.get("t_marginal")
     return {
-        "name": name, "direction": direction, "preset": cfg.preset, "D": cfg.task.D, "K": cfg.task.K,
-        "n_b": cfg.task.n_b, "lr": cfg.train.lr, "batch_size": cfg.train.batch_size, "seed": cfg.train.seed,
+        "name": name, "direction": direction, "preset": cfg.preset, "D": len(run.task().tokens),
+        "K": getattr(cfg.task, "K", None), "n_b": getattr(cfg.task, "n_b", None), "lr": cfg.train.lr, "batch_size": cfg.train.batch_size, "seed": cfg.train.seed,
         "complete": bool(summary.get("complete")), "final_step": metrics[-1]["step"] if metrics else None,
         "tau": tau, **{tau_key(t): v for t, v in taus.items()},
         "tokens_per_step": tokens_per_step, "tau_tokens": tau * tokens_per_step if tau is not None else None,
@@ -136,7 +137,7 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
         **{f"lead_{rule}": (rules.get(rule) or {}).get("lead_fraction") for rule in RULES},
         "selector_head": selector.get("label"), "selector_layer": (selector.get("head") or [None])[0],
         "circuit": circuit.get("verdict"), "circuit_heads": " ".join(circuit.get("heads") or []) or None,
-        "model": f"{cfg.model.n_layers}L d{cfg.model.d_model}", "variant": cfg.task.variant_label(),
+        "model": f"{cfg.model.n_layers}L d{cfg.model.d_model}", "variant": cfg.task.variant_label() if hasattr(cfg.task, "variant_label") else "default",
         "verdict": plateau.get("verdict"), "t_marginal": t_m,
         "t_marginal_over_tau": t_m / tau if t_m is not None and tau else None,
         "plateau_share": (span[1] - span[0]) / tau if span and tau else None,
@@ -237,9 +238,10 @@ def load_sweep(sweep_dir: str | Path) -> Sweep:
         run = Run(path / run_name)
         sweep.rows.append(run_row(run, run_name))
         tau = sweep.rows[-1]["tau"]
-        if run.config.task.direction == "backward" and tau:
-            rec = [r for r in run.metrics() if r.get("candidate_loss") is not None]
-            sweep.curves[run_name] = ([r["step"] for r in rec], [r["candidate_loss"] / run.log_k for r in rec])
+        if tau and run.progress.falls:
+            key = run.progress.key
+            rec = [r for r in run.metrics() if r.get(key) is not None]
+            sweep.curves[run_name] = ([r["step"] for r in rec], [r[key] / run.log_k for r in rec])
     if not sweep.rows:
         raise RunError(f"{path}: no runs with metrics (train them with python -m training.sweep)")
     sweep.rows.sort(key=lambda r: (r["direction"], str(r["preset"]), r["K"], r["D"], r["lr"], r["batch_size"],

@@ -225,15 +225,23 @@ def attention_heatmap(records: list[dict[str, Any]], head: Sequence[int] | None 
     return fig, caption
 
 
+def _attention_lines(steps: list[int], grid: np.ndarray, head: Sequence[int] | None, tau: int | None,
+                     t_form: int | None, title: str, y_title: str) -> go.Figure:
+    """One attention line per head over steps (``head`` highlighted), landmarks, a 0..1 axis."""
+    fig = _per_head_lines(steps, grid, head, "lines", 0.7)
+    _add_landmarks(fig, tau, t_form)
+    _layout(fig, title, "step", y_title)
+    fig.update_yaxes(range=[0, 1])
+    _log_x_toggle(fig)
+    return fig
+
+
 def attention_lines(records: list[dict[str, Any]], head: Sequence[int] | None = None, tau: int | None = None,
                     t_form: int | None = None, field: str = "to_z_first") -> Captioned:
     """Attention to the cue over steps, one line per head, the routing head highlighted."""
     steps, grid = _head_grid(records, field)
-    fig = _per_head_lines(steps, grid, head, "lines", 0.7)
-    _add_landmarks(fig, tau, t_form)
-    _layout(fig, "Attention to the cue over training, per head", "step", "attention to the cue (prediction position)")
-    fig.update_yaxes(range=[0, 1])
-    _log_x_toggle(fig)
+    fig = _attention_lines(steps, grid, head, tau, t_form, "Attention to the cue over training, per head",
+                           "attention to the cue (prediction position)")
     caption = (f"The routing head's attention to the cue (thick red) has gone halfway from its plateau-start value "
                f"to its final one by t_form = {na(t_form, '{}')}, {timing_word(t_form, tau)} the loss drop at "
                f"τ = {na(tau, '{}')}.")
@@ -571,11 +579,7 @@ def rule_lines(records: list[dict[str, Any]], name: str, rule: dict[str, Any], t
     steps = [int(r["step"]) for r in records]
     grid = np.stack([_array(r["rules"][name]) for r in records])
     head, t_form = rule.get("head"), rule.get("t_form")
-    fig = _per_head_lines(steps, grid, head, "lines", 0.7)
-    _add_landmarks(fig, tau, t_form)
-    _layout(fig, f"Attention to the {name}, per head", "step", f"attention to the {name}")
-    fig.update_yaxes(range=[0, 1])
-    _log_x_toggle(fig)
+    fig = _attention_lines(steps, grid, head, tau, t_form, f"Attention to the {name}, per head", f"attention to the {name}")
     caption = (f"{rule.get('label')} (thick red) attends most to the {name} at the end "
                f"({na(rule.get('final_value'))}, from {na(rule.get('start_value'))} at the plateau start); it went "
                f"halfway up at t_form = {na(t_form, '{}')}, {timing_word(t_form, tau)} the loss drop at τ = {na(tau, '{}')}.")

@@ -67,7 +67,7 @@ from torch.func import functional_call, grad, jvp, vjp, vmap
 from tqdm.auto import tqdm
 
 from interp.cli import CliError, resolve_ckpt, run_cli, write_json
-from interp.results import HESSIAN_FILE, analysis_dir, append_records, load_records, settings_key, strict_json
+from interp.results import HESSIAN_FILE, analysis_dir, cached_series, load_records, settings_key
 from training.run import Run, RunError
 from training.tasks.base import Task
 
@@ -555,19 +555,14 @@ def analyze_series(run_dir: str | Path, steps: Sequence[int] | None = None, *, k
                     run.path)
     settings = settings_key(dict(k=k, n_bottom=n_bottom, batch=batch, n_batches=n_batches, seed=seed, tol=tol,
                                  max_iter=max_iter, escape_from=escape_from, escape_to=escape_to, method=method))
-    cached = {r["step"]: r for r in load_hessian(run.path, settings)}
-    todo = [s for s in steps if s not in cached]
-    disp = displacement(run, escape_from, escape_to, device) if todo and escape_from is not None else None
+    cached = {r["step"] for r in load_hessian(run.path, settings)}
+    disp = (displacement(run, escape_from, escape_to, device)
+            if escape_from is not None and any(s not in cached for s in steps) else None)
     task = run.task()
-    path = hessian_path(run.path)
-    for step in tqdm(todo, desc=f"hessian {run.path.name}", disable=not progress, dynamic_ncols=True):
-        model = run.load_model(step, device)
-        rec = {"step": step, "settings": settings,
-               **geometry(model, task, k=k, n_bottom=n_bottom, batch=batch, n_batches=n_batches, seed=seed,
-                          tol=tol, max_iter=max_iter, displacement=disp, method=method)}
-        append_records(path, [rec])
-        cached[step] = strict_json(rec)
-    return [cached[s] for s in steps]
+    return cached_series(run, hessian_path(run.path), settings, steps,
+                         lambda step, model: geometry(model, task, k=k, n_bottom=n_bottom, batch=batch,
+                                                      n_batches=n_batches, seed=seed, tol=tol, max_iter=max_iter,
+                                                      displacement=disp, method=method), "hessian", device, progress)
 
 
 # ---- text and the CLI --------------------------------------------------------------------------

@@ -50,12 +50,10 @@ import numpy as np
 import torch
 from jaxtyping import Float, Int, Shaped
 from torch import Tensor
-from tqdm.auto import tqdm
 
-from interp.analyze import pick_steps
 from interp.cli import run_cli
-from interp.results import (LLC_FILE, LLC_SUMMARY_FILE, SELECTOR_FILE, analysis_dir, append_records, load_records, na,
-                            write_json_result)
+from interp.results import (LLC_FILE, LLC_SUMMARY_FILE, SELECTOR_FILE, analysis_dir, cached_series, load_records, na,
+                            pick_steps, write_json_result)
 from training.metrics import compute_tau
 from training.tasks.base import Task
 from training.run import Run, RunError, read_json, read_jsonl
@@ -245,16 +243,10 @@ def llc_at(run: Run, steps: list[int], settings: LLCSettings, device: str = "cpu
     """The LLC record of each step (from the cache when its settings match, else computed and cached)."""
     settings.validate()
     require_devinterp()
-    key = settings.to_dict()
-    have = {r["step"]: r for r in load_llc(run.path, settings)}
-    todo = [s for s in steps if s not in have]
-    tokens = run.task().tokens
-    for step in tqdm(todo, desc=f"LLC {run.path.name}", disable=not progress, dynamic_ncols=True):
-        model = run.load_model(step, device)
-        record = {"step": step, "settings": key, **estimate_llc(model, tokens.to(device), run.task(), settings)}
-        append_records(llc_path(run.path), [record])
-        have[step] = record
-    return [have[s] for s in steps]
+    task = run.task()
+    return cached_series(run, llc_path(run.path), settings.to_dict(), steps,
+                         lambda step, model: estimate_llc(model, task.tokens.to(device), task, settings), "LLC",
+                         device, progress)
 
 
 def calibrate(run: Run, step: int, settings: LLCSettings, device: str = "cpu", progress: bool = True) -> dict[str, Any]:

@@ -16,13 +16,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from tqdm.auto import tqdm
 
-from training.run import read_jsonl, write_json_atomic, write_text_atomic
+from training.run import Run, RunError, read_jsonl, write_json_atomic, write_text_atomic
 
 ANALYSIS_DIR = "analysis"
 """Folder of a run directory that holds every analysis cache."""
@@ -92,6 +93,35 @@ def load_records(path: Path, settings: Mapping[str, Any] | None = None) -> list[
     wanted = settings_key(settings) if settings is not None else None
     by_step = {r["step"]: r for r in read_jsonl(path) if wanted is None or r.get("settings") == wanted}
     return [by_step[s] for s in sorted(by_step)]
+
+
+def pick_steps(available: list[int], every: int = 1, steps: list[int] | None = None) -> list[int]:
+    """The checkpoints to analyse: explicit ``steps`` (each must exist) or every ``every``-th one and the last."""
+    if every < 1:
+        raise ValueError(f"--every must be at least 1, got {every}")
+    if steps:
+        missing = sorted(set(steps) - set(available))
+        if missing:
+            raise RunError(f"no checkpoint at step(s) {', '.join(map(str, missing))}")
+        return sorted(set(steps))
+    chosen = available[::every]
+    if available and chosen[-1] != available[-1]:
+        chosen.append(available[-1])
+    return chosen
+
+
+def cached_series(run: Run, path: Path, settings: Mapping[str, Any], steps: list[int],
+                  compute: Callable[[int, Any], dict[str, Any]], desc: str, device: str = "cpu",
+                  progress: bool = True) -> list[dict[str, Any]]:
+    """One record per step: from the cache file ``path`` when it holds one with these ``settings``,
+    else ``compute(step, model)`` on the checkpoint (loaded one at a time), appended to the cache."""
+    have = {r["step"]: r for r in load_records(path, settings)}
+    for step in tqdm([s for s in steps if s not in have], desc=f"{desc} {run.path.name}", disable=not progress,
+                     dynamic_ncols=True):
+        record = {"step": step, "settings": dict(settings), **compute(step, run.load_model(step, device))}
+        append_records(path, [record])
+        have[step] = strict_json(record)
+    return [have[s] for s in steps]
 
 
 def write_json_result(path: Path, obj: Any) -> None:

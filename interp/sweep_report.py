@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples for the intervals (default 2000)")
     p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
     p.add_argument("--analyze", action="store_true",
-                   help="first analyse every backward run of the sweep (python -m interp.analyze; cached)")
+                   help="first analyse every run of the sweep with a cue (python -m interp.analyze; cached)")
     p.add_argument("--every", type=int, default=10, help="with --analyze: every N-th checkpoint (default 10)")
     p.add_argument("--n-exact", type=int, default=12,
                    help="with --analyze: checkpoints with exact patching, ablation and the circuit (default 12)")
@@ -68,13 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def analyze_all(sweep_dir: Path, every: int, n_exact: int) -> list[str]:
-    """``interp.analyze`` on every trained backward run of the sweep; the names of the runs analysed."""
+    """``interp.analyze`` on every trained run of the sweep whose task has a cue and prompt pairs (the
+    selector task going backward, induction, ...); the names of the runs analysed."""
     done = []
     for name in sweep_runs(sweep_dir)[1]:
         path = sweep_dir / name
         if not (path / rd.METRICS_FILE).exists() or not Run(path).steps():
             continue
-        if Run(path).config.task.direction != "backward":
+        if not {"cue", "pairs"} <= Run(path).task().capabilities:
             continue
         analyze_run(path, every=every, n_exact=n_exact, progress=True)
         done.append(name)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from interp import selector as sel
-from interp.analyze import AnalysisSettings, analyze_run, exact_steps, load_analysis, main, pick_steps
+from interp.analyze import AnalysisSettings, analyze_run, exact_steps, load_analysis, main
+from interp.results import pick_steps
 from interp.results import ABLATION_FILE, ATTENTION_FILE, CIRCUIT_FILE, PATCH_FILE, SELECTOR_FILE, analysis_dir
 from tests.conftest import copy_run
 from training.run import Run, RunError

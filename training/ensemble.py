@@ -12,7 +12,7 @@ so each member's slice receives the update a solo run would make from the same g
 
 Everything else is per member and is the solo run's: the initialisation (``model.seed``), the
 minibatch order (a generator seeded with ``train.seed``, walked the same way), the fixed
-evaluation set, ``training.tasks.selector_metrics.evaluate`` (on a plain HookedTransformer holding the
+evaluation set, the task's ``evaluate`` (on a plain HookedTransformer holding the
 member's weights: evaluation is not the hot path), tau, ``stop_after_tau``, and every file of
 the run directory, written by the helpers that ``training.train.train`` uses. A member run
 therefore has the solo layout and can be resumed, analysed or reported like any other run.

@@ -439,6 +439,11 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         description="tau against K at fixed D = 5,040 (K = 3, 10, 36): the paper finds no dependence",
         cost="~14k steps, 5.6 min on 2 cores (measured)"),
     SweepSpec(
+        name="induction-seeds", base="induction", fixed={},
+        grids=({"seed": (0, 1, 2)},),
+        description="the induction preset over 3 seeds: tau, the induction and previous-token heads' t_form and lead",
+        cost="~2k steps, about 2 min on 2 cores, analysis about 2.5 min (measured)"),
+    SweepSpec(
         name="quick-d", base="ci", fixed=_QUICK,
         grids=({"K": (10,), "D": (2000, 3000, 5000, 8000), "seed": (0, 1, 2)},),
         description="the scaling law tau ~ D^alpha at K = 10 (the paper: alpha = 1.19)",

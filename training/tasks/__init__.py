@@ -1,0 +1,3 @@
+"""Tasks: the protocol every part of training and ``interp`` asks (``base``), the built-in tasks
+(``selector``, the (B, z) -> A wind tunnel with its layout and metrics; ``induction``), and finding
+a task by name or in a file of one's own (``loading``)."""
