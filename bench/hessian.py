@@ -24,7 +24,8 @@ from pathlib import Path
 import torch
 from torch.func import grad
 
-from interp.hessian import DEFAULT_BATCH, HessianOperator, default_escape, hessian_batch, lanczos, model_loss
+from interp.hessian import DEFAULT_BATCH, default_escape, hessian_batch
+from interp.hessian_engine import HessianOperator, lanczos, model_loss
 from training.model import build_hooked_transformer, hooked_config_dict
 from training.presets import get_preset
 from training.run import Run

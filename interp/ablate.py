@@ -22,6 +22,7 @@ back to the marginal: :func:`falls_back_to_marginal`), and ``d_delta_z`` goes ne
 from __future__ import annotations
 
 import argparse
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -118,6 +119,8 @@ def build_evalset(task: Task, n_groups: int = DEFAULT_GROUPS, seed: int = 0) -> 
     groups of candidates, or ``SEQUENCES_PER_GROUP`` times as many sequences for a task without them."""
     if n_groups < 1:
         raise ValueError(f"the number of eval groups must be at least 1, got {n_groups}")
+    if "candidates" not in task.capabilities:
+        task.require("cue", "head ablation (does the model still read the cue?)")
     n = n_groups if "candidates" in task.capabilities else n_groups * SEQUENCES_PER_GROUP
     return task.build_evalset(n, 1, seed)
 
@@ -238,8 +241,8 @@ def ablation_metrics(
     for mask in masks:
         with hooks_added(model, _ablation_hooks(mask[None], replacement)):
             m = task.evaluate(model, evalset)
-        out.append({"candidate_loss": m[progress.key],
-                    "delta_z": m.get(progress.cue_effect_key) if progress.cue_effect_key else None})
+        out.append({"candidate_loss": m[progress.key],  # no cue effect logged: NaN (null in the cache)
+                    "delta_z": m.get(progress.cue_effect_key, math.nan) if progress.cue_effect_key else math.nan})
     return out
 
 

@@ -9,6 +9,7 @@ from torch.func import grad, hessian
 
 from interp import figures as F
 from interp import hessian as H
+from interp import hessian_engine as E
 from interp.results import strict_json
 from tests.conftest import copy_run
 from training.config import ModelConfig, TaskConfig
@@ -26,7 +27,7 @@ def small():
     task = SelectorTask.generate(TaskConfig(n_b=4, K=2, b_len=2, z_len=1, a_len=2, alphabet="abcdef"))
     cfg = hooked_config_dict(ModelConfig(n_layers=1, d_model=8, n_heads=1, d_head=4, d_mlp=8), task)
     model = build_hooked_transformer({**cfg, "dtype": torch.float64}, seed=0)
-    loss, theta, spec = H.model_loss(model, task)
+    loss, theta, spec = E.model_loss(model, task)
     theta = theta + 0.3 * torch.randn(theta.shape, generator=torch.Generator().manual_seed(1), dtype=theta.dtype)
     tokens = task.tokens
     exact = hessian(lambda t: loss(t, tokens))(theta)
@@ -35,7 +36,7 @@ def small():
 
 def test_param_spec_round_trip(small):
     _, model, _, _, _, _ = small
-    spec = H.ParamSpec.of(model)
+    spec = E.ParamSpec.of(model)
     flat = spec.flatten(model)
     assert flat.numel() == spec.n_params == sum(p.numel() for p in model.parameters())
     back = spec.unflatten(flat)
@@ -43,10 +44,10 @@ def test_param_spec_round_trip(small):
     assert 200 < spec.n_params < 1000
 
 
-@pytest.mark.parametrize("method", H.METHODS)
+@pytest.mark.parametrize("method", E.METHODS)
 def test_hvp_equals_exact_hessian_and_finite_differences(small, method):
     _, _, loss, theta, tokens, exact = small
-    op = H.HessianOperator(loss, theta, tokens, method)
+    op = E.HessianOperator(loss, theta, tokens, method)
     g = grad(lambda t: loss(t, tokens))
     for seed in range(3):
         v = torch.randn(theta.shape, generator=torch.Generator().manual_seed(seed), dtype=theta.dtype)
@@ -66,8 +67,8 @@ def test_lanczos_matches_eigvalsh(small):
     _, _, loss, theta, tokens, exact = small
     evals = torch.linalg.eigvalsh(exact)
     assert evals[0] < 0 < evals[-1]  # a saddle: both ends are non-trivial
-    op = H.HessianOperator(loss, theta, tokens)
-    sp = H.lanczos(op, theta.numel(), k_top=5, k_bottom=3, max_iter=1000, tol=1e-4, dtype=theta.dtype, seed=3)
+    op = E.HessianOperator(loss, theta, tokens)
+    sp = E.lanczos(op, theta.numel(), k_top=5, k_bottom=3, max_iter=1000, tol=1e-4, dtype=theta.dtype, seed=3)
     want_top, want_bottom = evals.flip(0)[:5], evals[:3]
     torch.testing.assert_close(sp.top.values, want_top, rtol=1e-4, atol=0)
     torch.testing.assert_close(sp.bottom.values, want_bottom, rtol=1e-4, atol=0)
@@ -83,7 +84,7 @@ def test_lanczos_matches_eigvalsh(small):
 def test_lanczos_known_spectrum_and_early_stop():
     d = torch.cat([torch.tensor([50.0, 20.0, 10.0, 9.0]), torch.linspace(-0.5, 1.0, 996), torch.tensor([-2.0])])
     d = d.double()[torch.randperm(1001, generator=torch.Generator().manual_seed(0))]
-    sp = H.lanczos(lambda v: d * v, 1001, k_top=3, k_bottom=1, max_iter=500, tol=1e-6, dtype=torch.float64)
+    sp = E.lanczos(lambda v: d * v, 1001, k_top=3, k_bottom=1, max_iter=500, tol=1e-6, dtype=torch.float64)
     torch.testing.assert_close(sp.top.values, torch.tensor([50.0, 20.0, 10.0], dtype=torch.float64), rtol=1e-6, atol=0)
     torch.testing.assert_close(sp.bottom.values, torch.tensor([-2.0], dtype=torch.float64), rtol=1e-6, atol=0)
     assert sp.n_iter < 500  # stopped on the residual estimate, not on the cap
@@ -91,9 +92,9 @@ def test_lanczos_known_spectrum_and_early_stop():
 
 def test_residual_flag_triggers_when_starved(small):
     _, _, loss, theta, tokens, _ = small
-    op = H.HessianOperator(loss, theta, tokens)
-    with pytest.warns(H.UnconvergedEigenWarning, match="above tolerance"):
-        sp = H.lanczos(op, theta.numel(), k_top=3, k_bottom=2, max_iter=6, tol=1e-4, dtype=theta.dtype)
+    op = E.HessianOperator(loss, theta, tokens)
+    with pytest.warns(E.UnconvergedEigenWarning, match="above tolerance"):
+        sp = E.lanczos(op, theta.numel(), k_top=3, k_bottom=2, max_iter=6, tol=1e-4, dtype=theta.dtype)
     assert not sp.all_converged
     assert not bool(sp.bottom.converged.all())
     assert bool((sp.bottom.rel_residuals[~sp.bottom.converged] > 1e-4).all())
@@ -116,12 +117,12 @@ def test_noise_shares_known_covariance():
     var = torch.tensor([9.0, 4.0, 1.0, 0.5, 0.25], dtype=torch.float64)
     mean = torch.randn(P, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
     grads = mean + _whitened(N, 5, 1) * var.sqrt() @ U[:, :5].T  # covariance U diag(var) U^T
-    shares = H.noise_shares(grads, U[:, :6].T)
+    shares = E.noise_shares(grads, U[:, :6].T)
     torch.testing.assert_close(shares, torch.cat([var / var.sum(), torch.zeros(1, dtype=var.dtype)]), atol=1e-12,
                                rtol=1e-10)
-    torch.testing.assert_close(H.noise_shares(grads, U[:, :6].T, mean=mean), shares)
+    torch.testing.assert_close(E.noise_shares(grads, U[:, :6].T, mean=mean), shares)
     mixed = (U[:, 0] + U[:, 1]) / 2**0.5  # a non-eigen direction: (9 + 4) / 2 of 14.75
-    torch.testing.assert_close(H.noise_shares(grads, mixed[None]), torch.tensor([6.5 / 14.75], dtype=var.dtype))
+    torch.testing.assert_close(E.noise_shares(grads, mixed[None]), torch.tensor([6.5 / 14.75], dtype=var.dtype))
 
 
 def test_quadratic_saddle_end_to_end():
@@ -141,29 +142,29 @@ def test_quadratic_saddle_end_to_end():
         d = t - x
         return 0.5 * ((d @ A) * d).sum(-1).mean()
 
-    op = H.HessianOperator(loss, theta, X)
-    sp = H.lanczos(op, P, k_top=k, k_bottom=1, max_iter=P, tol=1e-8, dtype=torch.float64)
+    op = E.HessianOperator(loss, theta, X)
+    sp = E.lanczos(op, P, k_top=k, k_bottom=1, max_iter=P, tol=1e-8, dtype=torch.float64)
     torch.testing.assert_close(sp.top.values, h[:k], rtol=1e-8, atol=0)
     torch.testing.assert_close(sp.lambda_min, -0.2, rtol=1e-8, atol=0)
-    grads = H.per_example_grads(loss, theta, X)
+    grads = E.per_example_grads(loss, theta, X)
     torch.testing.assert_close(grads, (theta - X) @ A)
     torch.testing.assert_close(grads.mean(0), op.gradient)
     noise = h**2 * c
-    share_topk = H.noise_shares(grads, sp.top.vectors, op.gradient).sum()
+    share_topk = E.noise_shares(grads, sp.top.vectors, op.gradient).sum()
     torch.testing.assert_close(share_topk, noise[:k].sum() / noise.sum())
-    share_min = H.noise_shares(grads, sp.bottom.vectors[:1])[0]
+    share_min = E.noise_shares(grads, sp.bottom.vectors[:1])[0]
     torch.testing.assert_close(share_min, noise[-1] / noise.sum())
     assert share_topk > 0.99 and share_min < 1e-5  # noise in the steep directions, not the escape one
-    esc = H.direction_stats(U[:, -1], op, sp.lambda_max, sp.top.vectors)
+    esc = E.direction_stats(U[:, -1], op, sp.lambda_max, sp.top.vectors)
     assert esc["curvature"] == pytest.approx(-0.2) and esc["anisotropy"] == pytest.approx(500.0)
     assert esc["overlap_topk"] == pytest.approx(0.0, abs=1e-12)
-    steep = H.direction_stats(U[:, 1] + U[:, 5], op, sp.lambda_max, sp.top.vectors)
+    steep = E.direction_stats(U[:, 1] + U[:, 5], op, sp.lambda_max, sp.top.vectors)
     assert steep["overlap_topk"] == pytest.approx(0.5) and steep["curvature"] == pytest.approx((60 + h[5].item()) / 2)
 
 
 def test_geometry_record(small):
     task, model, _, _, _, _ = small
-    disp = torch.randn(H.ParamSpec.of(model).n_params, dtype=torch.float64)
+    disp = torch.randn(E.ParamSpec.of(model).n_params, dtype=torch.float64)
     rec = H.geometry(model, task, k=3, n_bottom=2, batch=6, n_batches=2, seed=0, tol=1e-3, max_iter=200,
                      displacement=disp, chunk=4)
     assert rec["batch"] == 6 and len(rec["spectrum"]["top"]) == 3 and len(rec["spectrum"]["bottom"]) == 2
@@ -171,7 +172,7 @@ def test_geometry_record(small):
     assert st["n_batches"] == 2 and st["seeds"] == [0, 1] and len(st["lambda_max"]["values"]) == 2
     assert st["lambda_max"]["values"][0] == pytest.approx(rec["spectrum"]["lambda_max"])
     # Against the exact Hessian of each batch (torch.func.hessian of the same loss).
-    loss, theta, _ = H.model_loss(model, task)
+    loss, theta, _ = E.model_loss(model, task)
     batches = [H.hessian_batch(task, 6, seed) for seed in (0, 1)]
     exact = [torch.linalg.eigh(hessian(lambda t, b=b: loss(t, b))(theta)) for b in batches]
     lam_min = [float(e.eigenvalues[0]) for e in exact]

@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 ANALYSES = ("interp.inputs", "interp.results", "interp.attention", "interp.patch", "interp.attribution",
             "interp.ablate", "interp.circuit", "interp.selector", "interp.snap", "interp.analyze", "interp.hessian",
-            "interp.dynamics", "interp.components", "interp.prefix", "interp.llc")
+            "interp.dynamics", "interp.components", "interp.prefix", "interp.llc", "interp.summary", "interp.hessian_engine")
 """Modules that compute: records in, data out."""
 VIEWS = ("plotly", "circuitsvis", "interp.figures", "interp.sweep_figures", "interp.pages", "interp.report",
          "interp.sweep_report")
