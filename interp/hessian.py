@@ -44,7 +44,7 @@ means a descent direction of negative curvature (a saddle, not a minimum). Share
     python -m interp.hessian --run RUN --steps 200 1300 [--k 20 --n-bottom 5 --batch 1024 --n-batches 3]
 
 Series results are cached per step in ``RUN/analysis/hessian.jsonl`` (``interp.results``; a record
-is reused only when its settings match). The figures are ``interp.figures.hessian_*``.
+is reused only when its settings match). The figures are ``interp.views.figures.hessian_*``.
 """
 
 from __future__ import annotations

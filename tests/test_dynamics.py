@@ -9,9 +9,10 @@ import shutil
 import numpy as np
 import pytest
 
-from interp import dynamics, sweep_report
+from interp import dynamics
+from interp.views import sweep_report
 from interp.results import SWEEP_REPORT_FILE, VARIANTS_CSV_FILE
-from interp.sweep_figures import sweep_figures
+from interp.views.sweep_figures import sweep_figures
 from interp.dynamics import (analyze_sweep, batch_effect, bootstrap_median, direction_ratios, k_dependence, load_sweep,
                              lr_effect, power_law, scaling_law, seed_lines, seed_summary, tau_key)
 from interp.selector import RULES

@@ -7,7 +7,7 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from interp import figures as F
+from interp.views import figures as F
 from interp.snap import snap_statistics
 from interp.analyze import load_analysis
 from training.run import Run

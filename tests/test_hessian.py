@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch.func import grad, hessian
 
-from interp import figures as F
+from interp.views import figures as F
 from interp import hessian as H
 from interp import hessian_engine as E
 from interp.results import strict_json

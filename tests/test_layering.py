@@ -17,8 +17,8 @@ ANALYSES = ("interp.inputs", "interp.results", "interp.attention", "interp.patch
             "interp.ablate", "interp.circuit", "interp.selector", "interp.snap", "interp.analyze", "interp.hessian",
             "interp.dynamics", "interp.components", "interp.prefix", "interp.llc", "interp.summary", "interp.hessian_engine")
 """Modules that compute: records in, data out."""
-VIEWS = ("plotly", "circuitsvis", "interp.figures", "interp.sweep_figures", "interp.pages", "interp.report",
-         "interp.sweep_report")
+VIEWS = ("plotly", "circuitsvis", "interp.views.figures", "interp.views.sweep_figures", "interp.views.pages", "interp.views.report",
+         "interp.views.sweep_report")
 """Figure and page modules, and the drawing libraries."""
 TASK_SPECIFIC = ("training.tasks.selector", "training.tasks.selector_layout", "training.tasks.selector_metrics",
                  "training.tasks.induction")
@@ -47,7 +47,7 @@ def direct_imports(module: str) -> set[str]:
             found |= {a.name for a in node.names}
         elif isinstance(node, ast.ImportFrom) and node.module:
             found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names}  # `from interp import figures`
+            found |= {f"{node.module}.{a.name}" for a in node.names}  # `from interp.views import figures`
     return found
 
 
@@ -65,7 +65,7 @@ def closure(module: str) -> set[str]:
 
 
 def test_the_checker_sees_imports():
-    assert "interp.figures" in closure("interp.report") and "plotly.graph_objects" in closure("interp.report")
+    assert "interp.views.figures" in closure("interp.views.report") and "plotly.graph_objects" in closure("interp.views.report")
     assert "training.run" in closure("interp.analyze")
 
 

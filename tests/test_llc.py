@@ -182,7 +182,7 @@ def test_missing_extra_is_one_clear_line(monkeypatch, capsys, tmp_path):
 
 
 def test_llc_figure_marks_t_form_and_tau():
-    from interp.figures import llc_figure
+    from interp.views.figures import llc_figure
 
     summary = {"steps": [0, 100, 200, 300], "llc": [5.0, 6.0, 20.0, 40.0], "llc_std": [0.1, 0.2, 0.3, 0.4],
                "stationary": [True, False, True, True], "tau": 250, "t_form": 150,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import shutil
 
-from interp import report
-from interp.report import moment_steps, nearest
+from interp.views import report
+from interp.views.report import moment_steps, nearest
 
 
 def test_moments_are_nearest_checkpoints():

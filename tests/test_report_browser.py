@@ -4,7 +4,7 @@ Chromium is driven over the DevTools protocol through ``--remote-debugging-pipe`
 descriptors 3 and 4, NUL-terminated JSON: no websocket library needed). Checked:
 
 * every plotly figure div rendered (a ``.main-svg`` inside each ``.plotly-graph-div``), and the
-  number of figures is the number of ``interp.figures.all_figures``;
+  number of figures is the number of ``interp.views.figures.all_figures``;
 * every CircuitsVis view rendered (its element has child elements and text);
 * no request leaves the machine: every ``Network.requestWillBeSent`` URL is ``file:``, ``data:``,
   ``blob:`` or ``about:``; and no ``<script src>`` / ``<link href>`` / ``<img src>`` in the HTML
@@ -31,8 +31,8 @@ from pathlib import Path
 import pytest
 
 from interp.analyze import load_analysis
-from interp.figures import all_figures
-from interp.report import write_report
+from interp.views.figures import all_figures
+from interp.views.report import write_report
 from training.run import Run
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")

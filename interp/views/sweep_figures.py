@@ -1,6 +1,6 @@
 """Figures of a sweep: the fits of ``interp.dynamics`` in, ``(plotly Figure, one-sentence caption)`` out.
 
-Pure functions, as in ``interp.figures``: rows and fits (``interp.dynamics.load_sweep`` /
+Pure functions, as in ``interp.views.figures``: rows and fits (``interp.dynamics.load_sweep`` /
 ``analyze_sweep``) in, figures out; nothing is read or written.
 """
 

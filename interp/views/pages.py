@@ -1,6 +1,6 @@
 """HTML pages: one self-contained page shell, its CSS, and the pieces pages are assembled from.
 
-Pages (the run report, ``interp.report``; the sweep report, ``interp.sweep_report``) only assemble:
+Pages (the run report, ``interp.views.report``; the sweep report, ``interp.views.sweep_report``) only assemble:
 they take figures from the figure modules (``(figure, caption)`` pairs) and tables as
 ``(name, value)`` text rows, and pass the parts to :func:`page`. A page needs no network: the
 first figure inlines plotly.js (``figure_section(..., include_plotlyjs=True)``).

@@ -7,7 +7,7 @@ With ``--analyze``, first runs ``interp.analyze`` on every backward run of the s
 makes a second call cheap). Prints the per-run table, the fits and the seed summary of
 :mod:`interp.dynamics` (definitions there), writes the
 table as ``DIR/dynamics.csv`` and, with ``--report``, one self-contained HTML page
-``DIR/sweep_report.html`` with every figure of :mod:`interp.sweep_figures`.
+``DIR/sweep_report.html`` with every figure of :mod:`interp.views.sweep_figures`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,9 @@ from interp.analyze import analyze_run
 from interp.cli import CliError, run_cli, write_json
 from interp.dynamics import (TABLE_COLUMNS, Sweep, analyze_sweep, load_sweep, seed_lines, summary_lines, sweep_runs,
                              table_csv, table_text, variant_table, variant_table_text)
-from interp.pages import figure_section, page, table_html, write_page
+from interp.views.pages import figure_section, page, table_html, write_page
 from interp.results import DYNAMICS_CSV_FILE, SWEEP_REPORT_FILE, VARIANTS_CSV_FILE
-from interp.sweep_figures import sweep_figures
+from interp.views.sweep_figures import sweep_figures
 from training import run as rd
 from training.run import Run, write_text_atomic
 

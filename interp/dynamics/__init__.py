@@ -2,7 +2,7 @@
 
     python -m interp.dynamics --sweep DIR [--analyze [--every 10]] [--csv FILE] [--report] [--n-boot 2000]
 
-(the command, the figures and the page are ``interp.sweep_report`` and ``interp.sweep_figures``;
+(the command, the figures and the page are ``interp.views.sweep_report`` and ``interp.views.sweep_figures``;
 this module computes).
 
 The table (``DIR/dynamics.csv`` and printed) has one row per run: its options, tau at the
@@ -57,7 +57,6 @@ from __future__ import annotations
 import csv
 import io
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from collections.abc import Callable
@@ -508,9 +507,3 @@ def table_csv(rows: list[dict]) -> str:
     writer.writeheader()
     writer.writerows(rows)
     return buf.getvalue()
-
-
-if __name__ == "__main__":  # the command lives with the sweep report, which draws these results
-    from interp.sweep_report import main
-
-    sys.exit(main())
