@@ -40,7 +40,6 @@ def plain_loop(cfg: RunConfig, steps: int, fused: bool = False, bf16: bool = Fal
     model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay,
                             fused=fused or None)
-    pos = torch.tensor(task.layout.target_pred_positions)
     gen = torch.Generator().manual_seed(0)
     batches = [task.tokens[torch.randint(0, task.cfg.D, (cfg.train.batch_size,), generator=gen)]
                for _ in range(steps + 5)]
@@ -48,8 +47,8 @@ def plain_loop(cfg: RunConfig, steps: int, fused: bool = False, bf16: bool = Fal
         if i == 5:
             t0 = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            logits = model(batch[:, : task.layout.input_len])[:, pos]
-        loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1).float(), batch[:, pos + 1].flatten())
+            logits = model(batch[:, : task.input_len])
+        loss = task.loss(logits, batch)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()

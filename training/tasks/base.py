@@ -36,7 +36,8 @@ from training.config import ConfigError
 CAPABILITIES: dict[str, str] = {
     "cue": "a cue the routing must read (attention to the cue, patching by position, the circuit's read positions)",
     "pairs": "clean / corrupted prompt pairs (activation and attribution patching, the circuit's head shares)",
-    "candidates": "a K x K candidate score per example (head ablation and the circuit's set ablations)",
+    "candidates": "K x K candidate scores per group (head ablation scores them; a task without them is scored "
+                  "by its own evaluate)",
     "plateau_reference": "exact know-nothing references (the plateau verdict: marginal, shelf or mixed)",
 }
 """What a task can offer beyond the loss and its progress measure, and what needs it."""
