@@ -4,11 +4,13 @@ head detector, and the trained `induction` preset analysed with no task-specific
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 from transformer_lens.head_detector import detect_head
 
+from interp.ablate import ablate_each_head
 from interp.analyze import analyze_run
 from interp.attention import attention_stats, attention_to_z
 from interp.inputs import logit_diff, prompt_pairs
@@ -89,6 +91,20 @@ def test_toolkit_names_the_built_heads(handbuilt):
     assert float(effect[INDUCTION_HEAD]) == pytest.approx(1.0, abs=1e-3)
     others = [float(effect[la, h]) for la in range(2) for h in range(2) if (la, h) != INDUCTION_HEAD]
     assert max(abs(x) for x in others) < 1e-3  # the corrupted cue is read by the induction head alone
+
+
+def test_ablation_of_the_built_heads_has_the_known_effect(handbuilt):
+    """Zero-ablating the induction head leaves every logit 0: the repeat loss is log(vocabulary size)
+    exactly. Ablating a head with no weights changes nothing; the previous-token head's mean-ablation
+    removes the key the induction head matches on, so the repeat loss rises."""
+    task, model = handbuilt
+    zero = ablate_each_head(model, task, "zero", n_groups=1)
+    assert float(zero.candidate_loss[INDUCTION_HEAD]) == pytest.approx(math.log(len(task.vocab)), abs=1e-4)
+    idle = [(la, h) for la in range(2) for h in range(2) if (la, h) not in (INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD)]
+    for head in idle:
+        assert float(zero.d_candidate_loss[head]) == pytest.approx(0.0, abs=1e-6)
+    mean = ablate_each_head(model, task, "mean", n_groups=1)
+    assert float(mean.candidate_loss[PREVIOUS_TOKEN_HEAD]) > 1.0 > zero.base["candidate_loss"]
 
 
 def detector_scores(model, tokens: torch.Tensor, pattern: str) -> torch.Tensor:

@@ -301,7 +301,8 @@ class RunConfig(JsonConfig):
             if key == "seed":  # one seed moves the data order and the init; the data set stays
                 owners = ["model", "train"]
             if not owners:
-                raise ConfigError(f"no config field named {key!r}")
+                raise ConfigError(f"no config field named {key!r} (the {self.task_name} task's fields: "
+                                  f"{', '.join(f.name for f in fields(self.task))})")
             for owner in owners:
                 parts[owner] = dataclasses.replace(parts[owner], **{key: value})
         return RunConfig(**parts, preset=self.preset, task_name=self.task_name)

@@ -219,8 +219,8 @@ def attention_heatmap(records: list[dict[str, Any]], head: Sequence[int] | None 
     _add_landmarks(fig, tau, t_form)
     _layout(fig, "Attention to the cue from the prediction position, per head", "step", "head")
     fig.update_yaxes(autorange="reversed", type="category")
-    caption = (f"Each row is a head's attention from the prediction position to the cue (the selector task: from "
-               f"the last <SEP> to z); the routing head {sel or '(none)'} (★, boxed) goes halfway up at t_form = "
+    caption = (f"Each row is a head's attention from the prediction position to the cue; the routing head "
+               f"{sel or '(none)'} (★, boxed) goes halfway up at t_form = "
                f"{na(t_form, '{}')}, {timing_word(t_form, tau)} the drop at τ = {na(tau, '{}')}.")
     return fig, caption
 

@@ -158,7 +158,8 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
         (f"tau (first step with {pm.label} < 0.5 {hl})", na(sel.get("tau"), "{}") + _bracket(sel.get("tau_bracket"))),
         (f"tau at thresholds 0.3 / 0.5 / 0.7 {hl}",
          " / ".join(na(v, "{}") for v in (summary.get("tau_by_threshold") or {}).values()) or "n/a"),
-        (f"plateau ({pm.label} within 10% of {hl}, {cue} < 0.1 {hl})", f"steps {span[0]} .. {span[1]}" if span else "none"),
+        (f"plateau ({pm.label} within 10% of {hl}" + (f", {cue} < 0.1 {hl})" if pm.cue_effect_key else ")"),
+         f"steps {span[0]} .. {span[1]}" if span else "none"),
         *([("set loss on the plateau (median)", f"{na(summary.get('plateau_median_set_loss'))} nats "
                                                 f"(step 0: {na(set0)}; 0 = all mass on the K candidates)")]
           if set0 is not None else []),
@@ -250,7 +251,7 @@ def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str
     snap = snap_statistics(metrics, tau)
     cfg = run.config
     parts = [f"<h1>Run report: {html.escape(run.path.name)}</h1>",
-             f'<p class="sub">{html.escape(str(run.path.resolve()))} - preset {html.escape(str(cfg.preset))}, '
+             f'<p class="sub">{html.escape(str(run.path.resolve()))} - preset {html.escape(cfg.preset or "none")}, '
              f"task {html.escape(run.task().describe())}, {len(run.task().tokens)} sequences; "
              f"{cfg.model.n_layers} layers x {cfg.model.n_heads} heads, d_model {cfg.model.d_model}; "
              f"{len(run.steps())} checkpoints up to step {run.steps()[-1] if run.steps() else 'n/a'}</p>",
