@@ -85,7 +85,8 @@ def test_toolkit_names_the_built_heads(handbuilt):
     prev = res.rules["previous token"]
     assert divmod(int(prev.argmax()), prev.shape[1]) == PREVIOUS_TOKEN_HEAD and float(prev[PREVIOUS_TOKEN_HEAD]) > 0.99
     pairs = prompt_pairs(task, 32, seed=0)
-    assert float(logit_diff(model(pairs.clean), pairs)) > 10  # the clean answer, by the unembedding's margin
+    with torch.no_grad():
+        assert float(logit_diff(model(pairs.clean), pairs)) > 10  # the clean answer, by the unembedding's margin
     heads = patch(model, pairs, "heads")
     effect = heads.normalised
     assert float(effect[INDUCTION_HEAD]) == pytest.approx(1.0, abs=1e-3)
