@@ -15,7 +15,9 @@ this interpreter, each code tree on its own ``PYTHONPATH``, alternating baseline
   trees read it), every 10th checkpoint, 4 exact steps, into a fresh cache each time.
 
 Each prints the median of both, their ratio (current / baseline) and the issue's target: within
-5% (ratio <= 1.05). It also checks that both trees write the same ``metrics.jsonl`` (but wall
+5% (ratio <= 1.05). Then the issue's other numeric targets, on the current tree: the ``induction``
+preset trains in 2 minutes or less (one timed run, evaluations and checkpoints included), and the
+task of your own in notebook 07 (``notebooks/markov_chains.py``) is under 100 lines. It also checks that both trees write the same ``metrics.jsonl`` (but wall
 times) and the same analysis records, the seam's promise that the numbers do not move.
 """
 
@@ -48,6 +50,19 @@ t0 = time.perf_counter()
 train(cfg, sys.argv[1], device="cpu", progress=False)
 print(json.dumps({{"ms_per_step": 1000 * (time.perf_counter() - t0) / {steps}}}))
 """
+
+INDUCTION = """
+import json, sys, time, torch
+import transformer_lens
+from training.presets import get_preset
+from training.train import train
+torch.set_num_threads(2)
+t0 = time.perf_counter()
+summary = train(get_preset("induction"), sys.argv[1], device="cpu", progress=False)
+print(json.dumps({"s": time.perf_counter() - t0, "steps": summary["final_step"], "tau": summary["tau"]}))
+"""
+INDUCTION_TARGET_S = 120.0
+TASK_FILE_LINES = 100
 
 ANALYZE = """
 import json, sys, time, torch
@@ -122,6 +137,13 @@ def main() -> None:
         print(f"{label:<36} {base:>10.2f} {cur:>10.2f} {ratio:>7.3f}  <= {TARGET} "
               f"({'met' if ratio <= TARGET else 'NOT met'})")
     print(f"same metrics.jsonl (but wall_s): {same_metrics}; same analysis records: {same_analysis}")
+    with tempfile.TemporaryDirectory() as tmp_name:
+        ind = run_in(ROOT, INDUCTION, Path(tmp_name) / "induction")
+    print(f"induction preset: trained in {ind['s']:.1f} s ({ind['steps']} steps, tau {ind['tau']}); target <= "
+          f"{INDUCTION_TARGET_S:.0f} s ({'met' if ind['s'] <= INDUCTION_TARGET_S else 'NOT met'})")
+    lines = len((ROOT / "notebooks" / "markov_chains.py").read_text().splitlines())
+    print(f"notebook 07's task file: {lines} lines; target < {TASK_FILE_LINES} "
+          f"({'met' if lines < TASK_FILE_LINES else 'NOT met'})")
 
 
 if __name__ == "__main__":

@@ -139,11 +139,6 @@ def attention_stats(
                         {name: avg([p.rules[name] for p in parts]) for name in parts[0].rules})
 
 
-def sample_examples(task: Task, n_examples: int, seed: int) -> Int[Tensor, " n"]:
-    """``n_examples`` seeded example indices of the task (``Task.sample_examples``)."""
-    return task.sample_examples(n_examples, seed)
-
-
 def attention_to_z(model: Model, task: Task, n_examples: int = 256, seed: int = 0) -> AttentionToZ:
     """Attention-to-cue statistics of every head on ``n_examples`` seeded examples of ``task``."""
     task.require("cue", "attention to the cue")

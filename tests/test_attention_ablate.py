@@ -112,7 +112,7 @@ def test_attention_shapes_and_ranges(tiny):
         assert ((t >= 0) & (t <= 1 + 1e-6)).all()
     assert ((res.entropy_first >= 0) & (res.entropy_first <= math.log(task.layout.first_target_pred_pos + 1) + 1e-5)).all()
     # chunking does not change the average
-    again = attention_stats(model, task.tokens[attention.sample_examples(task, 32, 1)], task, batch_size=5)
+    again = attention_stats(model, task.tokens[task.sample_examples(32, 1)], task, batch_size=5)
     assert torch.allclose(again.to_z_first, res.to_z_first, atol=1e-6)
     d = json.loads(json.dumps(res.to_dict()))
     assert len(d["to_z_first"]) == shape[0] and len(d["to_z_first"][0]) == shape[1]

@@ -331,12 +331,24 @@ def selector_patching_lines(exact: list[dict[str, Any]], attribution: list[dict[
                              name="clean - corrupt gap (full restoration)", mode="lines",
                              line={"color": "#7f7f7f", "dash": "dash", "width": 1.5}))
     _add_landmarks(fig, tau, t_form)
-    _layout(fig, f"Patching effect of the selector head {head_label(l, h)} over training", "step",
+    _layout(fig, f"Patching effect of the routing head {head_label(l, h)} over training", "step",
             "logit difference restored (patched - corrupt)")
     _log_x_toggle(fig)
-    caption = (f"Patching {head_label(l, h)}'s clean output into the corrupted-cue run restores a growing share of the "
-               f"clean-corrupt gap (dashed); the attribution line follows the exact points where both exist.")
-    return fig, caption
+
+    def share(r: dict[str, Any]) -> str:
+        gap = r["heads"]["clean_metric"] - r["heads"]["corrupt_metric"]
+        return na(float(_patch_values(r, "effect")[l, h]) / gap if abs(gap) > 1e-6 else None, "{:.0%}")
+
+    main = exact or attribution
+    caption = (f"Patching {head_label(l, h)}'s clean output into the corrupted-cue run restores {share(main[0])} of the "
+               f"clean-corrupt gap (dashed) at step {main[0]['step']} and {share(main[-1])} at step {main[-1]['step']}")
+    by_step = {r["step"]: r for r in attribution}
+    both = [(float(_patch_values(r, "effect")[l, h]), float(_patch_values(by_step[r["step"]], "effect")[l, h]))
+            for r in exact if r["step"] in by_step]
+    if both:
+        caption += (f"; attribution differs from the exact points by at most "
+                    f"{max(abs(a - b) for a, b in both):.2f} logits at the {len(both)} steps where both ran")
+    return fig, caption + "."
 
 
 # ---- ablation -----------------------------------------------------------------------------

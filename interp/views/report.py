@@ -34,7 +34,7 @@ import circuitsvis as cv
 from circuitsvis.utils.render import RenderedHTML
 
 from interp.analyze import analyze_run, load_analysis
-from interp.attention import attention_patterns, sample_examples
+from interp.attention import attention_patterns
 from interp.circuit import reads_z_text
 from interp.cli import run_cli
 from interp.views.figures import all_figures, head_label, llc_figure
@@ -278,7 +278,7 @@ def _attention_section(run: Run, sel: dict[str, Any], n_examples: int, seed: int
     moments = moment_steps(run.steps(), sel.get("plateau_start"), tau, sel.get("t_form"))
     targets = moment_targets(run.steps(), sel.get("plateau_start"), tau, sel.get("t_form"))
     tops = top_heads(sel)
-    examples = sample_examples(run.task(), n_examples, seed).tolist()
+    examples = run.task().sample_examples(n_examples, seed).tolist()
     parts = ["<h2>Attention patterns (CircuitsVis)</h2>",
              f'<p class="caption">Layer {" and layer ".join(map(str, layers))} on {len(examples)} examples '
              f"at {len(moments)} moments; click a head to enlarge it. The routing head "
