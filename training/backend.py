@@ -161,7 +161,7 @@ def shares_prefixes(model: torch.nn.Module) -> bool:
     earlier positions' keys and values from frozen TransformerLens key/value cache entries
     (``forward(start_at_layer=..., past_kv_cache=...)``, ``embed`` / ``pos_embed`` / ``input_to_embed``).
 
-    True only for a HookedTransformer. The bridge (TransformerLens 4.3) has ``input_to_embed`` and
+    True only for a HookedTransformer with learned absolute positions. The bridge (TransformerLens 4.3) has ``input_to_embed`` and
     ``start_at_layer``, but its forward silently ignores a ``past_kv_cache`` (it takes a Hugging Face
     ``past_key_values``) and its ``pos_embed`` takes no offset, so it (and any
     other module, e.g. the ensemble's functional template) runs full sequences from layer 0 and
@@ -171,7 +171,8 @@ def shares_prefixes(model: torch.nn.Module) -> bool:
         return False
     from transformer_lens import HookedTransformer
 
-    return isinstance(model, HookedTransformer)
+    # the prefix paths add learned absolute positions (``pos_embed`` at an offset) themselves
+    return isinstance(model, HookedTransformer) and model.cfg.positional_embedding_type == "standard"
 
 
 @contextmanager

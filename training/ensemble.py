@@ -51,13 +51,14 @@ from tqdm.auto import tqdm
 
 from training import run as rd
 from training.config import ConfigError, RunConfig
+from training.fused import fused_logits
 from training.metrics import compute_tau
 from training.model import build_hooked_transformer
 from training.schedule import scheduled_steps
 from training.tasks.base import Task
 from training.tasks.loading import build_task, canonical_task_name
-from training.train import (deterministic, evaluation_record, finish, load_resume_point, prepare_run_dir, resolve_device,
-                            save_checkpoint_and_state, stop_due, train_step)
+from training.train import (check_forward, deterministic, evaluation_record, finish, load_resume_point, prepare_run_dir,
+                            resolve_device, save_checkpoint_and_state, stop_due, train_step)
 
 log = logging.getLogger(__name__)
 
@@ -126,8 +127,17 @@ def stack_members(template: torch.nn.Module, weights: list[dict[str, Tensor]], o
 
 
 def ensemble_loss(template: torch.nn.Module, params: dict[str, Tensor], buffers: dict[str, Tensor],
-                  batches: Int[Tensor, "S B seq"], task: Task) -> Float[Tensor, " S"]:
-    """Each member's training loss (the task's) on its own minibatch, in one vectorised forward pass."""
+                  batches: Int[Tensor, "S B seq"], task: Task, forward: str = "hooked") -> Float[Tensor, " S"]:
+    """Each member's training loss (the task's) on its own minibatch. ``hooked``: one vectorised pass,
+    ``torch.vmap`` over the template's own forward. ``fused``: :func:`training.fused.fused_logits` member
+    by member on its slices of the stacked parameters, the very kernels of a solo run, so a member's
+    numbers are a solo run's to the last bit (one pass over the stack was slower on a CPU:
+    ``scaled_dot_product_attention`` has no vmap rule there, and batched matmuls round differently)."""
+    if forward == "fused":
+        return torch.stack([task.loss(fused_logits(template.cfg, {n: p[j] for n, p in params.items()},
+                                                   batch[:, : task.input_len]), batch)
+                            for j, batch in enumerate(batches)])
+
     def member_loss(p: dict[str, Tensor], batch: Tensor) -> Tensor:
         logits = functional_call(template, (p, buffers), (batch[:, : task.input_len],))
         return task.loss(logits, batch)
@@ -179,6 +189,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
             return results
 
     cfg, tc = cfgs[0], cfgs[0].train
+    check_forward(cfg, "hooked")  # the ensemble's template is a HookedTransformer
     dev = resolve_device(device)
     if tc.threads:
         torch.set_num_threads(tc.threads)
@@ -283,8 +294,8 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
 
             # 5-6. All members' losses in one vectorised pass, then the solo run's update step
             # (their summed loss has each member's own gradient; clipping is per member).
-            train_step(lambda b: ensemble_loss(template, params, buffers, b, task), batches, optimizer, tc,
-                       step, clip=lambda max_norm: clip_member_grads(params, max_norm))
+            train_step(lambda b: ensemble_loss(template, params, buffers, b, task, tc.forward), batches, optimizer,
+                       tc, step, clip=lambda max_norm: clip_member_grads(params, max_norm))
             step += 1
             bar.update(1)
     finally:
