@@ -36,7 +36,9 @@ from interp.attribution import attribute_all
 from interp.inputs import prompt_pairs
 from interp.patch import patch
 from tests.reference_model import ReferenceModel
-from training.backend import BACKENDS, available_backends, default_backend, hooked_state_dict, shares_prefixes
+from training.backend import (BACKENDS, available_backends, default_backend, hooked_parameters, hooked_state_dict,
+                              shares_prefixes)
+from training.fused import fused_logits
 from training.presets import get_preset
 from training.run import Run, load_checkpoint
 from training.train import train
@@ -92,6 +94,27 @@ def test_only_hookedtransformer_shares_prefixes(tiny_run):
     assert shares_prefixes(model) == (INSTALLED == "hooked")
     state, _ = load_checkpoint(run.checkpoint_path(run.steps()[-1]))
     assert not shares_prefixes(ReferenceModel(run.hooked_config, state))
+
+
+def test_fused_training_forward_equals_the_installed_backend(ci):
+    """The training step's fused forward (``training.fused``) reads the installed backend's own
+    parameters (the bridge's through views in HookedTransformer's layout): its logits and every
+    parameter's gradient equal the backend's own forward at 1e-5."""
+    step = ci.steps()[-1]
+    model = ci.load_model(step, backend=INSTALLED).train()
+    task = ci.task()
+    batch = task.tokens[:64]
+    grads = []
+    for logits_of in (model, lambda t: fused_logits(model.cfg, hooked_parameters(model), t)):
+        model.zero_grad(set_to_none=True)
+        logits = logits_of(batch[:, : task.input_len])
+        task.loss(logits, batch).backward()
+        grads.append((logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (ref, ref_grads), (got, got_grads) = grads
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    assert got_grads.keys() == ref_grads.keys() and got_grads
+    for name in ref_grads:
+        torch.testing.assert_close(got_grads[name], ref_grads[name], atol=1e-5, rtol=1e-5, msg=name)
 
 
 @pytest.mark.parametrize("phase", [0, 1], ids=["plateau", "after_drop"])

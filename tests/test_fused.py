@@ -92,7 +92,6 @@ def test_a_run_records_its_forward_and_resumes_only_in_it(tmp_path, one_thread):
 def test_unsupported_models_fail_in_one_line_before_anything_is_written(tmp_path):
     assert unsupported_reason(ModelConfig()) is None
     assert "rotary" in unsupported_reason(ModelConfig(positional_embedding_type="rotary"))
-    assert "bridge" in unsupported_reason(ModelConfig(), backend="bridge")
     assert "act_fn=solu" in unsupported_reason(ModelConfig(act_fn="solu"))
     cfg = get_preset("tiny").replace(positional_embedding_type="rotary")
     with pytest.raises(ConfigError, match="--forward fused does not support positional_embedding_type=rotary"):

@@ -222,16 +222,22 @@ def _ht_suffix(suffix: str, t: torch.Tensor, h: int) -> tuple[str, torch.Tensor]
     return {"o.bias": "b_O", "in.bias": "b_in", "out.bias": "b_out"}[suffix], t
 
 
-def hooked_state_dict(model: Model) -> dict[str, torch.Tensor]:
-    """The model's weights in HookedTransformer's state-dict layout (what checkpoints hold)."""
+def hooked_parameters(model: Model) -> dict[str, torch.Tensor]:
+    """The model's trainable parameters under HookedTransformer's names and in its layout: the
+    parameters themselves (HookedTransformer), or views of them that gradients flow through
+    (the bridge). What :func:`training.fused.fused_logits` reads."""
     if backend_of(model) == "hooked":
-        return model.state_dict()
-    cfg = model.cfg
-    out: dict[str, torch.Tensor] = {}
+        return dict(model.named_parameters())
+    return _bridge_in_hooked_layout(model.named_parameters(), model.cfg.n_heads)
+
+
+def _bridge_in_hooked_layout(named: Iterator[tuple[str, torch.Tensor]], n_heads: int) -> dict[str, torch.Tensor]:
+    """A bridge's tensors (``named_parameters`` or ``state_dict`` items) renamed and rearranged into
+    HookedTransformer's layout (views where the layout allows)."""
     top = {"embed.weight": "embed.W_E", "pos_embed.weight": "pos_embed.W_pos",
            "ln_final.weight": "ln_final.w", "ln_final.bias": "ln_final.b"}
-    for key, t in model.state_dict().items():
-        t = t.detach()
+    out: dict[str, torch.Tensor] = {}
+    for key, t in named:
         if key in top:
             out[top[key]] = t
         elif key == "unembed.weight":
@@ -244,8 +250,17 @@ def hooked_state_dict(model: Model) -> dict[str, torch.Tensor]:
             if module.startswith("ln"):
                 out[prefix + {"weight": "w", "bias": "b"}[rest]] = t
             else:
-                name, value = _ht_suffix(rest, t, cfg.n_heads)
+                name, value = _ht_suffix(rest, t, n_heads)
                 out[prefix + name] = value
+    return out
+
+
+def hooked_state_dict(model: Model) -> dict[str, torch.Tensor]:
+    """The model's weights in HookedTransformer's state-dict layout (what checkpoints hold)."""
+    if backend_of(model) == "hooked":
+        return model.state_dict()
+    cfg = model.cfg
+    out = _bridge_in_hooked_layout(((k, t.detach()) for k, t in model.state_dict().items()), cfg.n_heads)
     # HookedTransformer's attention buffers, as TransformerLens 3.9 saves them: an empty causal-mask
     # cache (rebuilt on use) and the masked-score fill value.
     for layer in range(cfg.n_layers):

@@ -1,14 +1,18 @@
-"""Seed ensembles: S seeds of one configuration trained in one process as one vectorised model.
+"""Seed ensembles: S seeds of one configuration trained in one process, with one optimiser.
 
 Method. The members' parameters are stacked along a new leading dimension, one leaf tensor
 per parameter (what ``torch.func.stack_module_state`` does, here from state dicts so that fresh
-and resumed members stack alike); one forward and backward pass trains all members at once
-through ``torch.vmap`` over ``torch.func.functional_call`` of one template HookedTransformer
-(the very module a solo run trains, so the architecture cannot drift). The loss is the sum of
-the members' mean target cross-entropies: members share no parameter, so member i's gradient
-is exactly the gradient of its own loss. AdamW steps the stacked tensors; AdamW is elementwise,
-so each member's slice receives the update a solo run would make from the same gradient
-(gradient clipping, when asked, uses each member's own norm).
+and resumed members stack alike). The forward follows the run's ``train.forward``:
+
+* ``fused`` (the default): :func:`training.fused.fused_logits` member by member, on its slices of
+  the stacked tensors: the very kernels of a solo run, so a member is its solo run to the last bit.
+* ``hooked``: one pass for all members, ``torch.vmap`` over ``torch.func.functional_call`` of one
+  template HookedTransformer (the very module a solo run trains).
+
+The loss is the sum of the members' mean target cross-entropies: members share no parameter, so
+member i's gradient is exactly the gradient of its own loss. AdamW steps the stacked tensors;
+AdamW is elementwise, so each member's slice receives the update a solo run would make from the
+same gradient (gradient clipping, when asked, uses each member's own norm).
 
 Everything else is per member and is the solo run's: the initialisation (``model.seed``), the
 minibatch order (a generator seeded with ``train.seed``, walked the same way), the fixed
@@ -17,20 +21,21 @@ member's weights: evaluation is not the hot path), tau, ``stop_after_tau``, and 
 the run directory, written by the helpers that ``training.train.train`` uses. A member run
 therefore has the solo layout and can be resumed, analysed or reported like any other run.
 
-Agreement with solo runs (same torch thread count). vmap turns the solo matmuls into batched
-ones, whose float32 rounding may differ in the last bits, and such differences can grow through
-training. Measured on one thread: identical metrics on the ``tiny`` preset, at most 3e-6 apart
-after 200 steps of ``ci``; ``tests/test_sweep.py`` allows 1e-5.
+Agreement with solo runs (same torch thread count). ``fused``: identical (``tests/test_sweep.py``).
+``hooked``: vmap turns the solo matmuls into batched ones, whose float32 rounding may differ in the
+last bits, and such differences can grow through training. Measured on one thread: identical
+metrics on the ``tiny`` preset, at most 3e-6 apart after 200 steps of ``ci``.
 
 Members that finish (``max_steps``, or ``stop_after_tau`` once their own tau is known) write
 their summary and leave the stack, so a slow seed does not keep finished ones training. A
 killed ensemble resumes from its members' resume points; members saved at different steps
 (a kill between two members' checkpoints) are resumed as separate ensembles.
 
-Speed: on a CPU the vectorised step costs about as much as the members' solo steps one after
-the other (vmap's batched kernels and larger tensors eat what one dispatch per op saves;
-``bench/sweep.py`` measures the ratio); the expected gain is on a GPU, where one small model
-leaves the device idle.
+Speed: on a CPU an ensemble step costs about as much as the members' solo steps one after the
+other (``bench/sweep.py`` measures the ratio): a vmapped pass's batched kernels and larger
+tensors eat what one dispatch per op saves, and a stacked fused pass measured slower than the
+members' fused passes in turn (``scaled_dot_product_attention`` has no vmap rule on a CPU). The
+expected gain of one vectorised pass is on a GPU, where one small model leaves the device idle.
 """
 
 from __future__ import annotations
@@ -57,8 +62,9 @@ from training.model import build_hooked_transformer
 from training.schedule import scheduled_steps
 from training.tasks.base import Task
 from training.tasks.loading import build_task, canonical_task_name
-from training.train import (check_forward, deterministic, evaluation_record, finish, load_resume_point, prepare_run_dir,
-                            resolve_device, save_checkpoint_and_state, stop_due, train_step)
+from training.train import (check_forward, deterministic, evaluation_record, evaluation_set, evaluation_sets, finish,
+                            load_resume_point, prepare_run_dir, resolve_device, save_checkpoint_and_state, stop_due,
+                            train_step)
 
 log = logging.getLogger(__name__)
 
@@ -71,8 +77,8 @@ class Member:
     """Position in the caller's list (results come back in that order)."""
     cfg: RunConfig
     out: Path
-    evalset: object
-    """The member's fixed evaluation set (the task's ``build_evalset``)."""
+    evalsets: tuple
+    """The member's fixed evaluation sets (``training.train.evaluation_sets``)."""
     data_gen: torch.Generator
     perm: Int[Tensor, " D"]
     cursor: int
@@ -189,7 +195,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
             return results
 
     cfg, tc = cfgs[0], cfgs[0].train
-    check_forward(cfg, "hooked")  # the ensemble's template is a HookedTransformer
+    check_forward(cfg)
     dev = resolve_device(device)
     if tc.threads:
         torch.set_num_threads(tc.threads)
@@ -204,10 +210,10 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
     opt_states: list[dict] = []
     step = 0
     for i, (c, out) in enumerate(zip(cfgs, outs)):
+        evalsets = evaluation_sets(task, tc, c.train.seed)
         hooked_cfg = prepare_run_dir(c, task, out, resume)
         data_gen = torch.Generator().manual_seed(c.train.seed)  # minibatch order only, as solo
-        evalset = task.build_evalset(tc.eval_groups, tc.tracked_groups, c.train.seed)
-        m = Member(index=i, cfg=c, out=out, evalset=evalset, data_gen=data_gen, cursor=0, records=[], tau=None,
+        m = Member(index=i, cfg=c, out=out, evalsets=evalsets, data_gen=data_gen, cursor=0, records=[], tau=None,
                    perm=torch.randperm(n_examples, generator=data_gen), t0=time.perf_counter())
         point = load_resume_point(out, tc.max_steps) if resume else None
         if point is None:
@@ -254,7 +260,8 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
             if step in eval_steps:
                 for j, m in enumerate(members):
                     evaluator.load_state_dict(member_weights(j), strict=False)
-                    record = evaluation_record(evaluator, task, m.evalset, step, tc, time.perf_counter() - m.t0)
+                    record = evaluation_record(evaluator, task, evaluation_set(m.evalsets, step, tc), step, tc,
+                                               time.perf_counter() - m.t0)
                     m.records.append(record)
                     m.metrics_file.write(json.dumps(record) + "\n")
                     m.metrics_file.flush()

@@ -16,7 +16,9 @@ one forward diverges from a run in the other as runs on two CPU types do
 
 Supported: what :class:`training.config.ModelConfig` builds with learned absolute positions
 (``LN``, ``LNPre`` or no normalisation; ``gelu``, ``gelu_new``, ``relu`` or ``silu``; MLPs or
-attention only). :func:`unsupported_reason` says why another model is not.
+attention only), on either backend (the bridge's parameters are read through views in
+HookedTransformer's layout, ``training.backend.hooked_parameters``). :func:`unsupported_reason`
+says why another model is not.
 """
 
 from __future__ import annotations
@@ -37,11 +39,10 @@ ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 """TransformerLens ``act_fn`` names and their fused kernels (``gelu_new`` is the tanh form)."""
 
 
-def unsupported_reason(cfg: object, backend: str = "hooked") -> str | None:
-    """Why :func:`fused_logits` cannot train a model with this configuration (a ``ModelConfig`` or a
-    HookedTransformerConfig) on ``backend``; None: it can."""
+def unsupported_reason(cfg: object) -> str | None:
+    """Why :func:`fused_logits` cannot train a model with this configuration (a ``ModelConfig``, or
+    a model's HookedTransformerConfig or TransformerBridgeConfig); None: it can."""
     checks = [
-        (backend != "hooked", f"the {backend} backend (its parameters are not HookedTransformer's)"),
         (cfg.positional_embedding_type != "standard", f"positional_embedding_type={cfg.positional_embedding_type}"),
         (cfg.normalization_type not in ("LN", "LNPre", None), f"normalization_type={cfg.normalization_type}"),
         (not cfg.attn_only and cfg.act_fn not in ACTIVATIONS, f"act_fn={cfg.act_fn}"),
@@ -70,7 +71,7 @@ def _norm(x: Float[Tensor, "n d_model"], params: Mapping[str, Tensor], name: str
 def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, "batch pos"]
                  ) -> Float[Tensor, "batch pos d_vocab_out"]:
     """The logits of a HookedTransformer with config ``cfg`` (``model.cfg``) and parameters ``params``
-    (``dict(model.named_parameters())``, or a seed ensemble member's slices), with fused kernels.
+    (``training.backend.hooked_parameters(model)``, or a seed ensemble member's slices), with fused kernels.
 
     No hook runs: use the hooked forward for anything that reads or edits activations.
     """

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 from collections.abc import Callable
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 import torch
 from jaxtyping import Float, Int
@@ -25,8 +25,8 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from training import run as rd
-from training.backend import BACKENDS, BackendError, build_model, hooked_state_dict, load_hooked_state_dict, \
-    resolve_backend
+from training.backend import BACKENDS, BackendError, build_model, hooked_parameters, hooked_state_dict, \
+    load_hooked_state_dict, resolve_backend
 from training.config import (DIRECTIONS, FORWARDS, ORDERS, SELECTORS, TAILS, TARGET_UNIQUENESS, ConfigError,
                              ModelConfig, RunConfig, TrainConfig)
 from training.fused import fused_logits, unsupported_reason
@@ -89,26 +89,25 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     out = Path(out_dir)
     dev = resolve_device(device)
     backend = resolve_backend(backend)
-    check_forward(cfg, backend)
+    check_forward(cfg)
     if tc.threads:
         torch.set_num_threads(tc.threads)
 
     # --- The run directory: a fresh one, or the one we resume. -----------------------------
     task = build_task(cfg.task_name, cfg.task)
+    evalsets = evaluation_sets(task, tc, tc.seed)
     hooked_cfg = prepare_run_dir(cfg, task, out, resume)
 
-    # --- Model, optimiser, fixed evaluation set, data order. --------------------------------
+    # --- Model, optimiser, data order (the fixed evaluation sets are built above). -----------
     model = build_model(hooked_cfg, backend=backend, seed=cfg.model.seed, device=dev)
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=tc.betas)
-    evalset = task.build_evalset(tc.eval_groups, tc.tracked_groups, tc.seed)
     data_gen = torch.Generator().manual_seed(tc.seed)  # minibatch order only
     n_examples = len(task.tokens)
     perm, cursor, step, wall_s = torch.randperm(n_examples, generator=data_gen), 0, 0, 0.0
     tokens = task.tokens.to(dev)
     measure = task.progress  # what defines tau
     # The training step's forward: fused kernels over the model's own parameters, or its hooked forward.
-    forward = functools.partial(fused_logits, model.cfg, dict(model.named_parameters())) \
-        if tc.forward == "fused" else model
+    forward = (lambda t: fused_logits(model.cfg, hooked_parameters(model), t)) if tc.forward == "fused" else model
 
     # --- Resume: weights, optimiser, data order, RNGs, and metrics up to the saved step. ----
     records: list[dict] = []
@@ -139,7 +138,8 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
             # 1. Evaluate on the fixed evaluation set (no training RNG is touched).
             stop = False
             if step in eval_steps:
-                record = evaluation_record(model, task, evalset, step, tc, time.perf_counter() - t0)
+                record = evaluation_record(model, task, evaluation_set(evalsets, step, tc), step, tc,
+                                           time.perf_counter() - t0)
                 records.append(record)
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
@@ -177,9 +177,28 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
 # ---- the pieces of the loop that the seed ensemble (training.ensemble) shares --------------
 
 
-def check_forward(cfg: RunConfig, backend: str) -> None:
+def evaluation_sets(task: Task, tc: TrainConfig, seed: int) -> tuple[Any, Any]:
+    """The run's fixed evaluation set, and the same set without its tracked examples for the steps
+    between two ``tracked_every`` steps (the full set again when ``tracked_every`` is None); a
+    one-line ConfigError when the task has nothing to leave out."""
+    full = task.build_evalset(tc.eval_groups, tc.tracked_groups, seed)
+    if tc.tracked_every is None:
+        return full, full
+    light = task.untracked(full)
+    if light is None:
+        raise ConfigError(f"tracked_every={tc.tracked_every}: task {task.describe()} logs nothing less often "
+                          "(its untracked() returns None)")
+    return full, light
+
+
+def evaluation_set(evalsets: tuple[Any, Any], step: int, tc: TrainConfig) -> Any:
+    """Which of :func:`evaluation_sets` the evaluation at ``step`` uses."""
+    return evalsets[0] if tc.tracked_every is None or step % tc.tracked_every == 0 else evalsets[1]
+
+
+def check_forward(cfg: RunConfig) -> None:
     """A one-line ConfigError, before anything is written, when ``cfg.train.forward`` cannot train this model."""
-    why = unsupported_reason(cfg.model, backend) if cfg.train.forward == "fused" else None
+    why = unsupported_reason(cfg.model) if cfg.train.forward == "fused" else None
     if why:
         raise ConfigError(f"--forward fused does not support {why}: pass --forward hooked")
 

@@ -197,6 +197,11 @@ class Task(ABC):
     def build_evalset(self, n_eval: int, n_tracked: int, seed: int) -> Any:
         """The fixed, seeded examples every evaluation of a run looks at."""
 
+    def untracked(self, evalset: Any) -> Any | None:
+        """``evalset`` without its tracked examples, for the evaluations between two ``tracked_every``
+        steps (``TrainConfig.tracked_every``); None: the task logs nothing less often."""
+        return None
+
     @abstractmethod
     def evaluate(self, model: nn.Module, evalset: Any, batch_size: int = 512) -> dict:
         """Every logged metric of ``model`` on ``evalset`` (plain floats and lists), including

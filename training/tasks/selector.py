@@ -13,6 +13,8 @@ strings; only the token layout (``training.layout``) differs.
 
 from __future__ import annotations
 
+import dataclasses
+
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -226,6 +228,11 @@ class SelectorTask(Task):
         """``training.tasks.selector_metrics.EvalSet``: the seeded evaluation and tracked groups."""
         from training.tasks.selector_metrics import EvalSet
         return EvalSet.build(self, n_eval, n_tracked, seed)
+
+    def untracked(self, evalset: Any) -> Any:
+        """The evaluation set without its tracked groups: no ``group_acc`` is logged with it."""
+        return dataclasses.replace(evalset, tracked_groups=evalset.tracked_groups[:0],
+                                   tracked_seqs=evalset.tracked_seqs[:0])
 
     def evaluate(self, model: nn.Module, evalset: Any, batch_size: int = 512) -> dict:
         """``training.tasks.selector_metrics.evaluate``: candidate, set and first-token losses, delta_z, group accuracy."""

@@ -111,6 +111,8 @@ def evaluate(model: nn.Module, task: SelectorTask, evalset: EvalSet, batch_size:
     out["loss"] = -true_logp.mean().item()
     out["first_token_loss"] = -true_logp[..., 0].mean().item()
     tracked = evalset.tracked_seqs
+    if not len(tracked):  # an evaluation between two tracked_every steps
+        return out
     if shared:  # a tracked group's K sequences share <BOS> B <SEP>; one whose first target token is
         # already missed is not run further (only exact matches are read)
         _, tracked_exact = shared_prefix_logprobs(model, tracked.view(-1, K, 1, tracked.shape[-1]),

@@ -1,0 +1,133 @@
+"""Benchmark of the science (not a test): what the training mode does to a run's numbers, over seeds.
+
+Trains a preset (default ``ci``) for each seed (model and data seed varied together, as the
+``seeds-ci`` sweep does) in each mode, into ``OUT/<mode>/seed<s>``:
+
+* ``fused``: the default training forward (``training.fused``), float32;
+* ``hooked``: ``--forward hooked``, HookedTransformer's own forward, float32 (every run before
+  the fused forward existed);
+* ``bf16``: the fused forward under CPU bf16 autocast. Not an option of ``training.train``: it is
+  measured here to decide whether it should become one.
+
+Each run is analysed (``interp.analyze``, every 10th checkpoint; cached), and the bench prints
+per mode the median over seeds, with a bootstrap 95% interval of the median, of tau, the plateau's
+length, the lead fraction (by ``interp.selector``'s chosen t_form rule), the plateau verdicts,
+and the training time per step; then whether each mode's median lies inside the reference mode's
+interval. Runs already trained are reused, so a second call only prints.
+
+    .venv/bin/python bench/train_modes.py --out sweeps/modes --seeds 0,1,2 --modes fused,hooked,bf16
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+
+import training.train as train_module
+from interp.analyze import analyze_run
+from interp.dynamics import bootstrap_median, run_row
+from interp.results import median
+from training.fused import fused_logits
+from training.presets import get_preset
+from training.run import Run
+from training.train import train
+
+MODES = ("fused", "hooked", "bf16")
+
+
+@contextlib.contextmanager
+def bf16_autocast() -> Iterator[None]:
+    """The training loop's fused forward under CPU bf16 autocast (logits back in float32)."""
+    def logits(*args):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return fused_logits(*args).float()
+
+    train_module.fused_logits = logits
+    try:
+        yield
+    finally:
+        train_module.fused_logits = fused_logits
+
+
+def train_mode(preset: str, mode: str, seed: int, out: Path) -> float:
+    """Train (or finish) one run; its wall seconds per step as logged (``wall_s`` of the last record)."""
+    cfg = get_preset(preset).replace(seed=seed, forward="hooked" if mode == "hooked" else "fused")
+    cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, seed=seed))  # the data seed too
+    with bf16_autocast() if mode == "bf16" else contextlib.nullcontext():
+        train(cfg, out, resume=out.exists(), device="cpu", progress=False)
+    last = Run(out).metrics()[-1]
+    return last["wall_s"] / max(last["step"], 1)
+
+
+def interval(values: list[float]) -> str:
+    """``median [lo, hi]`` over seeds (bootstrap 95% interval of the median)."""
+    ci = bootstrap_median(values)
+    return f"{median(values):8.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{median(values):8.3f}"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=Path("sweeps/modes"), help="where the runs go (default sweeps/modes)")
+    p.add_argument("--preset", default="ci")
+    p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (default 0,1,2)")
+    p.add_argument("--modes", default=",".join(MODES), help=f"comma-separated, from {', '.join(MODES)}")
+    p.add_argument("--reference", default="fused", help="the mode the others are compared with (default fused)")
+    args = p.parse_args()
+    seeds = [int(s) for s in args.seeds.split(",")]
+    modes = args.modes.split(",")
+    for m in modes:
+        if m not in MODES:
+            p.error(f"--modes: unknown mode {m!r}; choose from {', '.join(MODES)}")
+    if args.reference not in modes:
+        p.error(f"--reference {args.reference} is not among --modes")
+
+    rows: dict[str, list[dict]] = {}
+    for mode in modes:
+        rows[mode] = []
+        for seed in seeds:
+            out = args.out / mode / f"seed{seed}"
+            t0 = time.perf_counter()
+            ms = train_mode(args.preset, mode, seed, out) * 1e3
+            analyze_run(out, every=10, n_exact=4, progress=False)
+            row = run_row(Run(out), out.name)
+            row["ms_per_step"] = ms
+            row["plateau_length"] = row["plateau_end"] - row["plateau_start"] if row["plateau_start"] is not None \
+                else None
+            rows[mode].append(row)
+            print(f"{mode:<6} seed {seed}: tau {row['tau']}, plateau [{row['plateau_start']}, {row['plateau_end']}], "
+                  f"verdict {row['verdict']}, lead {row['lead_fraction']}, {ms:.1f} ms/step "
+                  f"({time.perf_counter() - t0:.0f} s with the analysis)", flush=True)
+
+    keys = [("tau", "tau (steps)"), ("plateau_length", "plateau length (steps)"),
+            ("lead_fraction", "lead fraction"), ("ms_per_step", "ms per step, as logged")]
+    print(f"\n{args.preset}, seeds {args.seeds}: median over seeds [bootstrap 95% interval of the median]")
+    for key, label in keys:
+        print(f"  {label}")
+        ref = [r[key] for r in rows[args.reference] if r[key] is not None]
+        ref_ci = bootstrap_median(ref)
+        for mode in modes:
+            vals = [r[key] for r in rows[mode] if r[key] is not None]
+            if not vals:
+                print(f"    {mode:<7} n/a")
+                continue
+            inside = ""
+            if mode != args.reference and ref_ci and key != "ms_per_step":
+                ok = ref_ci[0] <= median(vals) <= ref_ci[1]
+                inside = f"  median {'inside' if ok else 'OUTSIDE'} the {args.reference} interval"
+            print(f"    {mode:<7} {interval(vals)}  ({', '.join(f'{v:g}' for v in vals)}){inside}")
+    print("  plateau verdicts")
+    for mode in modes:
+        print(f"    {mode:<7} {', '.join(str(r['verdict']) for r in rows[mode])}")
+    (args.out / "modes.json").write_text(json.dumps(rows, indent=1, default=str))
+    print(f"rows: {args.out / 'modes.json'}")
+
+
+if __name__ == "__main__":
+    main()
