@@ -32,7 +32,7 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeAlias
 
@@ -228,12 +228,13 @@ def hooked_parameters(model: Model) -> dict[str, torch.Tensor]:
     (the bridge). What :func:`training.fused.fused_logits` reads."""
     if backend_of(model) == "hooked":
         return dict(model.named_parameters())
-    return _bridge_in_hooked_layout(model.named_parameters(), model.cfg.n_heads)
+    # the bridge's state_dict names (``blocks.0.attn.q.weight``); keep_vars: the parameters themselves
+    return _bridge_in_hooked_layout(model.state_dict(keep_vars=True).items(), model.cfg.n_heads)
 
 
-def _bridge_in_hooked_layout(named: Iterator[tuple[str, torch.Tensor]], n_heads: int) -> dict[str, torch.Tensor]:
-    """A bridge's tensors (``named_parameters`` or ``state_dict`` items) renamed and rearranged into
-    HookedTransformer's layout (views where the layout allows)."""
+def _bridge_in_hooked_layout(named: Iterable[tuple[str, torch.Tensor]], n_heads: int) -> dict[str, torch.Tensor]:
+    """A bridge's ``state_dict`` items renamed and rearranged into HookedTransformer's layout (views
+    where the layout allows)."""
     top = {"embed.weight": "embed.W_E", "pos_embed.weight": "pos_embed.W_pos",
            "ln_final.weight": "ln_final.w", "ln_final.bias": "ln_final.b"}
     out: dict[str, torch.Tensor] = {}
