@@ -13,7 +13,9 @@ and the solo runs' is printed as a check. A profile of one training step follows
 backward and AdamW of the vectorised S-member step against S solo steps, then the roofline: the step's
 GFLOP/s against this machine's best matmul, and the time its matrix products take alone, so a
 missed target comes with the reason. ``--compile`` also times the vectorised loss through
-``torch.compile`` (not used for training: see the README).
+``torch.compile`` (not used for training: see the README). ``--forward`` picks the training forward
+of both sides (default ``fused``, where a member runs its solo run's kernels one member after
+another; the profile and roofline are of the ``hooked`` forward's one vmapped pass).
 """
 
 from __future__ import annotations
@@ -158,16 +160,19 @@ def main() -> None:
     p.add_argument("--seeds", type=int, default=8, help="ensemble size S (default 8)")
     p.add_argument("--steps", type=int, default=200, help="training steps per run (default 200)")
     p.add_argument("--threads", type=int, help="torch threads (default: torch's, i.e. the cores)")
+    p.add_argument("--forward", default="fused", choices=("fused", "hooked"),
+                   help="the training forward of both sides (default fused, the runs' default)")
     p.add_argument("--compile", action="store_true",
                    help="also time the vectorised step through torch.compile (about a minute more)")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = get_preset(args.preset).replace(max_steps=args.steps, eval_every=max(args.steps // 4, 1),
-                                          ckpt_every=args.steps, early_log_points=0, stop_after_tau=None)
+                                          ckpt_every=args.steps, early_log_points=0, stop_after_tau=None,
+                                          forward=args.forward)
     cfgs = [cfg.replace(seed=s) for s in range(args.seeds)]
     print(f"preset {args.preset}: {args.seeds} seeds x {args.steps} steps, batch {cfg.train.batch_size}, "
-          f"{torch.get_num_threads()} torch threads")
+          f"{torch.get_num_threads()} torch threads, --forward {args.forward}")
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         solo = []
@@ -187,7 +192,8 @@ def main() -> None:
     print(f"speed-up over sequential     : {speedup:.2f}x  (target >= 2x for 8 ci seeds: "
           f"{'met' if speedup >= 2 else 'NOT met'})")
     print(f"members vs solo, last eval   : max |difference| {diff:.2e}")
-    print(f"profile of one training step ({args.seeds} solo steps vs one vectorised step, median ms):")
+    print(f"profile of one training step with the hooked forward ({args.seeds} solo steps vs one vmapped step, "
+          "median ms):")
     prof = profile_step(cfg, args.seeds)
     for part, (a, b) in prof.items():
         print(f"  {part:<9} {a * 1e3:8.1f} ms  vs {b * 1e3:8.1f} ms  ({a / b:.2f}x)")

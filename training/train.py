@@ -1,6 +1,8 @@
 """The training loop, as one function in step order, and ``python -m training.train``.
 
-A run is fully determined by its RunConfig: same config and seed, same numbers on the CPU.
+A run is fully determined by its RunConfig: same config and seed, same numbers, bit for bit,
+on the same kind of CPU with the same thread count (float kernels differ between CPU types, and
+between the two training forwards, ``train.forward``; such runs diverge within seed intervals).
 A killed run resumes from its latest checkpoint with the exact optimiser state, data order
 and RNG state, so the weights after N + M steps equal those of an uninterrupted run.
 """
