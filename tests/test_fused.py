@@ -89,6 +89,18 @@ def test_a_run_records_its_forward_and_resumes_only_in_it(tmp_path, one_thread):
             torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=1e-4, msg=k)
 
 
+def test_kill_and_resume_is_bit_identical_in_the_hooked_forward(tmp_path):
+    """tests/test_train.py checks the default (fused) forward; the hooked one resumes exactly too."""
+    cfg = get_preset("tiny").replace(forward="hooked")
+    train(cfg, tmp_path / "whole", device="cpu", progress=False)
+    train(cfg, tmp_path / "killed", device="cpu", progress=False, stop_at_step=23)
+    train(cfg, tmp_path / "killed", resume=True, device="cpu", progress=False)
+    name = rd.CHECKPOINT_DIR + "/" + rd.checkpoint_name(cfg.train.max_steps)
+    a = rd.load_checkpoint(tmp_path / "whole" / name)[0]
+    b = rd.load_checkpoint(tmp_path / "killed" / name)[0]
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_unsupported_models_fail_in_one_line_before_anything_is_written(tmp_path):
     assert unsupported_reason(ModelConfig()) is None
     assert "rotary" in unsupported_reason(ModelConfig(positional_embedding_type="rotary"))

@@ -246,7 +246,8 @@ def prepare_run_dir(cfg: RunConfig, task: Task, out: Path, resume: bool) -> dict
         if stored_cfg != asked:
             differ = "" if stored_cfg is None else " (" + "; ".join(
                 f"{key}: stored {a!r}, asked {b!r}" for key, a, b in _differences(stored_cfg, asked)) + ")"
-            raise ConfigError(f"{existing}: --resume with a different configuration than the stored run{differ}")
+            raise ConfigError(f"{existing}: --resume with a different configuration than the stored run{differ}; "
+                              f"pass the stored options, or choose another --out")
     else:
         out.mkdir(parents=True, exist_ok=True)
         rd.write_text_atomic(out / rd.DATASET_FILE, "".join(json.dumps(r) + "\n" for r in task.records()))
