@@ -11,6 +11,7 @@ from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from training import run as rd
 from training.presets import get_preset
+from training.machine import machine_record
 from training.run import Run, RunError
 from training.train import main, train
 
@@ -155,3 +156,28 @@ def test_cli_errors_are_one_line_with_exit_2(tmp_path, capsys):
 def test_log_spaced_early_checkpoints(tiny_run):
     steps = Run(tiny_run).steps()
     assert {1, 2, 3} <= set(steps) and math.gcd(*[s for s in steps if s >= 5]) == 5
+
+
+def test_summary_lists_the_machine_and_a_resume_elsewhere_warns(tmp_path, caplog):
+    cfg = get_preset("tiny").replace(max_steps=20)
+    train(cfg, tmp_path / "r", device="cpu", progress=False, stop_at_step=12)
+    here = machine_record("cpu")
+    state = torch.load(tmp_path / "r" / rd.RESUME_FILE, weights_only=True)
+    assert state["machines"] == [here]
+    # The same machine: no warning, one entry.
+    with caplog.at_level("WARNING"):
+        summary = train(cfg, tmp_path / "r", resume=True, device="cpu", progress=False)
+    assert summary["machines"] == [here] and "not bit-identical" not in caplog.text
+    assert here["cpu"] and here["threads"] == torch.get_num_threads() and here["torch"] == str(torch.__version__)
+    # Another machine trained it so far (its record edited into the resume state): one warning line.
+    train(cfg, tmp_path / "s", device="cpu", progress=False, stop_at_step=12)
+    other = {**here, "cpu": "Some Other CPU", "isa": ["avx2"]}
+    state = torch.load(tmp_path / "s" / rd.RESUME_FILE, weights_only=True)
+    rd.save_resume_state(tmp_path / "s" / rd.RESUME_FILE, {**state, "machines": [other]})
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        summary = train(cfg, tmp_path / "s", resume=True, device="cpu", progress=False)
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 1 and "Some Other CPU [avx2]" in warnings[0] and "not bit-identical" in warnings[0]
+    assert "\n" not in warnings[0]
+    assert summary["machines"] == [other, here]

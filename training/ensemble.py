@@ -44,7 +44,7 @@ import dataclasses
 import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
@@ -62,9 +62,10 @@ from training.model import build_hooked_transformer
 from training.schedule import scheduled_steps
 from training.tasks.base import Task
 from training.tasks.loading import build_task, canonical_task_name
+from training.machine import machine_record
 from training.train import (check_forward, deterministic, evaluation_record, evaluation_set, evaluation_sets, finish,
-                            load_resume_point, prepare_run_dir, resolve_device, save_checkpoint_and_state, stop_due,
-                            train_step)
+                            load_resume_point, machines_on_resume, prepare_run_dir, resolve_device,
+                            save_checkpoint_and_state, stop_due, train_step)
 
 log = logging.getLogger(__name__)
 
@@ -88,6 +89,8 @@ class Member:
     """``time.perf_counter()`` at the member's (resumed) step 0, for ``wall_s``."""
     metrics_file: IO[str] | None = None
     stop: bool = False
+    machines: list[dict] = field(default_factory=list)
+    """The machines that trained the member (``training.train.machines_on_resume``)."""
 
 
 def same_but_seed(cfgs: list[RunConfig]) -> None:
@@ -199,6 +202,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
     dev = resolve_device(device)
     if tc.threads:
         torch.set_num_threads(tc.threads)
+    here = machine_record(dev)
 
     # --- The run directories, and each member's model, data order and evaluation set. -------
     task = build_task(cfg.task_name, cfg.task)  # the data set does not depend on the (model, train) seeds
@@ -214,7 +218,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
         hooked_cfg = prepare_run_dir(c, task, out, resume)
         data_gen = torch.Generator().manual_seed(c.train.seed)  # minibatch order only, as solo
         m = Member(index=i, cfg=c, out=out, evalsets=evalsets, data_gen=data_gen, cursor=0, records=[], tau=None,
-                   perm=torch.randperm(n_examples, generator=data_gen), t0=time.perf_counter())
+                   perm=torch.randperm(n_examples, generator=data_gen), t0=time.perf_counter(), machines=[here])
         point = load_resume_point(out, tc.max_steps) if resume else None
         if point is None:
             weights.append(build_hooked_transformer(hooked_cfg, seed=c.model.seed, device=dev).state_dict())
@@ -225,6 +229,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
                 continue
             step = point.step
             m.perm, m.cursor, m.records = point.perm, point.cursor, point.records
+            m.machines = machines_on_resume(out, point.machines, here)
             m.t0 = time.perf_counter() - point.wall_s
             m.data_gen.set_state(point.data_gen)
             weights.append({k: v.to(dev) for k, v in point.weights.items()})
@@ -272,13 +277,14 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
             for j, m in enumerate(members):
                 if step in ckpt_steps or m.stop:
                     save_checkpoint_and_state(m.out, step, member_weights(j), member_optimizer_state(stacked_state, j),
-                                              m.data_gen, m.perm, m.cursor, time.perf_counter() - m.t0)
+                                              m.data_gen, m.perm, m.cursor, time.perf_counter() - m.t0,
+                                              machines=m.machines)
             # 3. Finished members write their summary and leave the stack.
             done = [j for j, m in enumerate(members) if step >= tc.max_steps or m.stop]
             for j in done:
                 m = members[j]
                 m.metrics_file.close()
-                results[m.index] = finish(m.out, m.records, task, step)
+                results[m.index] = finish(m.out, m.records, task, step, machines=m.machines)
             if done:
                 keep = [j for j in range(len(members)) if j not in done]
                 if not keep:

@@ -32,6 +32,7 @@ from training.backend import BACKENDS, BackendError, build_model, hooked_paramet
 from training.config import (DIRECTIONS, FORWARDS, ORDERS, SELECTORS, TAILS, TARGET_UNIQUENESS, ConfigError,
                              ModelConfig, RunConfig, TrainConfig)
 from training.fused import fused_logits, unsupported_reason
+from training.machine import describe, machine_record
 from training.metrics import compute_tau, summarize
 from training.model import hooked_config_dict
 from training.presets import PRESETS, get_preset
@@ -113,12 +114,14 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
 
     # --- Resume: weights, optimiser, data order, RNGs, and metrics up to the saved step. ----
     records: list[dict] = []
+    machines = [machine_record(dev)]  # every machine that trains the run (bit-identity holds on one)
     point = load_resume_point(out, tc.max_steps) if resume else None
     if point is not None:
         if point.backend != backend:  # the optimiser state is keyed by the backend's parameter order
             raise ConfigError(f"{out / rd.RESUME_FILE}: the run was trained with --backend {point.backend}; "
                               f"resume it with that backend, not {backend}")
         step, perm, cursor, wall_s, records = point.step, point.perm, point.cursor, point.wall_s, point.records
+        machines = machines_on_resume(out, point.machines, machines[0])
         load_hooked_state_dict(model, point.weights)
         optimizer.load_state_dict(point.optimizer)
         data_gen.set_state(point.data_gen)
@@ -151,7 +154,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
             # 2. Checkpoint (weights + the state needed to resume exactly from here).
             if step in ckpt_steps or stop:
                 save_checkpoint_and_state(out, step, hooked_state_dict(model), optimizer.state_dict(), data_gen, perm,
-                                          cursor, time.perf_counter() - t0, backend)
+                                          cursor, time.perf_counter() - t0, backend, machines)
             if step >= tc.max_steps or stop:
                 break
             if step == stop_at_step:
@@ -173,7 +176,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     finally:
         metrics_file.close()
         bar.close()
-    return finish(out, records, task, step)
+    return finish(out, records, task, step, machines=machines)
 
 
 # ---- the pieces of the loop that the seed ensemble (training.ensemble) shares --------------
@@ -288,6 +291,9 @@ class ResumePoint:
     """The run had finished: nothing is left to train."""
     backend: str = "hooked"
     """The backend that trained the run (resume states written before backends existed: hooked)."""
+    machines: list[dict] = dataclasses.field(default_factory=list)
+    """The machines that trained the run so far (``training.machine.machine_record``), in order;
+    empty for resume states written before they were recorded."""
 
 
 def load_resume_point(out: Path, max_steps: int) -> ResumePoint | None:
@@ -303,19 +309,30 @@ def load_resume_point(out: Path, max_steps: int) -> ResumePoint | None:
     return ResumePoint(step=step, weights=weights, optimizer=state["optimizer"], data_gen=state["data_gen"],
                        perm=state["perm"], cursor=int(state["cursor"]), wall_s=float(state["wall_s"]),
                        torch_rng=state["torch_rng"], complete=complete, backend=str(state.get("backend", "hooked")),
+                       machines=list(state.get("machines", [])),
                        records=[r for r in rd.read_jsonl(out / rd.METRICS_FILE)
                                 if r["step"] < step or (complete and r["step"] == step)])
 
 
 def save_checkpoint_and_state(out: Path, step: int, weights: dict[str, torch.Tensor], optimizer: dict,
                               data_gen: torch.Generator, perm: torch.Tensor, cursor: int, wall_s: float,
-                              backend: str = "hooked") -> None:
+                              backend: str = "hooked", machines: list[dict] | None = None) -> None:
     """Checkpoint the weights (HookedTransformer layout) and write the state needed to resume
-    exactly from here, with the backend whose parameter order the optimiser state follows."""
+    exactly from here, with the backend whose parameter order the optimiser state follows and the
+    machines that trained the run so far."""
     rd.save_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(step), weights, step)
     rd.save_resume_state(out / rd.RESUME_FILE, {
         "step": step, "optimizer": optimizer, "data_gen": data_gen.get_state(), "perm": perm, "cursor": cursor,
-        "wall_s": wall_s, "torch_rng": torch.get_rng_state(), "backend": backend})
+        "wall_s": wall_s, "torch_rng": torch.get_rng_state(), "backend": backend, "machines": machines or []})
+
+
+def machines_on_resume(out: Path, before: list[dict], here: dict) -> list[dict]:
+    """The machines of a resumed run: ``before``, then ``here`` when it differs from the last of them,
+    with a one-line warning, since the rest of the run is then not bit-identical to an uninterrupted one."""
+    if before and before[-1] != here:
+        log.warning("%s: trained so far on %s, resumed on %s: from here on it is not bit-identical to an "
+                    "uninterrupted run", out, describe(before[-1]), describe(here))
+    return before if before and before[-1] == here else [*before, here]
 
 
 def evaluation_record(model: torch.nn.Module, task: Task, evalset: object, step: int, tc: TrainConfig,
@@ -338,13 +355,15 @@ def stop_due(tc: TrainConfig, tau: int | None, step: int) -> bool:
     return tc.stop_after_tau is not None and tau is not None and step >= tc.stop_after_tau * tau
 
 
-def finish(out: Path, records: list[dict], task: Task, step: int, reuse: bool = False) -> dict:
-    """Write and return ``summary.json`` (``reuse``: return the one already written, if any)."""
+def finish(out: Path, records: list[dict], task: Task, step: int, reuse: bool = False,
+           machines: list[dict] | None = None) -> dict:
+    """Write and return ``summary.json`` (``reuse``: return the one already written, if any), with
+    the machines that trained the run."""
     summary_path = out / rd.SUMMARY_FILE
     if reuse and summary_path.exists():
         return rd.read_json(summary_path)
     summary = {**summarize(records, task.progress, task.plateau_reference()), "final_step": step, "complete": True,
-               **task.summary_fields()}
+               **task.summary_fields(), "machines": machines or []}
     rd.write_json_atomic(summary_path, summary)
     return summary
 
