@@ -4,6 +4,8 @@
 #   make test-fast - the tests not marked slow (no session training runs, notebooks or browser): seconds
 #   make test-tl4 - a second environment, .venv-tl4, with TransformerLens 4.x: the backend tests
 #                   (training.backend) on TransformerBridge
+#   make docs     - the manual (docs/) into build/site, offline, strict: a broken link or reference fails
+#   make figures  - the demo's overview figure (written by interp.report) into the docs and README
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -21,7 +23,10 @@ TL4_DEPS := "transformer-lens>=4.3,<5" "einops>=0.7" "jaxtyping>=0.2.28" "numpy>
 OTHER_OF_MAIN = $(if $(wildcard $(PY_TL4)),$(abspath $(PY_TL4)))
 OTHER_OF_TL4  = $(if $(wildcard $(PY)),$(abspath $(PY)))
 
-.PHONY: demo test test-fast install install-tl4 test-tl4 clean-venv
+STAMP_DOCS := $(VENV)/.installed-docs
+FIGURE     := docs/pages/images/demo.svg
+
+.PHONY: demo test test-fast install install-tl4 test-tl4 docs figures clean-venv
 
 install: $(STAMP)
 
@@ -67,6 +72,20 @@ test-tl4: $(STAMP_TL4)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -m "not slow"
+
+# The docs extra on top of the project's environment (the two README commands do not need it).
+$(STAMP_DOCS): $(STAMP) pyproject.toml
+	$(PY) -m pip install -q -e ".[dev,docs]"
+	touch $(STAMP_DOCS)
+
+docs: $(STAMP_DOCS)
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet -f docs/mkdocs.yml
+	@echo "manual: build/site/index.html (opens from disk)"
+
+# After make demo: the report writes the run's overview.svg; the README and the docs show the demo's.
+figures: demo
+	cp $(DEMO)/overview.svg $(FIGURE)
+	@echo "$(FIGURE): update the caption under the figure in README.md to its <desc> (tests/test_overview.py checks)"
 
 clean-venv:
 	rm -rf $(VENV) $(VENV_TL4)

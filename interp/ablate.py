@@ -293,13 +293,19 @@ def falls_back_to_marginal(result: HeadAblation, layer: int, head: int, log_k: f
     return near_log_k(float(result.candidate_loss[layer, head]), log_k, tol)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m interp.ablate``: ablate each head of one checkpoint and print the table."""
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of ``python -m interp.ablate``."""
     parser = argparse.ArgumentParser(prog="python -m interp.ablate", description=__doc__.splitlines()[0])
     add_ckpt_args(parser)
     parser.add_argument("--kind", choices=KINDS, default="zero", help="zero or mean ablation (default zero)")
     parser.add_argument("--groups", type=int, default=DEFAULT_GROUPS,
                         help=f"eval groups to score (default {DEFAULT_GROUPS}); --n-examples is not used")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m interp.ablate``: ablate each head of one checkpoint and print the table."""
+    parser = build_parser()
 
     def body(args: argparse.Namespace) -> None:
         run, step = resolve_ckpt(args.ckpt, args.step)

@@ -153,10 +153,16 @@ def head_table(values: Float[Tensor, "n_layers n_heads"]) -> tuple[list[list[Any
     return rows, ["layer", *[f"H{h}" for h in range(values.shape[1])]]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m interp.attention``: attention to z per head at one checkpoint."""
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of ``python -m interp.attention``."""
     parser = argparse.ArgumentParser(prog="python -m interp.attention", description=__doc__.splitlines()[0])
     add_ckpt_args(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m interp.attention``: attention to z per head at one checkpoint."""
+    parser = build_parser()
 
     def body(args: argparse.Namespace) -> None:
         run, step = resolve_ckpt(args.ckpt, args.step)

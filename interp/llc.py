@@ -162,7 +162,7 @@ def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: 
     (any model and data: the tests use a linear regression).
     ``model`` itself is not changed (each chain samples a copy). Returns plain floats/lists:
     ``llc`` (mean over chains), ``llc_std`` (std over chains), ``llc_per_chain``, ``init_loss``,
-    ``trace`` ([chains][draws] minibatch losses), ``drift`` per chain and ``stationary``.
+    ``trace`` (minibatch losses, chains x draws), ``drift`` per chain and ``stationary``.
     """
     settings.validate()
     sgld = require_devinterp()

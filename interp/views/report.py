@@ -38,10 +38,12 @@ from interp.attention import attention_patterns
 from interp.circuit import reads_z_text
 from interp.cli import run_cli
 from interp.views.figures import all_figures, head_label, llc_figure
+from interp.views.overview import overview_svg
 from interp.views.pages import figure_section, page, table_html, write_page
-from interp.results import LLC_SUMMARY_FILE, REPORT_FILE, SELECTOR_FILE, analysis_dir, median, na
+from interp.results import LLC_SUMMARY_FILE, OVERVIEW_FILE, REPORT_FILE, SELECTOR_FILE, analysis_dir, median, na
 from interp.snap import snap_statistics
-from training.run import Run, RunError, read_json
+from training.machine import describe
+from training.run import Run, RunError, read_json, write_text_atomic
 MOMENTS: tuple[str, ...] = ("plateau start", "t_form", "tau/2", "tau", "end")
 """The moments at which attention patterns are shown (each at the nearest checkpoint)."""
 
@@ -238,14 +240,29 @@ def _circuit_text(c: dict[str, Any] | None, label: str, height_label: str) -> st
 # ---- the page -----------------------------------------------------------------------------
 
 
+def _analysed(run: Run) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run's analysis cache and its selector summary, or a one-line error saying what to run."""
+    analysis = load_analysis(run.path)
+    if analysis["selector"] is None:
+        raise RunError(f"{run.path}: no analysis cache ({analysis_dir(run.path) / SELECTOR_FILE}); "
+                       f"run `python -m interp.analyze --run {run.path}` first (or pass --analyze)")
+    return analysis, analysis["selector"]
+
+
+def build_overview(run_dir: str | Path) -> tuple[str, str]:
+    """The run at a glance (``interp.views.overview``): SVG text and caption, naming the machine that
+    trained the run (the last of ``summary.json``'s ``machines``, when recorded)."""
+    run = Run(run_dir)
+    analysis, sel = _analysed(run)
+    machines = (run.summary() or {}).get("machines") or []
+    return overview_svg(run.metrics(), analysis["attention"], sel, run.progress, run.plateau(),
+                        describe(machines[-1]) if machines else None)
+
+
 def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str:
     """The report of an analysed run as one HTML string."""
     run = Run(run_dir)
-    analysis = load_analysis(run.path)
-    sel = analysis["selector"]
-    if sel is None:
-        raise RunError(f"{run.path}: no analysis cache ({analysis_dir(run.path) / SELECTOR_FILE}); "
-                       f"run `python -m interp.analyze --run {run.path}` first (or pass --analyze)")
+    analysis, sel = _analysed(run)
     metrics = run.metrics()
     tau = sel.get("tau")
     snap = snap_statistics(metrics, tau)
@@ -256,6 +273,8 @@ def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str
              f"{cfg.model.n_layers} layers x {cfg.model.n_heads} heads, d_model {cfg.model.d_model}; "
              f"{len(run.steps())} checkpoints up to step {run.steps()[-1] if run.steps() else 'n/a'}</p>",
              "<h2>Summary</h2>", table_html(summary_rows(run, metrics, sel, snap))]
+    svg, caption = build_overview(run.path)
+    parts += ["<h2>At a glance</h2>", f'<div class="figure">{svg}</div>', f'<p class="caption">{html.escape(caption)}</p>']
     figures = all_figures(metrics, analysis, run.progress, tau, run.plateau())
     llc_path = analysis_dir(run.path) / LLC_SUMMARY_FILE
     if llc_path.exists():  # written by python -m interp.llc; landmarks from the current selector summary
@@ -304,8 +323,10 @@ def _attention_section(run: Run, sel: dict[str, Any], n_examples: int, seed: int
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, n_examples: int = 2, seed: int = 0) -> Path:
-    """Write the report (default ``RUN/report.html``) and return its path."""
+    """Write the report (default ``RUN/report.html``) and, next to it, the run at a glance
+    (``overview.svg``); return the report's path."""
     path = Path(out) if out is not None else Path(run_dir) / REPORT_FILE
+    write_text_atomic(path.parent / OVERVIEW_FILE, build_overview(run_dir)[0])
     return write_page(path, build_report(run_dir, n_examples, seed))
 
 

@@ -12,8 +12,8 @@ group: ``s_k = sum_t log p(A_gk[t] | B_g, z_j, A_gk[<t])``. Then
   (the marginal is learned), large when the model knows nothing;
 * so ``seq_nll = set_loss + candidate_loss`` exactly, example by example;
 * ``delta_z``        = candidate loss of the correct target with z replaced by another
-  selector of the task (a fixed derangement: never the true one) minus the candidate loss
-  with the true z. ~0 while z is ignored, large (positive) once z is used.
+  selector of the task (j shifted by a seeded 1..K-1, fixed per (group, j): never the true one)
+  minus the candidate loss with the true z. ~0 while z is ignored, large (positive) once z is used.
   It needs no extra forward pass: the prefix (B_g, z_j') is another example of group g.
 * ``first_token_set_loss`` = -log of the total probability that the first target token is one
   of the group's first characters (its K candidates' first characters, each counted once): the
