@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import nbformat
@@ -74,15 +73,12 @@ def test_notebook_is_committed_without_outputs(name, var):
 @pytest.mark.parametrize("name", NOTEBOOKS)
 def test_notebook_runs(name, kernel_env):
     nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
-    start = time.monotonic()
     NotebookClient(nb, kernel_name="python3", timeout=CELL_TIMEOUT_S,
                    resources={"metadata": {"path": str(NOTEBOOK_DIR)}}).execute()  # raises on any cell error
-    elapsed = time.monotonic() - start
     outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
     assert not [o for o in outputs if o.output_type == "error"]
     text = "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
     assert str(kernel_env) in text  # it looked at the run it was pointed at, not a default
-    assert elapsed < 120, f"{name} took {elapsed:.0f} s"
 
 
 @pytest.mark.parametrize("name", SWEEP_NOTEBOOKS)
