@@ -18,7 +18,8 @@ computes the steps that have no record with the same settings. Where exact and a
 agreement (Spearman rank correlation, max error) is reported, so the fast mode can be trusted,
 or not, with numbers. ``selector.json`` (``interp.summary``) holds the routing head, t_form, tau
 and the lead fraction (``interp.selector``), t_form and the lead by each of the three rules
-(``t_form_rules``) and the circuit verdict (``circuit``: ``single head`` / ``distributed`` / ``none``).
+(``t_form_rules``) and the circuit verdict (``circuit``: ``single head`` / ``conjunctive`` / ``redundant`` /
+``unresolved`` / ``none``).
 
     python -m interp.analyze --run checkpoints/demo [--every N | --steps 0 100 200] [--n-exact 12]
 """
@@ -37,7 +38,7 @@ import torch
 from tqdm.auto import tqdm
 
 from interp.ablate import ablate_each_head
-from interp.circuit import circuit_record, each_head_ablation
+from interp.circuit import RECORD_VERSION, circuit_record, each_head_ablation
 from interp.attention import attention_to_z
 from interp.attribution import attribute_all
 from interp.cli import CliError, add_backend_arg, run_cli
@@ -89,7 +90,8 @@ class AnalysisSettings:
         keys = {"attention": ("n_examples", "seed"), "attribution": ("n_examples", "seed", "patch_targets"),
                 "patch": ("n_examples", "seed", "patch_targets"), "ablation": ("ablation_groups", "seed"),
                 "circuit": ("n_examples", "seed", "ablation_groups", "circuit_ablation")}[name]
-        return {k: v for k, v in self.to_dict().items() if k in keys}
+        key = {k: v for k, v in self.to_dict().items() if k in keys}
+        return {**key, "record": RECORD_VERSION} if name == "circuit" else key
 
 
 def stored_settings(run_dir: str | Path) -> AnalysisSettings:

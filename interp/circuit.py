@@ -20,14 +20,30 @@ Method, per analysed checkpoint (the steps where exact patching runs):
   the first target token), from the task (``Task.cue_positions``, ``Task.pred_pos``). Normalised like
   ``interp.patch`` (1 = restores the clean answer); raw effects in logits too.
 
-Verdict (:func:`verdict`): ``none`` before the drop (step < tau, or no tau); ``single head``
-when the top head holds at least :data:`SINGLE_HEAD_SHARE` of its layer's positive effect *and*
-ablating it alone returns the candidate loss to log K; otherwise ``distributed``, listing the
-heads that hold 80% of the effect. "Returns to log K" is :func:`reaches_log_k`: the loss is at
-least log K - 0.25 log K. An ablation that overshoots log K (mean ablation of a head the rest of
-the model was tuned around often does: the candidates are then ranked *wrongly*, not just
-equally) has removed what z gives the answer and more, so it counts; ``near_log_k`` (within
-0.25 log K either side, ``interp.ablate``) is reported beside it.
+* **Chosen sets** (:func:`ablate_chosen_sets`, the same ablation): the heads that hold 80% of the
+  effect (*cover*) ablated together; every other head of their layers ablated, keeping only them;
+  and every other head of their layers ablated, keeping only the *necessary* heads (each of which,
+  ablated alone, returns the candidate loss to log K).
+
+Verdict (:func:`verdict`), from patching share *and* ablation, in this order:
+
+* ``none``: before the drop (step < tau, or no tau), or no head has a positive effect;
+* ``single head``: the top head holds at least :data:`SINGLE_HEAD_SHARE` of its layer's positive
+  effect, and ablating it alone returns the candidate loss to log K;
+* ``conjunctive``: at least two heads each return it to log K when ablated alone: each is needed,
+  none is enough (the heads listed are those);
+* ``redundant``: no single head's ablation returns it to log K, but ablating the cover set does:
+  any of them will do;
+* ``unresolved``: none of the above (one necessary head without the share, or a cover set whose
+  ablation does not return the loss to log K); the evidence says which.
+
+"Returns to log K" is :func:`reaches_log_k`: the loss is at least log K - 0.25 log K. An ablation
+that overshoots log K (mean ablation of a head the rest of the model was tuned around often does:
+the candidates are then ranked *wrongly*, not just equally) has removed what z gives the answer and
+more, so it counts; ``near_log_k`` (within 0.25 log K either side, ``interp.ablate``) is reported
+beside it. **Sufficiency** of the verdict's heads: keep only them and ablate every other head of
+their layers; they suffice when the candidate loss stays within :data:`SUFFICIENT_TOL` log K of
+its unablated value.
 """
 
 from __future__ import annotations
@@ -49,7 +65,13 @@ SINGLE_HEAD_SHARE = 0.6
 """The top head's minimum share of its layer's positive patching effect for a ``single head`` verdict."""
 COVER = 0.8
 """The share of the summed positive effect the listed heads must hold (``n_for_80``)."""
-VERDICTS: tuple[str, ...] = ("single head", "distributed", "none")
+VERDICTS: tuple[str, ...] = ("single head", "conjunctive", "redundant", "unresolved", "none")
+SUFFICIENT_TOL = 0.1
+"""Kept heads suffice when the candidate loss with every other head of their layers ablated is at
+most this many log K above its unablated value."""
+RECORD_VERSION = 2
+"""Version of a circuit record's fields (2: with ``sets``); part of its cache key, so that older
+records are recomputed rather than read without them."""
 
 
 def reaches_log_k(candidate_loss: float, log_k: float, tol: float = MARGINAL_TOL) -> bool:
@@ -121,6 +143,48 @@ def each_head_ablation(sets: dict[str, Any]) -> HeadAblation:
     return HeadAblation.from_metrics(sets["kind"], sets["n_groups"], sets["base"], sets["alone"], sets["alone_delta_z"])
 
 
+def head_set_mask(heads: list[tuple[int, int]], n_layers: int, n_heads: int,
+                  keep: bool = False) -> Bool[Tensor, "n_layers n_heads"]:
+    """The ablation mask of ``heads`` (``keep``: of every other head of their layers instead)."""
+    mask = torch.zeros(n_layers, n_heads, dtype=torch.bool)
+    for layer, head in heads:
+        mask[layer, head] = True
+    if keep:
+        layers = sorted({layer for layer, _ in heads})
+        kept = mask.clone()
+        mask[:] = False
+        mask[layers] = True
+        mask &= ~kept
+    return mask
+
+
+def necessary_heads(alone: list[list[float | None]], log_k: float) -> list[tuple[int, int]]:
+    """The heads whose ablation alone returns the candidate loss to log K (:func:`reaches_log_k`)."""
+    return [(layer, head) for layer, row in enumerate(alone) for head, loss in enumerate(row)
+            if loss is not None and reaches_log_k(loss, log_k)]
+
+
+def ablate_chosen_sets(model: Model, task: Task, shares: dict[str, Any], alone: list[list[float | None]],
+                       base: float, kind: str = "mean", n_groups: int = 8, seed: int = 0) -> dict[str, Any]:
+    """Candidate loss with the cover set (the heads holding 80% of the effect) ablated, with only it
+    kept in its layers, and with only the necessary heads kept in theirs (an empty mask: ``base``)."""
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    cover = [(int(la), int(h)) for la, h in shares["heads_for_80"]]
+    necessary = necessary_heads(alone, task.progress.height)
+    masks = {"cover_ablated": head_set_mask(cover, L, H), "cover_kept": head_set_mask(cover, L, H, keep=True),
+             "necessary_kept": head_set_mask(necessary, L, H, keep=True)}
+    named = {name: m for name, m in masks.items() if m.any()}
+    losses = {}
+    if named:
+        metrics = ablation_metrics(model, task, build_evalset(task, n_groups, seed), torch.stack(list(named.values())),
+                                   kind)
+        losses = {name: m["candidate_loss"] for name, m in zip(named, metrics)}
+    return {"cover": {"heads": [head_label(*x) for x in cover],
+                      "ablated": losses.get("cover_ablated") if cover else None,
+                      "kept": losses.get("cover_kept", base)},
+            "necessary": {"heads": [head_label(*x) for x in necessary], "kept": losses.get("necessary_kept", base)}}
+
+
 def read_positions(task: Task, pairs: PromptPairs) -> list[int] | None:
     """The cue positions seen from the prediction position, and the prediction position itself
     (the selector task: z and the last ``<SEP>``); None when the cue moves between prompts (induction)."""
@@ -145,12 +209,17 @@ def reads_z(model: Model, pairs: PromptPairs, positions: list[int]) -> dict[str,
 
 def circuit_record(model: Model, task: Task, pairs: PromptPairs, kind: str = "mean", n_groups: int = 8,
                    seed: int = 0, heads_patch: dict[str, Any] | None = None) -> dict[str, Any]:
-    """One checkpoint's circuit record: shares (from ``heads_patch`` or a fresh patch), set ablations, reads-z."""
+    """One checkpoint's circuit record: shares (from ``heads_patch`` or a fresh patch), set ablations, the
+    chosen sets' ablations, reads-z."""
     if heads_patch is None:
         heads_patch = patch(model, pairs, "heads").to_dict()
     positions = read_positions(task, pairs)
     names = task.position_labels(pairs.corrupt.shape[1])
-    return {"shares": head_shares(head_effects(heads_patch)), "ablation": ablate_sets(model, task, kind, n_groups, seed),
+    shares = head_shares(head_effects(heads_patch))
+    ablation = ablate_sets(model, task, kind, n_groups, seed)
+    sets = ablate_chosen_sets(model, task, shares, ablation["alone"], ablation["base"]["candidate_loss"], kind,
+                              n_groups, seed)
+    return {"shares": shares, "ablation": ablation, "sets": sets,
             "reads_z": None if positions is None else
             {**reads_z(model, pairs, positions), "labels": [names[p] for p in positions]}}
 
@@ -172,19 +241,34 @@ def chosen_ablation(record: dict[str, Any], head: tuple[int, int] | list[int], l
 
 
 def verdict(record: dict[str, Any], log_k: float, after_drop: bool) -> dict[str, Any]:
-    """``single head`` / ``distributed`` / ``none`` (module docstring), with the heads and the evidence."""
-    sh = record["shares"]
+    """``single head`` / ``conjunctive`` / ``redundant`` / ``unresolved`` / ``none`` (module docstring),
+    with the heads, the ablation numbers that decided it, and the sufficiency of those heads."""
+    sh, abl, sets = record["shares"], record["ablation"], record["sets"]
     top = sh["top"]
-    alone = record["ablation"]["alone"][top[0]][top[1]]
+    alone = abl["alone"][top[0]][top[1]]
     back = reaches_log_k(alone, log_k) if alone is not None else False
+    cover_loss = sets["cover"]["ablated"]
+    cover_back = cover_loss is not None and reaches_log_k(cover_loss, log_k)
+    necessary = sets["necessary"]["heads"]
     evidence = {"top": head_label(*top), "top_share": sh["top_share"], "top_layer_share": sh["top_layer_share"],
                 "top_alone_candidate_loss": alone, "top_alone_reaches_log_k": back,
-                "top_alone_near_log_k": near_log_k(alone, log_k) if alone is not None else False}
+                "top_alone_near_log_k": near_log_k(alone, log_k) if alone is not None else False,
+                "necessary": necessary, "cover": sets["cover"]["heads"], "cover_ablated_candidate_loss": cover_loss,
+                "cover_ablated_reaches_log_k": cover_back}
     if not after_drop or sh["total_positive"] <= 0:
-        return {"verdict": "none", "heads": [], **evidence}
+        return {"verdict": "none", "heads": [], "sufficiency": None, **evidence}
     if sh["top_layer_share"] >= SINGLE_HEAD_SHARE and back:
-        return {"verdict": "single head", "heads": [head_label(*top)], **evidence}
-    return {"verdict": "distributed", "heads": [head_label(*x) for x in sh["heads_for_80"]], **evidence}
+        kind, heads, kept = "single head", [head_label(*top)], abl["layer_but"][top[0]][top[1]]
+    elif len(necessary) >= 2:
+        kind, heads, kept = "conjunctive", necessary, sets["necessary"]["kept"]
+    elif not necessary and cover_back:
+        kind, heads, kept = "redundant", sets["cover"]["heads"], sets["cover"]["kept"]
+    else:
+        kind, heads, kept = "unresolved", sets["cover"]["heads"], sets["cover"]["kept"]
+    base = abl["base"]["candidate_loss"]
+    sufficiency = {"kept": heads, "candidate_loss": kept, "base": base,
+                   "sufficient": kept is not None and kept <= base + SUFFICIENT_TOL * log_k}
+    return {"verdict": kind, "heads": heads, "sufficiency": sufficiency, **evidence}
 
 
 def circuit_summary(records: list[dict[str, Any]], head: tuple[int, int] | list[int], log_k: float,
@@ -205,8 +289,10 @@ def circuit_summary(records: list[dict[str, Any]], head: tuple[int, int] | list[
     final = verdict(last, log_k, tau is not None and last["step"] >= tau)
     rz = last["reads_z"] or {}
     return {**final, "step": last["step"], "rule": f"single head: top head >= {SINGLE_HEAD_SHARE:.0%} of its layer's "
-            "positive head-patching effect and ablating it alone returns the candidate loss to log K; "
-            "none before tau", "chosen": chosen_ablation(last, head, log_k),
+            "positive head-patching effect and ablating it alone returns the candidate loss to log K; conjunctive: "
+            "at least two heads each return it to log K when ablated alone; redundant: none alone does, the heads "
+            "holding 80% of the effect together do; unresolved: none of these; none before tau",
+            "chosen": chosen_ablation(last, head, log_k),
             "shares": last["shares"], "reads_z": {"positions": rz["positions"], "labels": rz.get("labels"),
                                                   "normalised": rz["normalised"],
                                                   "raw": rz["raw"], "corrupt_metric": rz["corrupt_metric"]}
@@ -226,6 +312,11 @@ def reads_z_text(c: dict[str, Any], head: tuple[int, int] | list[int]) -> str:
     return ", ".join(f"{lab} {'n/a' if v is None else f'{v:+.2f}'}" for lab, v in zip(labels, vals))
 
 
+def na_float(value: float | None) -> str:
+    """``value`` to 3 decimals, or n/a."""
+    return "n/a" if value is None else f"{value:.3f}"
+
+
 def format_circuit(c: dict[str, Any] | None, log_k: float, head: tuple[int, int] | list[int] | None = None,
                    label: str = "candidate loss", height_label: str = "log K") -> list[str]:
     """The circuit summary as text lines (``python -m interp.analyze``), in the words of the task's
@@ -240,10 +331,18 @@ def format_circuit(c: dict[str, Any] | None, log_k: float, head: tuple[int, int]
 
     others = ", ".join(f"{k} {cl(v)}" for k, v in ch["others"].items())
     n80 = c["shares"]["n_for_80"]
+    suff = c.get("sufficiency")
+    kept = ([f"sufficiency     keeping only {', '.join(suff['kept'])} in {'its' if len(suff['kept']) == 1 else 'their'} "
+             f"layer{'' if len(suff['kept']) == 1 else 's'}: {label} {na_float(suff['candidate_loss'])} against "
+             f"{na_float(suff['base'])} unablated: {'sufficient' if suff['sufficient'] else 'not sufficient'}"]
+            if suff else [])
     return [f"circuit verdict {c['verdict']}" + (f": {', '.join(c['heads'])}" if c["heads"] else "")
             + f"  (step {c['step']}; top head {c['top']} holds {c['top_share']:.0%} of all heads' effect, "
               f"{c['top_layer_share']:.0%} of its layer's; {n80} head{'' if n80 == 1 else 's'} hold{'s' if n80 == 1 else ''} 80%)",
             f"{ch['kind']} ablation  base {cl(ch['base'])}; chosen alone {cl(ch['alone'])}, its layer {cl(ch['layer'])}, "
-            f"layer but it {cl(ch['layer_but'])}; others alone: {others}  ({label}; {height_label} = {log_k:.3f})"] + (
+            f"layer but it {cl(ch['layer_but'])}; others alone: {others}  ({label}; {height_label} = {log_k:.3f})",
+            f"necessary       heads whose ablation alone returns it to {height_label}: "
+            f"{', '.join(c['necessary']) or 'none'}; the 80% heads ablated together: "
+            f"{na_float(c['cover_ablated_candidate_loss'])}"] + kept + (
         [f"reads the cue   {head_label(*head)} output patched at one position (normalised): {reads_z_text(c, head)}"]
         if head is not None else [])

@@ -33,7 +33,16 @@ With ``split=True`` (:data:`SPLIT_HEADS`) the copy is split between two heads: L
 L0H1 (first-target position -> z positions) and each of the two copies ``sel_in`` to ``sel_out``
 with weight 1/2 (no prior direction). Patching either head alone moves the logit difference
 halfway (each holds half the effect), and ablating either alone leaves a margin of about
-ALPHA / 2: the candidate loss stays far below log K; only ablating both returns it to log K.
+ALPHA / 2: the candidate loss stays far below log K; only ablating both returns it to log K. Any
+one of them will do: *redundant*.
+
+With ``conjunctive=True`` both layer-0 heads copy with weight 1, and L1H0 (:data:`COUNTER_HEAD`)
+attends from the first-target position to z too and writes ``-sel_out``: the model's margin is
+(1 + 1 - 1) ALPHA. Mean-ablating either layer-0 head (its mean output is the same for every
+candidate) leaves 1 - 1 = 0: candidate loss log K. So each is needed and neither is enough:
+*conjunctive*. Patching either one alone from the clean run into the corrupted one restores the
+clean answer fully, so they hold half the positive effect each; the counter head's effect is
+negative.
 """
 
 from __future__ import annotations
@@ -50,6 +59,8 @@ SELECTOR_HEAD: tuple[int, int] = (0, 1)
 """(layer, head) of the one head that routes the selector."""
 SPLIT_HEADS: tuple[tuple[int, int], ...] = ((0, 0), (0, 1))
 """With ``split=True``: the two heads that share the copy, half each."""
+COUNTER_HEAD: tuple[int, int] = (1, 0)
+"""With ``conjunctive=True``: the layer-1 head that writes ``-sel_out``, against the two copies."""
 BOS_HEAD: tuple[int, int] = (0, 0)
 """A layer-0 head that attends to BOS (changes the set loss when zero-ablated, never the candidates)."""
 ALPHA = 10.0
@@ -93,9 +104,11 @@ def _dims(n_ctx: int) -> dict[str, slice]:
 
 
 @torch.no_grad()
-def selector_copy_model(task: SelectorTask | None = None, split: bool = False) -> HookedTransformer:
+def selector_copy_model(task: SelectorTask | None = None, split: bool = False,
+                        conjunctive: bool = False) -> HookedTransformer:
     """The hand-built model of the module docstring, for ``handbuilt_task()`` (the default);
-    ``split``: the copy shared by :data:`SPLIT_HEADS`, half each."""
+    ``split``: the copy shared by :data:`SPLIT_HEADS`, half each; ``conjunctive``: both copy in full
+    and :data:`COUNTER_HEAD` subtracts one copy."""
     task = handbuilt_task() if task is None else task
     lay, vocab = task.layout, task.vocab
     if task.z_tokens.shape[0] != K or lay.seq_len != 9 or len(vocab) != len(SPECIAL_TOKENS) + len(ALPHABET):
@@ -128,19 +141,26 @@ def selector_copy_model(task: SelectorTask | None = None, split: bool = False) -
     every = list(range(lay.seq_len))
     z_pos = list(range(*lay.z_span))
     # L0H1, the selector head: first-target position -> z positions; OV: sel_in -> sel_out.
-    for L, H in SPLIT_HEADS if split else (SELECTOR_HEAD,):
+    for L, H in SPLIT_HEADS if split or conjunctive else (SELECTOR_HEAD,):
         attend(L, H, [lay.first_target_pred_pos], z_pos)
         model.blocks[L].attn.W_V[H, sel_in, torch.arange(K)] = 1.0
         model.blocks[L].attn.W_O[H, torch.arange(K), sel_out] = 1.0 / len(SPLIT_HEADS) if split else 1.0
-    if not split:  # L0H0: every position -> BOS; OV: bos flag -> prior.
+    if not (split or conjunctive):  # L0H0: every position -> BOS; OV: bos flag -> prior.
         L, H = BOS_HEAD
         attend(L, H, every, [0])
         model.blocks[L].attn.W_V[H, bos_d, 0] = 1.0
         model.blocks[L].attn.W_O[H, 0, prior_d] = 1.0
-    # Layer 1: H0 -> BOS, writing where the unembedding does not read; H1 -> first B character.
-    attend(1, 0, every, [0])
-    model.blocks[1].attn.W_V[0, bos_d, 0] = 1.0
-    model.blocks[1].attn.W_O[0, 0, dims["l1h0_out"].start] = 1.0
+    # Layer 1: H0 -> BOS, writing where the unembedding does not read (conjunctive: first-target
+    # position -> z, writing -sel_out); H1 -> first B character.
+    if conjunctive:
+        L, H = COUNTER_HEAD
+        attend(L, H, [lay.first_target_pred_pos], z_pos)
+        model.blocks[L].attn.W_V[H, sel_in, torch.arange(K)] = 1.0
+        model.blocks[L].attn.W_O[H, torch.arange(K), sel_out] = -1.0
+    else:
+        attend(1, 0, every, [0])
+        model.blocks[1].attn.W_V[0, bos_d, 0] = 1.0
+        model.blocks[1].attn.W_O[0, 0, dims["l1h0_out"].start] = 1.0
     attend(1, 1, every, [lay.b_span[0]])
     model.blocks[1].attn.W_V[1, tok_id, torch.arange(N_TOKEN_ID)] = 1.0
     model.blocks[1].attn.W_O[1, torch.arange(N_TOKEN_ID), torch.arange(D_MODEL)[dims["l1h1_out"]]] = 1.0

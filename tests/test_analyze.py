@@ -7,6 +7,7 @@ import pytest
 
 from interp import selector as sel
 from interp.analyze import AnalysisSettings, analyze_run, exact_steps, load_analysis, main
+from interp.circuit import VERDICTS
 from interp.results import pick_steps
 from interp.results import ABLATION_FILE, ATTENTION_FILE, CIRCUIT_FILE, PATCH_FILE, SELECTOR_FILE, analysis_dir
 from tests.conftest import copy_run
@@ -159,7 +160,7 @@ def test_circuit_cache_follows_its_settings(tiny_run, tmp_path):
     first = analyze_run(path, n_exact=2, settings=base, progress=False)
     circuit = [json.loads(line) for line in (folder / CIRCUIT_FILE).read_text().splitlines()]
     assert [r["step"] for r in circuit] == steps and all(r["ablation"]["kind"] == "mean" for r in circuit)
-    assert first["circuit"]["verdict"] in ("none", "single head", "distributed")
+    assert first["circuit"]["verdict"] in VERDICTS
     assert set(first["t_form_rules"]) == set(sel.RULES) and first["smoothing"]["window"] == 1
     others = {f: (folder / f).read_text() for f in (ATTENTION_FILE, PATCH_FILE, ABLATION_FILE)}
     second = analyze_run(path, n_exact=2, settings=AnalysisSettings(16, 0, 2, circuit_ablation="zero"), progress=False)

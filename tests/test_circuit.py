@@ -5,10 +5,10 @@ import math
 import numpy as np
 import pytest
 
-from interp.circuit import (circuit_record, circuit_summary, head_shares, reaches_log_k, reads_z_text, set_masks,
-                            verdict)
+from interp.circuit import (SUFFICIENT_TOL, circuit_record, circuit_summary, format_circuit, head_set_mask, head_shares,
+                            reaches_log_k, reads_z_text, set_masks, verdict)
 from interp.inputs import prompt_pairs
-from tests.handbuilt import ALPHA, K, SELECTOR_HEAD, SPLIT_HEADS, handbuilt_task, selector_copy_model
+from tests.handbuilt import ALPHA, COUNTER_HEAD, K, SELECTOR_HEAD, SPLIT_HEADS, handbuilt_task, selector_copy_model
 
 LOG_K = math.log(K)
 
@@ -18,8 +18,8 @@ def task():
     return handbuilt_task()
 
 
-def _record(task, split):
-    model = selector_copy_model(task, split=split)
+def _record(task, split=False, conjunctive=False):
+    model = selector_copy_model(task, split=split, conjunctive=conjunctive)
     return circuit_record(model, task, prompt_pairs(task, 64, seed=0), kind="mean", n_groups=4, seed=0)
 
 
@@ -36,6 +36,10 @@ def test_one_head_copies_z_single_head(task):
     assert rec["ablation"]["layer_but"][layer][head] < 0.01  # the others do not matter
     v = verdict(rec, LOG_K, after_drop=True)
     assert v["verdict"] == "single head" and v["heads"] == [f"L{layer}H{head}"]
+    assert v["necessary"] == [f"L{layer}H{head}"]
+    # Sufficient: with the BOS head mean-ablated (the only other head of its layer), nothing changes.
+    assert v["sufficiency"]["kept"] == [f"L{layer}H{head}"] and v["sufficiency"]["sufficient"]
+    assert v["sufficiency"]["candidate_loss"] == pytest.approx(rec["ablation"]["base"]["candidate_loss"], abs=1e-5)
     assert verdict(rec, LOG_K, after_drop=False)["verdict"] == "none"
     # It reads z at the last <SEP>: patching its output there alone restores the clean answer;
     # at the z positions (where the head's query is zero) it does nothing.
@@ -51,7 +55,7 @@ def test_one_head_copies_z_single_head(task):
     assert circuit_summary([{"step": 10, **rec}], SELECTOR_HEAD, LOG_K, tau=None)["verdict"] == "none"
 
 
-def test_two_heads_split_the_copy_distributed(task):
+def test_two_heads_split_the_copy_redundant(task):
     rec = _record(task, split=True)
     sh = rec["shares"]
     for layer, head in SPLIT_HEADS:
@@ -63,7 +67,54 @@ def test_two_heads_split_the_copy_distributed(task):
     assert rec["ablation"]["layer"][0] == pytest.approx(LOG_K, abs=1e-4)
     assert ALPHA / 2 > 3  # the margin that keeps one head's ablation away from log K
     v = verdict(rec, LOG_K, after_drop=True)
-    assert v["verdict"] == "distributed" and sorted(v["heads"]) == ["L0H0", "L0H1"]
+    assert v["verdict"] == "redundant" and sorted(v["heads"]) == ["L0H0", "L0H1"] and v["necessary"] == []
+    assert v["cover_ablated_candidate_loss"] == pytest.approx(LOG_K, abs=1e-4) and v["cover_ablated_reaches_log_k"]
+    assert v["sufficiency"]["sufficient"]  # they are the whole of layer 0: nothing else to ablate
+
+
+def test_each_of_two_heads_needed_conjunctive(task):
+    rec = _record(task, conjunctive=True)
+    sh = rec["shares"]
+    for layer, head in SPLIT_HEADS:  # each restores the clean answer when patched in: half the positive effect
+        assert sh["share"][layer][head] == pytest.approx(0.5, abs=1e-4)
+        # ... and mean-ablating either alone leaves 1 - 1 = 0 copies: every candidate equal, log K exactly
+        assert rec["ablation"]["alone"][layer][head] == pytest.approx(LOG_K, abs=1e-4)
+    layer, head = COUNTER_HEAD
+    assert sh["share"][layer][head] == 0.0 and rec["ablation"]["alone"][layer][head] < 0.01  # without it: 2 copies
+    v = verdict(rec, LOG_K, after_drop=True)
+    assert v["verdict"] == "conjunctive" and v["heads"] == ["L0H0", "L0H1"] == v["necessary"]
+    assert v["top_layer_share"] == pytest.approx(0.5, abs=1e-4)  # no single head by share either
+    assert v["sufficiency"]["sufficient"]
+    lines = format_circuit(circuit_summary([{"step": 10, **rec}], SPLIT_HEADS[1], LOG_K, tau=5), LOG_K, SPLIT_HEADS[1])
+    assert lines[0].startswith("circuit verdict conjunctive: L0H0, L0H1")
+    assert any(line.startswith("necessary       heads whose ablation alone returns it to log K: L0H0, L0H1") for line in lines)
+    assert any("sufficient" in line for line in lines)
+
+
+def _synthetic(alone_top: float, cover: float | None, necessary: list[str], kept: float, share: float = 0.4) -> dict:
+    """A circuit record by hand: 1 layer x 3 heads, the top head L0H0."""
+    return {"shares": {"top": [0, 0], "top_share": share, "top_layer_share": share, "total_positive": 1.0,
+                       "heads_for_80": [[0, 0], [0, 1]]},
+            "ablation": {"base": {"candidate_loss": 0.1}, "alone": [[alone_top, 0.2, 0.2]], "layer_but": [[kept, 0.0, 0.0]]},
+            "sets": {"cover": {"heads": ["L0H0", "L0H1"], "ablated": cover, "kept": kept},
+                     "necessary": {"heads": necessary, "kept": kept}}}
+
+
+def test_verdict_rules_by_hand():
+    log_k = 2.0
+    # One head needed, but without the share: neither single head nor conjunctive.
+    v = verdict(_synthetic(alone_top=2.5, cover=2.5, necessary=["L0H0"], kept=0.1), log_k, True)
+    assert v["verdict"] == "unresolved" and v["heads"] == ["L0H0", "L0H1"]
+    assert verdict(_synthetic(2.5, 2.5, ["L0H0"], 0.1, share=0.7), log_k, True)["verdict"] == "single head"
+    # The cover set ablated does not return the loss to log K: not redundant.
+    assert verdict(_synthetic(0.2, 1.0, [], 0.1), log_k, True)["verdict"] == "unresolved"
+    v = verdict(_synthetic(0.2, 1.9, [], 0.1 + SUFFICIENT_TOL * log_k + 0.01), log_k, True)
+    assert v["verdict"] == "redundant" and not v["sufficiency"]["sufficient"]
+    assert verdict(_synthetic(0.2, 1.9, [], 0.1), log_k, False) ["verdict"] == "none"
+    # keep=True: every other head of the kept heads' layers
+    m = head_set_mask([(1, 0), (1, 2)], 3, 3, keep=True)
+    assert m.tolist() == [[False] * 3, [False, True, False], [False] * 3]
+    assert head_set_mask([(0, 1)], 2, 2).tolist() == [[False, True], [False, False]]
 
 
 def test_shares_and_masks_by_hand():

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from interp import dynamics
+from interp.circuit import VERDICTS
 from interp.views import sweep_report
 from interp.results import SWEEP_REPORT_FILE, VARIANTS_CSV_FILE
 from interp.views.sweep_figures import sweep_figures
@@ -103,7 +104,7 @@ def test_analyze_every_run_then_the_seed_summary(tiny_sweep, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "over 6 analysed runs" in out and "selector head in layer 0: 6 of 6" in out  # a 1-layer model
     for r in load_sweep(sweep_dir).rows:
-        assert r["selector_head"] and r["circuit"] in ("single head", "distributed", "none")
+        assert r["selector_head"] and r["circuit"] in VERDICTS
 
 
 def test_table_fits_and_report_on_a_tiny_sweep(tiny_sweep, tmp_path, capsys):

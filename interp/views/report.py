@@ -234,7 +234,10 @@ def _circuit_text(c: dict[str, Any] | None, label: str, height_label: str) -> st
             + f" at step {c['step']} (top head {c['top']}: {c['top_share']:.0%} of all heads' positive patching effect, "
               f"{c['top_layer_share']:.0%} of its layer's; heads holding 80%: {c['shares']['n_for_80']}). "
               f"{ch['kind']} ablation, {label}: the routing head alone {cl(ch['alone'])}, its layer {cl(ch['layer'])}, "
-              f"its layer but it {cl(ch['layer_but'])}, base {cl(ch['base'])}")
+              f"its layer but it {cl(ch['layer_but'])}, base {cl(ch['base'])}. Heads whose ablation alone returns it to "
+              f"{height_label}: {', '.join(c.get('necessary') or []) or 'none'}"
+            + (f". Keeping only {', '.join(suff['kept'])} (every other head of their layers ablated): {na(suff['candidate_loss'])}, "
+               f"{'sufficient' if suff['sufficient'] else 'not sufficient'}" if (suff := c.get("sufficiency")) else ""))
 
 
 # ---- the page -----------------------------------------------------------------------------
