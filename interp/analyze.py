@@ -47,6 +47,7 @@ from interp.patch import patch
 from interp.results import (ABLATION_FILE, ATTENTION_FILE, ATTRIBUTION_FILE, CIRCUIT_FILE, PATCH_FILE, SELECTOR_FILE, analysis_dir,
                             append_records, load_records, pick_steps, settings_key, write_json_result)
 from interp.summary import format_summary, summarize
+from training.interventions import has_interventions
 from training.metrics import compute_tau
 from training.run import Run, RunError, read_json
 
@@ -143,6 +144,9 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     chosen = pick_steps(run.steps(), every, steps)
     if not chosen:
         raise RunError(f"{run.path}: the run has no checkpoints")
+    if has_interventions(run.config.train):
+        log.info("%s trained with interventions (training.interventions): each checkpoint is analysed with "
+                 "them as they were at its step", run.path)
     records = run.metrics()
     tau = compute_tau(records, run.progress)
     summary = run.summary() or {}

@@ -21,8 +21,8 @@ from tests.conftest import copy_run
 NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 SWEEP_NOTEBOOKS = ("04_sweeps_and_scaling.ipynb",)
 """Notebooks that look at a sweep (``PLATEAUSCOPE_SWEEP_DIR``, the session's tiny sweep), not at a run."""
-OWN_RUN_NOTEBOOKS = ("07_a_task_of_your_own.ipynb",)
-"""Notebooks that train their own run into ``PLATEAUSCOPE_OUT_DIR`` (a temporary folder here)."""
+OWN_RUN_NOTEBOOKS = ("07_a_task_of_your_own.ipynb", "08_what_the_plateau_waits_for.ipynb")
+"""Notebooks that train their own run (or sweep) into ``PLATEAUSCOPE_OUT_DIR`` (a temporary folder here)."""
 NOTEBOOKS = tuple(sorted(p.name for p in NOTEBOOK_DIR.glob("*.ipynb")
                          if p.name not in SWEEP_NOTEBOOKS + OWN_RUN_NOTEBOOKS))
 CELL_TIMEOUT_S = 300
@@ -88,7 +88,7 @@ def test_sweep_notebook_runs(name, sweep_kernel_env):
 
 @pytest.fixture(scope="module")
 def out_kernel_env(tmp_path_factory):
-    """Notebook 07 trains its own task: PLATEAUSCOPE_OUT_DIR points it at an empty folder."""
+    """Notebooks 07 and 08 train their own run or sweep: PLATEAUSCOPE_OUT_DIR points them at an empty folder."""
     out = tmp_path_factory.mktemp("notebooks") / "own"
     out.mkdir()
     mp = _kernel_env(tmp_path_factory, "PLATEAUSCOPE_OUT_DIR", out)

@@ -195,3 +195,29 @@ def get_sweep_model(preset):
     from training.presets import get_preset
 
     return get_preset(preset).model
+
+
+def test_a_killed_sweep_stops_its_workers(tmp_path):
+    """SIGTERM to `python -m training.sweep` stops the spawned workers too: none goes on writing its run."""
+    import signal
+    import subprocess
+    import time
+
+    out = tmp_path / "s"
+    proc = subprocess.Popen([sys.executable, "-m", "training.sweep", "--base", "tiny", "--grid", "seed=0,1",
+                             "--set", "max_steps=1000000", "--set", "eval_every=5", "--out", str(out),
+                             "--workers", "2", "--no-progress"],
+                            cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    metrics = [out / name / rd.METRICS_FILE for name in ("seed0", "seed1")]
+    deadline = time.monotonic() + 120
+    while not all(m.exists() and m.stat().st_size > 0 for m in metrics):
+        assert time.monotonic() < deadline and proc.poll() is None, "the workers never started"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "interrupted: run the same command again" in err
+    time.sleep(1)
+    sizes = [m.stat().st_size for m in metrics]
+    time.sleep(3)
+    assert [m.stat().st_size for m in metrics] == sizes  # nobody writes them any more

@@ -19,6 +19,7 @@ TAILS: tuple[str, ...] = ("random", "by_first_char")
 ORDERS: tuple[str, ...] = ("bz", "zb")
 SELECTORS: tuple[str, ...] = ("shared", "private")
 FORWARDS: tuple[str, ...] = ("fused", "hooked")
+TRANSPLANTS: tuple[str, ...] = ("routing", "readout")
 
 T = TypeVar("T", bound="JsonConfig")
 
@@ -252,6 +253,20 @@ class TrainConfig(JsonConfig):
     and every analysis are the same in both; the two differ in float rounding only, so their runs
     diverge as runs on two CPU types do. Runs written before this field existed read as ``hooked``."""
 
+    hide_cue_until: int | None = None
+    """Intervention: mask attention to the task's cue (the selector z; every head, every layer) at
+    the steps before this one, in training and in the evaluations, then release it (None: never)."""
+    masked_heads: tuple[str, ...] = ()
+    """Intervention: heads ``"L.H"`` whose outputs are zeroed from step 0, in training and in the
+    evaluations (``("0.1", "0.2", "0.3")`` leaves head 0.0 as layer 0's only route)."""
+    transplant: str | None = None
+    """Intervention: ``routing`` (the embeddings and layer 0) or ``readout`` (layers 1 and above, the
+    final norm and the unembedding) copied from ``donor`` into the run's own step-0 weights."""
+    donor: str | None = None
+    """The checkpoint (``.safetensors`` of a run of the same shape) that ``transplant`` copies from."""
+    freeze_transplant: bool = False
+    """Keep the transplanted weights fixed: they get no gradient and no weight decay."""
+
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
         """The inverse of ``to_dict``; a run written before ``forward`` existed was trained with ``hooked``."""
@@ -268,6 +283,15 @@ class TrainConfig(JsonConfig):
             raise ConfigError(f"tracked_every must be at least 1 (or None), got {self.tracked_every}")
         if self.lr <= 0:
             raise ConfigError(f"lr must be positive, got {self.lr}")
+        if self.hide_cue_until is not None and not 0 < self.hide_cue_until < self.max_steps:
+            raise ConfigError(f"hide_cue_until={self.hide_cue_until} is outside the run: give a step "
+                              f"between 1 and max_steps - 1 ({self.max_steps - 1})")
+        if self.transplant is not None and self.transplant not in TRANSPLANTS:
+            raise ConfigError(f"transplant must be one of {', '.join(TRANSPLANTS)}, got {self.transplant!r}")
+        if (self.transplant is None) != (self.donor is None):
+            raise ConfigError("transplant and donor go together: --transplant routing|readout --donor CHECKPOINT")
+        if self.freeze_transplant and self.transplant is None:
+            raise ConfigError("freeze_transplant needs a transplant (--transplant routing|readout --donor CHECKPOINT)")
 
 
 @dataclass(frozen=True)

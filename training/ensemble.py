@@ -63,6 +63,7 @@ from training.schedule import scheduled_steps
 from training.tasks.base import Task
 from training.tasks.loading import build_task, canonical_task_name
 from training.machine import machine_record
+from training.interventions import has_interventions
 from training.train import (check_forward, deterministic, evaluation_record, evaluation_set, evaluation_sets, finish,
                             load_resume_point, machines_on_resume, prepare_run_dir, resolve_device,
                             save_checkpoint_and_state, stop_due, train_step)
@@ -182,6 +183,8 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
         raise ConfigError(f"an ensemble needs one run directory per config, got {len(cfgs)} and {len(out_dirs)}")
     cfgs = [dataclasses.replace(c, task_name=canonical_task_name(c.task_name)).validate() for c in cfgs]
     same_but_seed(cfgs)
+    if any(has_interventions(c.train) for c in cfgs):
+        raise ConfigError("interventions (hide_cue_until, masked_heads, transplant) train solo runs, not seed ensembles")
     outs = [Path(o) for o in out_dirs]
     if len(set(outs)) != len(outs):
         raise ConfigError("an ensemble's members need distinct run directories")

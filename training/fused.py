@@ -23,7 +23,7 @@ says why another model is not.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -68,15 +68,26 @@ def _norm(x: Float[Tensor, "n d_model"], params: Mapping[str, Tensor], name: str
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
-def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, "batch pos"]
+def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, "batch pos"],
+                 hidden_keys: Sequence[int] = (), zeroed_heads: Sequence[tuple[int, int]] = ()
                  ) -> Float[Tensor, "batch pos d_vocab_out"]:
     """The logits of a HookedTransformer with config ``cfg`` (``model.cfg``) and parameters ``params``
     (``training.backend.hooked_parameters(model)``, or a seed ensemble member's slices), with fused kernels.
 
+    The interventions of :mod:`training.interventions`: no head attends to the key positions
+    ``hidden_keys``, and the heads ``zeroed_heads`` ((layer, head) pairs) write nothing.
     No hook runs: use the hooked forward for anything that reads or edits activations.
     """
     n_heads, d_head, d_model, kind, eps = cfg.n_heads, cfg.d_head, cfg.d_model, cfg.normalization_type, cfg.eps
     batch, n_pos = tokens.shape
+    attn_mask = None  # None: the causal kernel
+    if hidden_keys:
+        attn_mask = torch.ones(n_pos, n_pos, dtype=torch.bool, device=tokens.device).tril()
+        attn_mask[:, [k for k in hidden_keys if k < n_pos]] = False
+    keep = {}
+    for layer, head in zeroed_heads:
+        keep.setdefault(layer, torch.ones(n_heads, 1, 1, dtype=params["embed.W_E"].dtype, device=tokens.device))
+        keep[layer][head] = 0
     x = (params["embed.W_E"][tokens] + params["pos_embed.W_pos"][:n_pos]).view(-1, d_model)  # [batch * pos, d]
     for layer in range(cfg.n_layers):
         p = f"blocks.{layer}."
@@ -86,7 +97,10 @@ def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, 
         b_qkv = torch.cat([params[p + "attn.b_Q"], params[p + "attn.b_K"], params[p + "attn.b_V"]]).flatten()
         qkv = torch.addmm(b_qkv, _norm(x, params, p + "ln1", kind, eps), w_qkv)
         q, k, v = qkv.view(batch, n_pos, 3 * n_heads, d_head).transpose(1, 2).split(n_heads, dim=1)
-        z = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # scale 1 / sqrt(d_head), as attn_scale
+        # scale 1 / sqrt(d_head), as attn_scale
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
+        if layer in keep:
+            z = z * keep[layer]  # [batch, heads, pos, d_head]
         z = z.transpose(1, 2).reshape(-1, n_heads * d_head)
         x = x + torch.addmm(params[p + "attn.b_O"], z, params[p + "attn.W_O"].reshape(n_heads * d_head, d_model))
         if not cfg.attn_only:

@@ -214,10 +214,21 @@ class Run:
     def load_model(self, step: int, device: str | torch.device = "cpu", backend: str | None = None) -> Model:
         """The model at ``step``, in eval mode, on ``backend`` (``hooked``: TransformerLens 3.x
         HookedTransformer, ``bridge``: 4.x TransformerBridge; None: the installed one). An
-        uninstalled backend raises ``training.backend.BackendError`` (one line)."""
+        uninstalled backend raises ``training.backend.BackendError`` (one line).
+
+        A run trained with interventions (``training.interventions``) gets them as permanent hooks,
+        as they were at ``step`` (zeroed heads; the cue hidden before its release), so that every
+        analysis sees the model that was trained."""
+        from training.interventions import Interventions, has_interventions  # it reads checkpoints with this module
+
         state, _ = load_checkpoint(self.checkpoint_path(step))
-        model = build_model(self.hooked_config, backend=backend, device=device)
-        return load_hooked_state_dict(model, state).eval()
+        model = load_hooked_state_dict(build_model(self.hooked_config, backend=backend, device=device), state).eval()
+        tc = self.config.train
+        if has_interventions(tc):
+            if not hasattr(model, "mod_dict"):
+                raise RunError(f"{self.path}: a run with interventions is analysed on --backend hooked only")
+            Interventions.build(tc, self.task(), self.config.model.n_layers, self.config.model.n_heads).attach(model, step)
+        return model
 
     def models(self, steps: list[int] | None = None, device: str = "cpu",
                backend: str | None = None) -> Iterator[tuple[int, Model]]:

@@ -44,6 +44,7 @@ import json
 import logging
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -57,6 +58,7 @@ from tqdm.auto import tqdm
 from training import run as rd
 from training.config import ConfigError, RunConfig
 from training.ensemble import train_ensemble
+from training.interventions import INTERVENTION_OPTIONS, has_interventions
 from training.presets import get_preset
 from training.train import train
 
@@ -71,7 +73,8 @@ _NAME_ALIAS: dict[str, str] = {"preset": "", "direction": "", "n_b": "nb", "batc
                                "target_uniqueness": "uniq", "tails": "tails_", "order": "order_",
                                "selectors": "sel_",
                                "eval_groups": "eg", "stop_after_tau": "stop", "weight_decay": "wd",
-                               "data_seed": "ds"}
+                               "data_seed": "ds", "hide_cue_at": "hide", "transplant": "give_",
+                               "freeze_transplant": "frozen", "only_head": "only"}
 
 
 @dataclass(frozen=True)
@@ -100,8 +103,12 @@ class Point:
     """The run directory's name, from the options."""
     options: dict[str, Any]
     """The point's own options (grid values)."""
-    cfg: RunConfig
-    """The full configuration: base preset + fixed options + the point's options."""
+    cfg: RunConfig | None
+    """The full configuration: base preset + fixed options + the point's options (None for a point
+    relative to its baseline until that has trained: :func:`resolve_relative`)."""
+    baseline: str | None = None
+    """The run that a relative point's options refer to (``RELATIVE_OPTIONS``): the point with the
+    same options but no intervention."""
 
 
 @dataclass(frozen=True)
@@ -130,6 +137,37 @@ def run_name(options: dict[str, Any]) -> str:
     return "_".join(f"{_NAME_ALIAS.get(k, k)}{_format_value(options[k])}" for k in keys) or "run"
 
 
+RELATIVE_OPTIONS: dict[str, str] = {
+    "hide_cue_at": "hide_cue_until = this fraction of the baseline run's tau (at least 1 step)",
+    "transplant": "without a donor, the donor is the baseline run's last checkpoint",
+}
+# (``only_head="L.H"`` is resolved without a baseline: every other head of layer L masked.)
+"""Point options resolved from the point's baseline run once it has trained (interventions relative
+to each seed's own run, ``training.interventions``)."""
+
+
+def _is_relative(options: dict[str, Any]) -> bool:
+    return "hide_cue_at" in options or ("transplant" in options and "donor" not in options)
+
+
+def resolve_relative(spec: SweepSpec, point: Point, out: Path) -> Point:
+    """A relative point with its options made absolute from its baseline run (which must be complete
+    and have reached tau); else a one-line ConfigError naming the baseline."""
+    base_dir = out / point.baseline
+    if not is_complete(base_dir):
+        raise ConfigError(f"{point.name}: its baseline run {base_dir} is not complete")
+    tau = rd.read_json(base_dir / rd.SUMMARY_FILE).get("tau")
+    options = dict(point.options)
+    if "hide_cue_at" in options:
+        if tau is None:
+            raise ConfigError(f"{point.name}: its baseline run {base_dir} never reached tau")
+        options["hide_cue_until"] = max(1, round(options.pop("hide_cue_at") * tau))
+    if "transplant" in options and "donor" not in options:
+        base = rd.Run(base_dir)
+        options["donor"] = str(base.checkpoint_path(base.steps()[-1]).resolve())
+    return dataclasses.replace(point, cfg=point_config(spec, options))
+
+
 def point_config(spec: SweepSpec, options: dict[str, Any]) -> RunConfig:
     """The RunConfig of one point: base preset, then the fixed options, then the point's own."""
     merged = {**spec.fixed, **options}
@@ -137,6 +175,10 @@ def point_config(spec: SweepSpec, options: dict[str, Any]) -> RunConfig:
     data_seed = merged.pop("data_seed", None)
     if data_seed is not None:
         cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, seed=data_seed))
+    only = merged.pop("only_head", None)
+    if only is not None:  # "L.H": every other head of layer L masked
+        layer, _, head = str(only).partition(".")
+        merged["masked_heads"] = tuple(f"{layer}.{h}" for h in range(cfg.model.n_heads) if str(h) != head)
     D = merged.pop("D", None)
     if D is not None:
         K = merged.get("K", cfg.task.K)
@@ -159,6 +201,12 @@ def expand(spec: SweepSpec, seeds: list[int] | None = None) -> list[Point]:
             axes["seed"] = tuple(seeds)
         for values in itertools.product(*axes.values()):
             options = dict(zip(axes, values))
+            if _is_relative(options):
+                baseline = {k: v for k, v in options.items() if k not in INTERVENTION_OPTIONS}
+                point_config(spec, baseline)  # an impossible option fails now, not after the baselines
+                key = json.dumps(options, sort_keys=True, default=str)
+                points.setdefault(key, Point(run_name(options), options, None, run_name(baseline)))
+                continue
             cfg = point_config(spec, options)
             key = json.dumps(cfg.to_dict(), sort_keys=True)
             if key not in points:
@@ -166,6 +214,10 @@ def expand(spec: SweepSpec, seeds: list[int] | None = None) -> list[Point]:
     names = [p.name for p in points.values()]
     if len(set(names)) != len(names):
         raise ConfigError(f"sweep {spec.name!r}: two different points share a run name")
+    missing = sorted({p.baseline for p in points.values() if p.baseline} - set(names))
+    if missing:
+        raise ConfigError(f"sweep {spec.name!r}: relative points need their baseline runs in the sweep "
+                          f"({', '.join(missing)})")
     return list(points.values())
 
 
@@ -206,8 +258,9 @@ def plan_jobs(points: list[Point], out: Path, ensemble: bool) -> tuple[list[list
     complete = {p.name for p in points if is_complete(out / p.name)}
     groups: dict[str, list[Point]] = {}
     for p in points:
-        if p.name not in complete:
-            key = run_name({k: v for k, v in p.options.items() if k != "seed"}) if ensemble else p.name
+        if p.name not in complete:  # interventions train solo (an ensemble refuses them)
+            solo = not ensemble or has_interventions(p.cfg.train)
+            key = p.name if solo else run_name({k: v for k, v in p.options.items() if k != "seed"})
             groups.setdefault(key, []).append(p)
     return list(groups.values()), sorted(complete)
 
@@ -265,7 +318,8 @@ def _died(job: Job, e: BaseException) -> list[dict]:
 def _run_local(jobs: list[Job], workers: int, bar: tqdm) -> list[dict]:
     # spawn, not fork: forking a process whose torch (OpenMP) thread pool is running can hang the child.
     outcomes = []
-    with cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
         futures = {pool.submit(run_job, job): job for job in jobs}
         for future in cf.as_completed(futures):
             try:
@@ -273,6 +327,14 @@ def _run_local(jobs: list[Job], workers: int, bar: tqdm) -> list[dict]:
             except cf.process.BrokenProcessPool as e:
                 outcomes += _died(futures[future], e)
             bar.update(1)
+    except BaseException:
+        # Interrupted (Ctrl-C, or SIGTERM, which main() turns into the same): stop the workers too. A
+        # worker left running would go on writing its run directory while a second sweep resumes it.
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
     return outcomes
 
 
@@ -352,6 +414,30 @@ def run_sweep(spec: SweepSpec, out: str | Path, executor: str = "local", workers
     submitter = submitit_executor(out / SUBMITIT_DIR, cluster) if cluster else None
     out.mkdir(parents=True, exist_ok=True)
     write_manifest(spec, out, points)
+    # Two rounds: the runs that relative points refer to, then every other point in the sweep's
+    # order, the relative ones resolved (their S, their donor).
+    settings = dict(executor=executor, workers=workers, ensemble=ensemble, device=device, progress=progress,
+                    slurm=slurm or {}, threads=threads, submitter=submitter, name=spec.name)
+    baselines = {p.baseline for p in points}
+    outcomes = _train_points([p for p in points if p.name in baselines], out, **settings)
+    rest, failed = [], []
+    for p in points:
+        if p.name in baselines:
+            continue
+        try:
+            rest.append(resolve_relative(spec, p, out) if p.baseline is not None else p)
+        except (ConfigError, rd.RunError) as e:
+            failed.append({"name": p.name, "status": "failed", "error": str(e)})
+    if rest:
+        outcomes.update(_train_points(rest, out, **settings))
+    outcomes.update({o["name"]: o for o in failed})
+    return [outcomes.get(p.name, {"name": p.name, "status": "failed", "error": "no outcome"}) for p in points]
+
+
+def _train_points(points: list[Point], out: Path, executor: str, workers: int | None, ensemble: bool, device: str,
+                  progress: bool, slurm: dict[str, Any], threads: int | None, submitter: Any, name: str
+                  ) -> dict[str, dict[str, Any]]:
+    """Train the unfinished ``points`` as jobs on the executor; their outcomes by name."""
     groups, skipped = plan_jobs(points, out, ensemble)
     slurm = slurm or {}
     if executor == "slurm":  # the cluster's cores: workers is the array's parallelism
@@ -365,9 +451,9 @@ def run_sweep(spec: SweepSpec, out: str | Path, executor: str = "local", workers
         threads = min(threads or cores, max(1, cores // n_workers))
     jobs = [Job(tuple(p.cfg for p in g), tuple(str(out / p.name) for p in g), tuple(p.name for p in g), threads, device)
             for g in groups]
-    log.info("sweep %s: %d points, %d complete, %d jobs (%s, %d workers x %d threads%s)", spec.name, len(points),
+    log.info("sweep %s: %d points, %d complete, %d jobs (%s, %d workers x %d threads%s)", name, len(points),
              len(skipped), len(jobs), executor, n_workers, threads, ", seed ensembles" if ensemble else "")
-    bar = tqdm(total=len(jobs), disable=not progress, desc=spec.name, unit="job", dynamic_ncols=True)
+    bar = tqdm(total=len(jobs), disable=not progress, desc=name, unit="job", dynamic_ncols=True)
     try:
         if not jobs:
             trained = []
@@ -381,7 +467,7 @@ def run_sweep(spec: SweepSpec, out: str | Path, executor: str = "local", workers
         bar.close()
     by_name = {o["name"]: {**o, "status": "failed" if "error" in o else "done"} for o in trained}
     by_name.update({n: {"name": n, "status": "skipped"} for n in skipped})
-    return [by_name.get(p.name, {"name": p.name, "status": "failed", "error": "no outcome"}) for p in points]
+    return by_name
 
 
 # ---- shipped sweeps -----------------------------------------------------------------------
@@ -428,6 +514,26 @@ _MARGINAL_VARIANTS: tuple[dict[str, tuple], ...] = (
     {"no_z": (True,)},
     {"no_z": (True,), "a_len": (1,), "target_uniqueness": ("group",)},
 )
+
+
+def _intervention_grids(seeds: range, hide_at: tuple[float, ...], only_heads: tuple[str, ...]
+                        ) -> tuple[dict[str, tuple], ...]:
+    """Per seed (model and data seed together): the unmodified run and each intervention relative to it.
+    The hidden cue and the transplants of every seed come first, the single routes after them, so a
+    sweep stopped early has the main contrasts over all its seeds."""
+    grids: list[dict[str, tuple]] = []
+    for i in seeds:
+        seed = {"seed": (i,), "data_seed": (i,)}
+        grids += [seed, {**seed, "hide_cue_at": hide_at}, {**seed, "transplant": ("routing", "readout")},
+                  {**seed, "transplant": ("routing",), "freeze_transplant": (True,)}]
+    grids += [{"seed": (i,), "data_seed": (i,), "only_head": only_heads} for i in seeds if only_heads]
+    return tuple(grids)
+
+
+# What the plateau waits for (issue 19): each seed's own run, its tau_0 and its last checkpoint (the
+# donor, after the drop), then the interventions relative to it. Run as a sweep, the unmodified
+# runs train first; their names are those of seeds-ci, so a copy of seeds-ci's runs is reused.
+_HIDE_AT = (0.25, 0.5, 0.75, 1.0)
 
 SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
     SweepSpec(
@@ -505,6 +611,24 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         name="seeds-demo", base="demo", grids=_SEEDS,
         description="5 seeds of the demo preset (model and data seed varied): the lead and the circuit over seeds",
         cost="5 runs of ~2,100 steps (1.5 tau), ~3 min each on 2 cores (estimated)"),
+    SweepSpec(
+        name="plateau-interventions", base="ci",
+        grids=_intervention_grids(range(5), _HIDE_AT, ("0.0", "0.1", "0.2", "0.3")),
+        description="what the plateau waits for: the cue hidden until S = 0.25-1 tau_0, the routing or the "
+                    "readout given (trained or frozen), one route in layer 0; ci, 5 seeds",
+        cost="60 runs (5 unmodified, 55 interventions; ~1-2.5 tau_0 each), ~100 min on 2 cores (estimated)"),
+    SweepSpec(
+        name="plateau-interventions-demo", base="demo",
+        grids=_intervention_grids(range(3), (0.5, 1.0), ()),
+        description="the main contrasts of plateau-interventions on the demo model: the cue hidden until "
+                    "0.5 and 1 tau_0, the routing or the readout given; 3 seeds",
+        cost="18 runs of the paper model (~1-2.5 tau_0 each), ~2.5 h on 2 cores (estimated)"),
+    SweepSpec(
+        name="plateau-interventions-tiny", base="tiny",
+        fixed={"lr": 3e-3, "stop_after_tau": 1.5, "max_steps": 600, "eval_every": 10, "ckpt_every": 10, "D": 80},
+        grids=_intervention_grids(range(2), (0.5, 1.0), ("0.0",)),
+        description="machinery check of plateau-interventions on the 1-layer tiny model, 2 seeds",
+        cost="14 runs of ~60-300 steps, ~1 min on 2 cores (estimated)"),
     SweepSpec(
         name="tiny", base="tiny",
         fixed={"lr": 3e-3, "stop_after_tau": 1.5, "max_steps": 600, "eval_every": 10, "ckpt_every": 10},
@@ -632,4 +756,5 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, signal.default_int_handler)  # a kill stops the workers as Ctrl-C does
     sys.exit(main())

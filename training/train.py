@@ -29,9 +29,10 @@ from tqdm.auto import tqdm
 from training import run as rd
 from training.backend import BACKENDS, BackendError, build_model, hooked_parameters, hooked_state_dict, \
     load_hooked_state_dict, resolve_backend
-from training.config import (DIRECTIONS, FORWARDS, ORDERS, SELECTORS, TAILS, TARGET_UNIQUENESS, ConfigError,
-                             ModelConfig, RunConfig, TrainConfig)
+from training.config import (DIRECTIONS, FORWARDS, ORDERS, SELECTORS, TAILS, TARGET_UNIQUENESS, TRANSPLANTS,
+                             ConfigError, ModelConfig, RunConfig, TrainConfig)
 from training.fused import fused_logits, unsupported_reason
+from training.interventions import Interventions, has_interventions, in_part, load_donor, transplanted
 from training.machine import describe, machine_record
 from training.metrics import compute_tau, summarize
 from training.model import hooked_config_dict
@@ -99,10 +100,21 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     # --- The run directory: a fresh one, or the one we resume. -----------------------------
     task = build_task(cfg.task_name, cfg.task)
     evalsets = evaluation_sets(task, tc, tc.seed)
-    hooked_cfg = prepare_run_dir(cfg, task, out, resume)
+    # Interventions (training.interventions) and a transplant's donor are checked before anything is written.
+    interventions = Interventions.build(tc, task, cfg.model.n_layers, cfg.model.n_heads)
+    if has_interventions(tc) and backend != "hooked":
+        raise ConfigError("interventions (hide_cue_until, masked_heads, transplant) need --backend hooked")
+    model = build_model(hooked_config_dict(cfg.model, task), backend=backend, seed=cfg.model.seed, device=dev)
+    fresh = not (resume and (out / rd.RESUME_FILE).exists())
+    donor = load_donor(tc, hooked_state_dict(model)) if tc.transplant and fresh else None
+    prepare_run_dir(cfg, task, out, resume)
 
     # --- Model, optimiser, data order (the fixed evaluation sets are built above). -----------
-    model = build_model(hooked_cfg, backend=backend, seed=cfg.model.seed, device=dev)
+    if donor is not None:  # the run's own step-0 weights, with one part from the donor
+        load_hooked_state_dict(model, transplanted(hooked_state_dict(model), donor, tc.transplant))
+    if tc.freeze_transplant:  # no gradient, so AdamW neither steps nor decays them
+        for name, param in model.named_parameters():
+            param.requires_grad_(not in_part(name, tc.transplant))
     optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=tc.betas)
     data_gen = torch.Generator().manual_seed(tc.seed)  # minibatch order only
     n_examples = len(task.tokens)
@@ -110,7 +122,9 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     tokens = task.tokens.to(dev)
     measure = task.progress  # what defines tau
     # The training step's forward: fused kernels over the model's own parameters, or its hooked forward.
-    forward = (lambda t: fused_logits(model.cfg, hooked_parameters(model), t)) if tc.forward == "fused" else model
+    # Interventions enter the fused kernels as masks, and the hooked forward (and evaluation) as hooks.
+    forward = (lambda t: fused_logits(model.cfg, hooked_parameters(model), t, **interventions.fused_options(step))
+               ) if tc.forward == "fused" else model
 
     # --- Resume: weights, optimiser, data order, RNGs, and metrics up to the saved step. ----
     records: list[dict] = []
@@ -143,8 +157,9 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
             # 1. Evaluate on the fixed evaluation set (no training RNG is touched).
             stop = False
             if step in eval_steps:
-                record = evaluation_record(model, task, evaluation_set(evalsets, step, tc), step, tc,
-                                           time.perf_counter() - t0)
+                with interventions.applied(model, step):
+                    record = evaluation_record(model, task, evaluation_set(evalsets, step, tc), step, tc,
+                                               time.perf_counter() - t0)
                 records.append(record)
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
@@ -168,9 +183,10 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
 
             # 4-5. The task's loss (on its loss positions: logits at p predict the token at p + 1),
             # then the update: warmup, backward, clipping, AdamW (the step the seed ensemble takes too).
-            train_step(lambda b: task.loss(forward(b[:, : task.input_len]), b),
-                       batch, optimizer, tc, step,
-                       clip=lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+            with interventions.applied(model, step):
+                train_step(lambda b: task.loss(forward(b[:, : task.input_len]), b),
+                           batch, optimizer, tc, step,
+                           clip=lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
             step += 1
             bar.update(1)
     finally:
@@ -429,6 +445,16 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the training step's forward: fused (default; fused kernels over the model's own "
                         "parameters, 1.5x faster) or hooked (HookedTransformer's own forward). Evaluation and "
                         "checkpoints are the same in both")
+    p.add_argument("--hide-cue-until", type=int, metavar="S",
+                   help="intervention: mask attention to the cue (z) in every head before step S, then release it")
+    p.add_argument("--mask-heads", type=lambda text: tuple(h.strip() for h in text.split(",") if h.strip()),
+                   metavar="L.H,...", help="intervention: zero these heads' outputs from step 0, e.g. 0.1,0.2,0.3")
+    p.add_argument("--transplant", choices=TRANSPLANTS,
+                   help="intervention: start from the run's own step-0 weights with this part from --donor "
+                        "(routing: embeddings and layer 0; readout: the layers above, final norm, unembedding)")
+    p.add_argument("--donor", help="the checkpoint (.safetensors, same model shape) that --transplant copies from")
+    p.add_argument("--freeze-transplant", action="store_true", default=None,
+                   help="keep the transplanted weights fixed during training")
     p.add_argument("--out", type=Path, help="run directory (default: checkpoints/<name from the options>)")
     p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
     p.add_argument("--device", default="auto", help="auto (a GPU when present), cpu or cuda")
@@ -453,7 +479,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         ("batch_size", "batch_size"), ("max_steps", "max_steps"), ("stop_after_tau", "stop_after_tau"),
         ("threads", "threads"), ("forward", "forward"), ("a_len", "a_len"),
         ("target_uniqueness", "target_uniqueness"), ("tails", "tails"),
-        ("order", "order"), ("selectors", "selectors"), ("no_z", "no_z")] if getattr(args, attr) is not None}
+        ("order", "order"), ("selectors", "selectors"), ("no_z", "no_z"), ("hide_cue_until", "hide_cue_until"),
+        ("masked_heads", "mask_heads"), ("transplant", "transplant"), ("donor", "donor"),
+        ("freeze_transplant", "freeze_transplant")] if getattr(args, attr) is not None}
     cfg = cfg.replace(**overrides)
     if args.data_seed is not None:
         cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, seed=args.data_seed))

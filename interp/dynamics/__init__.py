@@ -69,6 +69,7 @@ from interp.results import SELECTOR_FILE, analysis_dir, median, na
 from interp.selector import RULES
 from interp.snap import SNAP_HI, snap_statistics
 from training import run as rd
+from training.interventions import has_interventions
 from training.metrics import MARGINAL_REL, compute_tau
 from training.tasks.base import ProgressMeasure
 from training.run import MANIFEST_FILE, Run, RunError
@@ -146,7 +147,7 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
         "marginal_stage_tau": marginal_stage(metrics, log_k, tau),
         "snap_groups": snap["n_groups"], "snap_share_at_half_tau": snap["share_above_at_half_tau"],
         "snap_window_tau": snap["snap_window_tau"], "snap_spread_tau": snap["snap_spread_tau"],
-        "snap_snapped": snap["n_snapped"],
+        "snap_snapped": snap["n_snapped"], "intervention": has_interventions(cfg.train),
     }
 
 
@@ -176,10 +177,11 @@ def _mean_range(xs: list[Any]) -> tuple[float | None, float | None, float | None
 
 def variant_table(rows: list[dict]) -> list[dict[str, Any]]:
     """One row per (task variant, model) of the backward runs: verdicts and plateau numbers over seeds
-    (mean and seed range), and whether every seed has a true marginal stage (>= 0.3 tau)."""
+    (mean and seed range), and whether every seed has a true marginal stage (>= 0.3 tau). Runs with an
+    intervention are left out."""
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
-        if r["direction"] == "backward":
+        if r["direction"] == "backward" and not r.get("intervention"):
             groups.setdefault((r["variant"], r["model"], r["D"], r["K"]), []).append(r)
     out = []
     for (variant, model, D, K), rs in groups.items():
@@ -417,7 +419,9 @@ def seed_lines(s: dict[str, Any] | None) -> list[str]:
 
 
 def analyze_sweep(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
-    """Every fit, at tau's threshold 0.5 (``main``) and at 0.3 / 0.7 (``sensitivity``); the seed summary."""
+    """Every fit, at tau's threshold 0.5 (``main``) and at 0.3 / 0.7 (``sensitivity``); the seed summary.
+    Runs with an intervention (``interp.dynamics.interventions``) are left out of all of them."""
+    rows = [r for r in rows if not r.get("intervention")]
     def fits(t: float) -> dict[str, Any]:
         return {"scaling": scaling_law(rows, t, n_boot, seed), "k": k_dependence(rows, t, n_boot, seed),
                 "batch": batch_effect(rows, t), "lr": lr_effect(rows, t),

@@ -22,6 +22,7 @@ from interp.analyze import analyze_run
 from interp.cli import CliError, run_cli, write_json
 from interp.dynamics import (TABLE_COLUMNS, Sweep, analyze_sweep, load_sweep, seed_lines, summary_lines, sweep_runs,
                              table_csv, table_text, variant_table, variant_table_text)
+from interp.dynamics.interventions import intervention_rows, intervention_table, intervention_table_text, reading
 from interp.views.pages import figure_section, page, table_html, write_page
 from interp.results import DYNAMICS_CSV_FILE, SWEEP_REPORT_FILE, VARIANTS_CSV_FILE
 from interp.views.sweep_figures import sweep_figures
@@ -106,6 +107,12 @@ def main(argv: list[str] | None = None) -> int:
             print(variant_table_text(variants))
             write_text_atomic(sweep.path / VARIANTS_CSV_FILE, table_csv(variants))
             print(f"variants: {sweep.path / VARIANTS_CSV_FILE}")
+        interventions = intervention_table(intervention_rows(sweep.path)) if \
+            any(r["intervention"] for r in sweep.rows) else []
+        if interventions:
+            print("\nwhat the plateau waits for (interventions against each seed's unmodified run):")
+            print(intervention_table_text(interventions))
+            print("\n".join(reading(interventions)))
         print()
         print("\n".join(seed_lines(result["seeds"])))
         print(f"\ntable: {csv_path}")

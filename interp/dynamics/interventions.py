@@ -1,0 +1,201 @@
+"""What the plateau waits for: the runs of an intervention sweep against each seed's unmodified run.
+
+    python -m interp.dynamics --sweep sweeps/plateau-interventions
+
+One row per intervention run (``training.interventions``), against its baseline, the run of the
+same seed without intervention (tau_0, its tau):
+
+* ``S``: the step at which the hidden cue was released (0 for the other interventions);
+* ``wait``: tau - S, the steps from the release (or from step 0) to tau; ``wait / tau_0`` compares
+  it with the unmodified plateau (1: the same wait; below 1: shorter);
+* the plateau span and verdict of ``summary.json`` and the candidate loss at step 0 (where a
+  transplant starts);
+* with a hidden cue, the set loss at S (the last evaluation at or before it), and the unmodified
+  run's at the same step: what the model learned without the cue.
+
+Per condition, over seeds: the median of ``wait / tau_0`` with a bootstrap 95% interval
+(``interp.dynamics.bootstrap_median``), how many seeds reached tau, and the verdicts. A run that did
+not reach tau is *censored*: its wait is at least its last step - S, and that lower bound enters
+the median. When a lower bound sits at or below the median, the median (and its interval) is a
+lower bound too, printed with ``>=``: it can still show a wait longer than tau_0, never a shorter one.
+:func:`reading` turns the intervals into sentences; every number in them comes from the table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from interp.cli import format_table
+from interp.dynamics import bootstrap_median
+from interp.results import median, na
+from training import run as rd
+from training.interventions import INTERVENTION_OPTIONS, has_interventions
+
+SAME_WAIT = (0.8, 1.25)
+"""A wait within this factor of tau_0 reads as "about tau_0" when its interval also holds 1."""
+
+
+def condition_label(options: dict[str, Any]) -> str:
+    """The intervention of a sweep point in words (``unmodified`` without one)."""
+    if "hide_cue_at" in options:
+        return f"cue hidden until {options['hide_cue_at']:g} tau_0"
+    if "hide_cue_until" in options:
+        return f"cue hidden until step {options['hide_cue_until']}"
+    if "transplant" in options:
+        return f"{options['transplant']} given ({'frozen' if options.get('freeze_transplant') else 'trained'})"
+    if "only_head" in options:
+        return f"one route: only head {options['only_head']}"
+    if "masked_heads" in options:
+        return f"heads {','.join(options['masked_heads'])} masked"
+    return "unmodified"
+
+
+def _plain(options: dict[str, Any]) -> str:
+    """A point's options without its interventions: the key of its baseline run."""
+    return json.dumps({k: v for k, v in options.items() if k not in INTERVENTION_OPTIONS}, sort_keys=True)
+
+
+def _last_before(records: list[dict], step: int, key: str) -> float | None:
+    """``key`` at the last evaluation at or before ``step`` that logged it."""
+    values = [r[key] for r in records if r["step"] <= step and r.get(key) is not None]
+    return values[-1] if values else None
+
+
+def intervention_rows(sweep_dir: str | Path) -> list[dict[str, Any]]:
+    """One row per trained intervention run of the sweep, against its seed's unmodified run."""
+    path = Path(sweep_dir)
+    points = rd.read_json(path / rd.MANIFEST_FILE).get("points", [])
+    baselines = {_plain(p["options"]): p["name"] for p in points if not set(p["options"]) & set(INTERVENTION_OPTIONS)}
+    rows = []
+    for point in points:
+        run_dir, options = path / point["name"], point["options"]
+        if not (run_dir / rd.SUMMARY_FILE).exists():
+            continue
+        run = rd.Run(run_dir)
+        if not has_interventions(run.config.train):
+            continue
+        base_name = baselines.get(_plain(options))
+        base_dir = path / str(base_name)
+        if base_name is None or not (base_dir / rd.SUMMARY_FILE).exists():
+            continue
+        summary, tau_0 = run.summary() or {}, rd.read_json(base_dir / rd.SUMMARY_FILE).get("tau")
+        metrics = run.metrics()
+        key = run.progress.key
+        start = next((r[key] for r in metrics if r.get(key) is not None), None)
+        S = run.config.train.hide_cue_until or 0
+        tau = summary.get("tau")
+        span = summary.get("plateau_span")
+        at_S = _last_before(metrics, S, "set_loss")
+        base_at_S = _last_before(rd.read_jsonl(base_dir / rd.METRICS_FILE), S, "set_loss")
+        rows.append({
+            "name": point["name"], "seed": run.config.train.seed, "condition": condition_label(options),
+            "tau_0": tau_0, "S": S, "tau": tau, "final_step": summary.get("final_step"),
+            "censored": tau is None,
+            "wait": (tau if tau is not None else summary.get("final_step", S)) - S,
+            "wait_ratio": ((tau if tau is not None else summary.get("final_step", S)) - S) / tau_0 if tau_0 else None,
+            "plateau_span": span, "verdict": (summary.get("plateau") or {}).get("verdict"),
+            "start_loss_over_height": start / run.progress.height if start is not None else None,
+            "set_loss_at_S": at_S if S else None, "baseline_set_loss_at_S": base_at_S if S else None,
+        })
+    return rows
+
+
+def intervention_table(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> list[dict[str, Any]]:
+    """Per condition (in the sweep's order): seeds, how many reached tau, the median wait / tau_0 with
+    its bootstrap interval and the per-seed values, the verdicts and the median starting loss."""
+    out = []
+    for condition in dict.fromkeys(r["condition"] for r in rows):
+        rs = [r for r in rows if r["condition"] == condition]
+        values = sorted((r["wait_ratio"], r["censored"]) for r in rs if r["wait_ratio"] is not None)
+        ratios = [v for v, _ in values]
+        mid = median(ratios)
+        verdicts: dict[str, int] = {}
+        for r in rs:
+            verdicts[r["verdict"] or "none"] = verdicts.get(r["verdict"] or "none", 0) + 1
+        out.append({"condition": condition, "seeds": len(rs), "reached": sum(not r["censored"] for r in rs),
+                    "median_S": median([r["S"] for r in rs]), "wait_ratio": mid,
+                    "lower_bound": any(c and v <= mid for v, c in values),
+                    "wait_ratio_ci": bootstrap_median(ratios, n_boot, seed), "wait_ratios": values,
+                    "verdicts": verdicts,
+                    "start_loss": median([r["start_loss_over_height"] for r in rs
+                                          if r["start_loss_over_height"] is not None]),
+                    "set_loss_at_S": median([r["set_loss_at_S"] for r in rs if r["set_loss_at_S"] is not None]),
+                    "baseline_set_loss_at_S": median([r["baseline_set_loss_at_S"] for r in rs
+                                                      if r["baseline_set_loss_at_S"] is not None])})
+    return out
+
+
+def _interval(row: dict) -> str:
+    ci, ge = row["wait_ratio_ci"], ">=" if row["lower_bound"] else ""
+    return f"{ge}{na(row['wait_ratio'], '{:.2f}')}" + (f" [{ge}{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+
+def intervention_table_text(table: list[dict]) -> str:
+    """The table as aligned text."""
+    header = ["condition", "seeds", "reached tau", "median S", "(tau - S) / tau_0 [95%]", "per seed", "verdicts",
+              "start loss / log K", "set loss at S (unmodified)"]
+    body = [[r["condition"], r["seeds"], r["reached"], na(r["median_S"], "{:.0f}"), _interval(r),
+             " ".join(f"{'>=' if c else ''}{v:.2f}" for v, c in r["wait_ratios"]) or "-",
+             ", ".join(f"{k} x{v}" for k, v in r["verdicts"].items()), na(r["start_loss"], "{:.2f}"),
+             f"{na(r['set_loss_at_S'], '{:.2f}')} ({na(r['baseline_set_loss_at_S'], '{:.2f}')})"
+             if r["set_loss_at_S"] is not None else "-"]
+            for r in table]
+    return format_table(body, header)
+
+
+def _compare_to_one(row: dict) -> str:
+    """``same``, ``shorter``, ``longer`` or ``unclear`` for a condition's wait against tau_0."""
+    ci = row["wait_ratio_ci"]
+    if row["wait_ratio"] is None or ci is None:
+        return "unclear"
+    if row["lower_bound"]:  # only "longer" survives a lower bound
+        return "longer" if ci[0] > 1 else "unclear"
+    if ci[1] < 1:
+        return "shorter"
+    if ci[0] > 1:
+        return "longer"
+    return "same" if SAME_WAIT[0] <= row["wait_ratio"] <= SAME_WAIT[1] else "unclear"
+
+
+def reading(table: list[dict]) -> list[str]:
+    """Plain sentences from the table: what each kind of intervention did to the wait."""
+    lines = []
+    by = {r["condition"]: r for r in table}
+    hidden = [r for r in table if r["condition"].startswith("cue hidden")]
+    if hidden:
+        kinds = {r["condition"]: _compare_to_one(r) for r in hidden}
+        text = "; ".join(f"{c}: {_interval(by[c])} ({k})" for c, k in kinds.items())
+        if all(k == "same" for k in kinds.values()):
+            verdict = ("the wait after the release is about tau_0 whatever came before it: nothing learned "
+                       "without the cue shortens it, so the plateau waits for the routing")
+        elif all(k == "shorter" for k in kinds.values()):
+            verdict = ("the wait after the release is shorter than tau_0: part of the plateau is spent on "
+                       "something learnable without the cue")
+        elif all(k == "longer" for k in kinds.values()):
+            verdict = ("the wait after the release is longer than tau_0: training without the cue does not "
+                       "shorten the wait for the routing, it lengthens it")
+        else:
+            verdict = "the intervals do not agree on one reading"
+        lines.append(f"Cue hidden, (tau - S) / tau_0 over seeds: {text}. Reading: {verdict}.")
+    given = {c: by[c] for c in ("routing given (trained)", "routing given (frozen)", "readout given (trained)")
+             if c in by}
+    if given:
+        text = "; ".join(f"{c}: tau / tau_0 {_interval(r)}, {r['reached']} of {r['seeds']} seeds reached tau, "
+                         f"starting at {na(r['start_loss'], '{:.2f}')} log K" for c, r in given.items())
+        routing, readout = given.get("routing given (trained)"), given.get("readout given (trained)")
+        verdict = "the intervals overlap: neither half alone is shown to be the bottleneck"
+        if routing and readout and routing["wait_ratio_ci"] and readout["wait_ratio_ci"] and \
+                not (routing["lower_bound"] and readout["lower_bound"]):
+            if routing["wait_ratio_ci"][1] < readout["wait_ratio_ci"][0] and not routing["lower_bound"]:
+                verdict = "given the routing, tau comes sooner than given the readout: the routing is the bottleneck"
+            elif readout["wait_ratio_ci"][1] < routing["wait_ratio_ci"][0] and not readout["lower_bound"]:
+                verdict = "given the readout, tau comes sooner than given the routing: the readout is the bottleneck"
+        lines.append(f"Transplants: {text}. Reading: {verdict}.")
+    routes = [r for r in table if r["condition"].startswith("one route")]
+    if routes:
+        text = "; ".join(f"{r['condition']}: tau / tau_0 {_interval(r)}, {r['reached']} of {r['seeds']} reached tau"
+                         for r in routes)
+        lines.append(f"One route in layer 0: {text}.")
+    return lines

@@ -1,0 +1,273 @@
+"""Interventions during training (training.interventions): the hidden cue and the zeroed heads are
+checked by invariance (the outputs do not move when the hidden tokens or the zeroed heads' weights
+do), in both forwards and in evaluation; a transplant is the donor's part and the run's own init
+elsewhere, with both halves restored it is the donor at its logged loss; frozen weights stay put;
+a killed intervention run resumes bit for bit; impossible requests are one line."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import statistics
+
+import pytest
+import torch
+
+from training import run as rd
+from interp.dynamics.interventions import intervention_rows, intervention_table, reading
+from training.config import ConfigError
+from training.ensemble import train_ensemble
+from training.fused import fused_logits
+from training.interventions import Interventions, in_part, transplanted
+from training.model import build_hooked_transformer, hooked_config_dict
+from training.presets import get_preset
+from training.sweep import SweepSpec, expand, get_sweep, run_sweep
+from training.tasks.loading import build_task
+from training.train import evaluation_record, main, train
+
+TOL = 1e-5
+
+
+def _setup(preset: str = "ci", **train_options):
+    cfg = get_preset(preset).replace(**train_options)
+    task = build_task(cfg.task_name, cfg.task)
+    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)
+    iv = Interventions.build(cfg.train, task, cfg.model.n_layers, cfg.model.n_heads)
+    return cfg, task, model, iv
+
+
+def _both_forwards(model, iv, tokens, step=0):
+    with torch.no_grad():
+        fused = fused_logits(model.cfg, dict(model.named_parameters()), tokens, **iv.fused_options(step))
+        with iv.applied(model, step):
+            hooked = model(tokens)
+    return fused, hooked
+
+
+def test_a_hidden_cue_is_invisible_in_both_forwards_until_its_release():
+    cfg, task, model, iv = _setup(hide_cue_until=100)
+    z0, z1 = task.layout.z_span
+    assert iv.hidden_keys == tuple(range(z0, z1))
+    tokens = task.tokens[:32, : task.input_len]
+    other = tokens.clone()
+    other[:, z0:z1] = tokens.roll(1, 0)[:, z0:z1]  # another group's selector in the same prompt
+    fused, hooked = _both_forwards(model, iv, tokens)
+    torch.testing.assert_close(fused, hooked, atol=TOL, rtol=TOL)
+    fused_other, hooked_other = _both_forwards(model, iv, other)
+    # Positions after z see no z at all (the z positions themselves read their own token's embedding).
+    torch.testing.assert_close(hooked_other[:, z1:], hooked[:, z1:], atol=TOL, rtol=TOL)
+    torch.testing.assert_close(fused_other[:, z1:], fused[:, z1:], atol=TOL, rtol=TOL)
+    # From step 100 on, the cue is read again: the same swap moves the outputs.
+    released, released_hooked = _both_forwards(model, iv, tokens, step=100)
+    released_other, _ = _both_forwards(model, iv, other, step=100)
+    torch.testing.assert_close(released, released_hooked, atol=TOL, rtol=TOL)
+    assert (released_other[:, z1:] - released[:, z1:]).abs().max() > 1e-3
+    assert not model.mod_dict["blocks.0.attn.hook_attn_scores"].fwd_hooks  # applied() leaves no hook behind
+
+
+def test_evaluation_under_a_hidden_cue_logs_no_cue_effect():
+    cfg, task, model, iv = _setup(hide_cue_until=100)
+    evalset = task.build_evalset(8, 8, 0)
+    with iv.applied(model, 0):
+        hidden = evaluation_record(model, task, evalset, 0, cfg.train, 0.0)
+    seen = evaluation_record(model, task, evalset, 0, cfg.train, 0.0)
+    assert abs(hidden["delta_z"]) < 1e-5 < abs(seen["delta_z"])
+
+
+def test_zeroed_heads_write_nothing_in_both_forwards():
+    cfg, task, model, iv = _setup(masked_heads=("0.1", "1.3"))
+    tokens = task.tokens[:16, : task.input_len]
+    fused, hooked = _both_forwards(model, iv, tokens)
+    torch.testing.assert_close(fused, hooked, atol=TOL, rtol=TOL)
+    with torch.no_grad():  # the zeroed heads' own weights no longer matter
+        for layer, head in ((0, 1), (1, 3)):
+            for w in ("W_Q", "W_K", "W_V", "W_O"):
+                getattr(model.blocks[layer].attn, w)[head].normal_()
+    fused_moved, hooked_moved = _both_forwards(model, iv, tokens)
+    torch.testing.assert_close(hooked_moved, hooked, atol=TOL, rtol=TOL)
+    torch.testing.assert_close(fused_moved, fused, atol=TOL, rtol=TOL)
+    plain, _ = _both_forwards(model, Interventions(), tokens)
+    assert (plain - fused).abs().max() > 1e-3
+
+
+@pytest.fixture(scope="module")
+def donor_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("donor") / "run"
+    train(get_preset("tiny"), out, device="cpu", progress=False)
+    return out
+
+
+def test_a_transplant_is_the_donors_part_on_the_runs_own_init(donor_run, tmp_path):
+    donor_path = donor_run / rd.CHECKPOINT_DIR / rd.checkpoint_name(40)
+    donor, _ = rd.load_checkpoint(donor_path)
+    init, _ = rd.load_checkpoint(donor_run / rd.CHECKPOINT_DIR / rd.checkpoint_name(0))
+    cfg = get_preset("tiny").replace(transplant="routing", donor=str(donor_path), freeze_transplant=True, max_steps=10)
+    train(cfg, tmp_path / "t", device="cpu", progress=False)
+    start, _ = rd.load_checkpoint(tmp_path / "t" / rd.CHECKPOINT_DIR / rd.checkpoint_name(0))
+    end, _ = rd.load_checkpoint(tmp_path / "t" / rd.CHECKPOINT_DIR / rd.checkpoint_name(10))
+    routing = [k for k in start if in_part(k, "routing")]
+    assert {"embed.W_E", "pos_embed.W_pos", "blocks.0.attn.W_Q"} <= set(routing)
+    for key in start:
+        torch.testing.assert_close(start[key], (donor if in_part(key, "routing") else init)[key], atol=0, rtol=0)
+        moved = not torch.equal(end[key], start[key])
+        assert moved == (not in_part(key, "routing")) or key.endswith(("IGNORE", "mask")), key  # frozen: exact
+
+
+def test_both_halves_restored_are_the_donor_at_its_logged_loss(donor_run):
+    donor, step = rd.load_checkpoint(donor_run / rd.CHECKPOINT_DIR / rd.checkpoint_name(40))
+    init, _ = rd.load_checkpoint(donor_run / rd.CHECKPOINT_DIR / rd.checkpoint_name(0))
+    both = transplanted(transplanted(init, donor, "routing"), donor, "readout")
+    assert all(torch.equal(both[k], donor[k]) for k in donor)
+    cfg = get_preset("tiny")
+    task = build_task(cfg.task_name, cfg.task)
+    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=1)
+    model.load_state_dict(both, strict=False)
+    record = evaluation_record(model, task, task.build_evalset(cfg.train.eval_groups, cfg.train.tracked_groups,
+                                                               cfg.train.seed), step, cfg.train, 0.0)
+    logged = next(r for r in rd.read_jsonl(donor_run / rd.METRICS_FILE) if r["step"] == step)
+    assert math.isclose(record["candidate_loss"], logged["candidate_loss"], rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("forward", ["fused", "hooked"])
+def test_a_killed_intervention_run_resumes_bit_for_bit(tmp_path, forward):
+    cfg = get_preset("tiny").replace(hide_cue_until=20, masked_heads=("0.1",), forward=forward)
+    train(cfg, tmp_path / "whole", device="cpu", progress=False)
+    train(cfg, tmp_path / "killed", device="cpu", progress=False, stop_at_step=15)
+    train(cfg, tmp_path / "killed", resume=True, device="cpu", progress=False)
+    a, _ = rd.load_checkpoint(tmp_path / "whole" / rd.CHECKPOINT_DIR / rd.checkpoint_name(40))
+    b, _ = rd.load_checkpoint(tmp_path / "killed" / rd.CHECKPOINT_DIR / rd.checkpoint_name(40))
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    stored = json.loads((tmp_path / "whole" / rd.CONFIG_FILE).read_text())["run"]["train"]
+    assert stored["hide_cue_until"] == 20 and stored["masked_heads"] == ["0.1"]
+
+
+def test_analyses_load_a_checkpoint_with_the_interventions_of_its_step(tmp_path):
+    cfg = get_preset("tiny").replace(hide_cue_until=20, masked_heads=("0.1",))
+    train(cfg, tmp_path / "r", device="cpu", progress=False)
+    run = rd.Run(tmp_path / "r")
+    task = run.task()
+    tokens = task.tokens[:16, : task.input_len]
+    for step in (10, 40):
+        model = run.load_model(step)
+        params = dict(model.named_parameters())
+        hidden = run.config.train.hide_cue_until > step
+        expected = fused_logits(model.cfg, params, tokens, hidden_keys=tuple(range(*task.layout.z_span)) if hidden else (),
+                                zeroed_heads=((0, 1),))
+        with torch.no_grad():
+            torch.testing.assert_close(model(tokens), expected, atol=TOL, rtol=TOL)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--hide-cue-until", "40"], "hide_cue_until=40 is outside the run"),
+    (["--mask-heads", "0.2"], "masked head 0.2 does not exist"),
+    (["--mask-heads", "zero"], "write heads as L.H"),
+    (["--transplant", "routing"], "transplant and donor go together"),
+    (["--freeze-transplant"], "freeze_transplant needs a transplant"),
+    (["--transplant", "readout", "--donor", "missing.safetensors"], "no such checkpoint file"),
+    (["--hide-cue-until", "5", "--no-z"], "has no cue to hide"),
+    (["--hide-cue-until", "5", "--task", "induction"], "sits at different positions"),
+])
+def test_impossible_interventions_are_one_line_before_anything_is_written(tmp_path, capsys, flags, message):
+    assert main(["--preset", "tiny", "--no-progress", "--out", str(tmp_path / "r"), *flags]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_donor_of_another_shape_is_refused(donor_run, tmp_path, capsys):
+    donor = donor_run / rd.CHECKPOINT_DIR / rd.checkpoint_name(40)
+    assert main(["--preset", "ci", "--out", str(tmp_path / "r"), "--transplant", "routing", "--donor", str(donor)]) == 2
+    assert "a checkpoint of another shape (embed.W_E" in capsys.readouterr().err
+    assert not (tmp_path / "r").exists()
+
+
+def test_seed_ensembles_refuse_interventions(tmp_path):
+    cfg = get_preset("tiny").replace(masked_heads=("0.1",))
+    with pytest.raises(ConfigError, match="train solo runs"):
+        train_ensemble([cfg, dataclasses.replace(cfg.replace(seed=1))], [tmp_path / "a", tmp_path / "b"], device="cpu")
+
+
+# ---- the intervention sweep: points relative to each seed's own run ------------------------
+
+
+@pytest.fixture(scope="module")
+def tiny_interventions(tmp_path_factory):
+    out = tmp_path_factory.mktemp("sweep") / "pi"
+    outcomes = run_sweep(get_sweep("plateau-interventions-tiny"), out, executor="serial", threads=1, progress=False)
+    return out, outcomes
+
+
+def test_relative_points_take_S_and_the_donor_from_their_own_seeds_run(tiny_interventions):
+    out, outcomes = tiny_interventions
+    assert [o["status"] for o in outcomes] == ["done"] * len(outcomes) == ["done"] * 14
+    for seed in (0, 1):
+        base = out / f"ds{seed}_seed{seed}"
+        tau_0 = json.loads((base / rd.SUMMARY_FILE).read_text())["tau"]
+        last = max(p.name for p in (base / rd.CHECKPOINT_DIR).glob("step_*.safetensors"))
+        for frac in (0.5, 1.0):
+            stored = json.loads((out / f"ds{seed}_hide{frac:g}_seed{seed}" / rd.CONFIG_FILE).read_text())
+            assert stored["run"]["train"]["hide_cue_until"] == max(1, round(frac * tau_0))
+        for name in (f"ds{seed}_give_routing_seed{seed}", f"ds{seed}_frozenTrue_give_routing_seed{seed}"):
+            train_cfg = json.loads((out / name / rd.CONFIG_FILE).read_text())["run"]["train"]
+            assert train_cfg["donor"] == str((base / rd.CHECKPOINT_DIR / last).resolve())
+        only = json.loads((out / f"ds{seed}_only0.0_seed{seed}" / rd.CONFIG_FILE).read_text())
+        assert only["run"]["train"]["masked_heads"] == ["0.1"]  # tiny has 2 heads: head 0.0 is the only route
+
+
+def test_the_intervention_table_is_the_runs_own_numbers(tiny_interventions):
+    out, _ = tiny_interventions
+    rows = intervention_rows(out)
+    assert len(rows) == 12  # 6 interventions x 2 seeds
+    for r in rows:
+        summary = json.loads((out / r["name"] / rd.SUMMARY_FILE).read_text())
+        tau_0 = json.loads((out / f"ds{r['seed']}_seed{r['seed']}" / rd.SUMMARY_FILE).read_text())["tau"]
+        S = json.loads((out / r["name"] / rd.CONFIG_FILE).read_text())["run"]["train"]["hide_cue_until"] or 0
+        end = summary["tau"] if summary["tau"] is not None else summary["final_step"]  # censored: a lower bound
+        assert r["censored"] == (summary["tau"] is None)
+        assert r["wait_ratio"] == pytest.approx((end - S) / tau_0)
+    table = intervention_table(rows)
+    for t in table:
+        mine = [r for r in rows if r["condition"] == t["condition"]]
+        assert t["wait_ratio"] == statistics.median([r["wait_ratio"] for r in mine])
+        assert t["reached"] == sum(not r["censored"] for r in mine)
+    lines = reading(table)
+    assert lines[0].startswith("Cue hidden") and "cue hidden until 0.5 tau_0" in lines[0]
+    assert any(line.startswith("Transplants") for line in lines)
+
+
+def test_a_relative_point_whose_baseline_never_reached_tau_fails_in_one_line(tmp_path):
+    spec = SweepSpec(name="t", base="tiny", fixed={"max_steps": 10},
+                     grids=({"seed": (0,)}, {"seed": (0,), "hide_cue_at": (0.5,)}))
+    outcomes = run_sweep(spec, tmp_path / "s", executor="serial", threads=1, progress=False)
+    assert outcomes[0]["status"] == "done" and outcomes[1]["status"] == "failed"
+    assert "never reached tau" in outcomes[1]["error"] and "\n" not in outcomes[1]["error"]
+    with pytest.raises(ConfigError, match="need their baseline runs"):
+        expand(SweepSpec(name="t", base="tiny", grids=({"seed": (0,), "hide_cue_at": (0.5,)},)))
+
+
+def _row(condition: str, seed: int, ratio: float, censored: bool = False) -> dict:
+    return {"name": f"{condition}{seed}", "seed": seed, "condition": condition, "S": 0, "censored": censored,
+            "wait_ratio": ratio, "verdict": "shelf", "start_loss_over_height": 1.0}
+
+
+@pytest.mark.parametrize("ratios, censored, expected", [
+    ((0.95, 1.0, 1.05, 1.1, 0.98), False, "nothing learned without the cue shortens it"),
+    ((0.4, 0.5, 0.45, 0.5, 0.42), False, "spent on something learnable without the cue"),
+    ((2.5, 2.4, 2.6, 2.5, 2.45), True, "it lengthens it"),
+    ((0.5, 2.5, 0.6, 2.4, 0.55), True, "do not agree"),  # an interval across 1, the median far from it
+])
+def test_the_reading_follows_the_intervals(ratios, censored, expected):
+    rows = [_row("cue hidden until 0.5 tau_0", i, r, censored and r > 2) for i, r in enumerate(ratios)]
+    table = intervention_table(rows)
+    assert table[0]["lower_bound"] == (censored and sorted(ratios)[2] > 2)
+    assert expected in reading(table)[0]
+
+
+def test_the_transplant_reading_names_the_bottleneck_only_when_the_intervals_part():
+    def table_of(routing, readout):
+        return intervention_table([_row("routing given (trained)", i, r) for i, r in enumerate(routing)]
+                                  + [_row("readout given (trained)", i, r) for i, r in enumerate(readout)])
+    assert "the routing is the bottleneck" in reading(table_of((0.3, 0.35, 0.32), (0.8, 0.9, 0.85)))[0]
+    assert "the readout is the bottleneck" in reading(table_of((0.8, 0.9, 0.85), (0.3, 0.35, 0.32)))[0]
+    assert "neither half" in reading(table_of((0.3, 0.9, 0.5), (0.4, 0.8, 0.6)))[0]
