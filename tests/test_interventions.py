@@ -248,7 +248,8 @@ def test_a_relative_point_whose_baseline_never_reached_tau_fails_in_one_line(tmp
 
 def _row(condition: str, seed: int, ratio: float, censored: bool = False) -> dict:
     return {"name": f"{condition}{seed}", "seed": seed, "condition": condition, "S": 0, "censored": censored,
-            "wait_ratio": ratio, "verdict": "shelf", "start_loss_over_height": 1.0}
+            "wait_ratio": ratio, "verdict": "shelf", "start_loss_over_height": 1.0, "set_loss_at_S": None,
+            "baseline_set_loss_at_S": None}
 
 
 @pytest.mark.parametrize("ratios, censored, expected", [
