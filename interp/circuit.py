@@ -325,9 +325,10 @@ def format_circuit(c: dict[str, Any] | None, log_k: float, head: tuple[int, int]
         return ["circuit         n/a (no exact-patching steps)"]
     ch = c["chosen"]
 
+    back = f" (back at {height_label}: >= {1 - MARGINAL_TOL:.2g} {height_label})"
+
     def cl(e: dict[str, Any]) -> str:
-        return "n/a" if e["candidate_loss"] is None else (
-            f"{e['candidate_loss']:.3f}{f' (>= {height_label})' if e['reaches_log_k'] else ''}")
+        return "n/a" if e["candidate_loss"] is None else f"{e['candidate_loss']:.3f}{back if e['reaches_log_k'] else ''}"
 
     others = ", ".join(f"{k} {cl(v)}" for k, v in ch["others"].items())
     n80 = c["shares"]["n_for_80"]

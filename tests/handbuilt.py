@@ -194,13 +194,17 @@ class UniformOverCandidates(torch.nn.Module):
         self.dummy = torch.nn.Parameter(torch.zeros(()))
         self.group_of = {tuple(b): g for g, b in enumerate(task.b_tokens.tolist())}
 
+    def candidates(self, row: list[int]) -> list[list[int]]:
+        """The strings whose counts set the probabilities: the K candidates of the row's group."""
+        return self.task.a_tokens[self.group_of[tuple(row[slice(*self.task.layout.b_span)])]].tolist()
+
     def forward(self, tokens: torch.Tensor) -> torch.Tensor:
         """Logits [N, pos, vocab]: log of the candidate-count ratios at the target positions."""
         lay, vocab = self.task.layout, len(self.task.vocab)
         logits = torch.full((*tokens.shape, vocab), -1e4)
         a0, a1 = lay.a_span
         for n, row in enumerate(tokens.tolist()):
-            cands = self.task.a_tokens[self.group_of[tuple(row[slice(*lay.b_span)])]].tolist()
+            cands = self.candidates(row)
             for pos in range(a0 - 1, min(a1 - 1, tokens.shape[1])):
                 typed = row[a0:pos + 1]
                 counts: dict[int, int] = {}
@@ -226,3 +230,12 @@ class UniformOverAlphabet(torch.nn.Module):
         logits = torch.zeros(*tokens.shape, self.n_vocab)
         logits[..., : len(SPECIAL_TOKENS)] = -1e4
         return logits
+
+
+class GlobalMarginal(UniformOverCandidates):
+    """Knows p(A), the targets' distribution over all D examples, and nothing of B or z: the counts
+    are over every example's target (repeats counted), so a whole string a gets count(a) / D."""
+
+    def candidates(self, row: list[int]) -> list[list[int]]:
+        """Every example's target, whatever the prompt."""
+        return self.task.a_tokens.reshape(-1, self.task.cfg.a_len).tolist()

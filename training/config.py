@@ -82,6 +82,16 @@ class TaskConfig(JsonConfig):
     no_z: bool = False
     """The (B) -> A control: same groups and targets, no selector in the prompt. Its candidate loss
     cannot go below log K; the time its set loss takes to reach ~0 is the price of the marginal alone."""
+    target_pool: int = 0
+    """0: off. M > 0: every group draws its K targets (uniformly, distinct within the group) from one
+    shared pool of M strings, so the global marginal of A is uniform over M strings: cheap to learn
+    and worth log(V^a_len / M) nats of set loss. Needs ``target_uniqueness=group`` and
+    ``distinct_first_char`` off (a group's draws may share a first character)."""
+    first_char_zipf: float = 0.0
+    """0: a target's first character is uniform over the alphabet. s > 0: it follows a Zipf law of
+    exponent s over the alphabet in its own order (weight 1 / rank^s, the first character most
+    frequent); a group's K first characters are a weighted draw without replacement. Needs
+    ``distinct_first_char``."""
 
     @property
     def D(self) -> int:
@@ -104,15 +114,18 @@ class TaskConfig(JsonConfig):
 
     def variant_label(self) -> str:
         """The task variant options that differ from the paper's, e.g. ``a_len=1,order=zb`` (``default``)."""
-        fields_ = ("a_len", "target_uniqueness", "tails", "order", "selectors", "no_z", "distinct_first_char")
+        fields_ = ("a_len", "target_uniqueness", "tails", "order", "selectors", "no_z", "distinct_first_char",
+                   "target_pool", "first_char_zipf")
         base = TaskConfig()
         diff = [f"{k}={getattr(self, k)}" for k in fields_ if getattr(self, k) != getattr(base, k)]
         return ",".join(diff) or "default"
 
     @property
     def target_space(self) -> int:
-        """How many distinct target strings the options allow (36 with ``by_first_char``)."""
+        """How many distinct target strings the options allow (36 with ``by_first_char``, M with a pool)."""
         n_chars = len(self.alphabet)
+        if self.target_pool:
+            return self.target_pool
         return n_chars if self.tails == "by_first_char" else n_chars**self.a_len
 
     def validate(self) -> None:
@@ -146,6 +159,7 @@ class TaskConfig(JsonConfig):
         for name in ("n_b", "K", "b_len", "z_len", "a_len"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        self._validate_marginal_options(n_chars)
         if self.K > n_chars**self.z_len:
             raise ConfigError(
                 f"K={self.K} is larger than the {n_chars ** self.z_len} distinct selectors "
@@ -170,6 +184,28 @@ class TaskConfig(JsonConfig):
             )
         if self.K > space:
             raise ConfigError(f"K={self.K} distinct targets per group: there are only {space} {what}")
+
+    def _validate_marginal_options(self, n_chars: int) -> None:
+        """The cheap-marginal variants: a target pool and Zipf first characters."""
+        if isinstance(self.target_pool, bool) or not isinstance(self.target_pool, int) or self.target_pool < 0:
+            raise ConfigError(f"target_pool must be 0 (off) or a number of strings M >= K, got {self.target_pool!r}")
+        if self.target_pool:
+            if self.target_pool < self.K:
+                raise ConfigError(f"target_pool={self.target_pool} cannot give each group K={self.K} distinct targets")
+            if self.target_pool > n_chars**self.a_len:
+                raise ConfigError(f"target_pool={self.target_pool} is more than the {n_chars ** self.a_len} strings "
+                                  f"of {self.a_len} characters")
+            for name, want in (("target_uniqueness", "group"), ("distinct_first_char", False), ("tails", "random"),
+                               ("first_char_zipf", 0.0)):
+                if getattr(self, name) != want:
+                    raise ConfigError(f"target_pool needs {name}={want} (the groups share the pool's strings, "
+                                      f"drawn uniformly), got {getattr(self, name)}")
+        if not isinstance(self.first_char_zipf, (int, float)) or isinstance(self.first_char_zipf, bool) \
+                or not math.isfinite(self.first_char_zipf) or self.first_char_zipf < 0:
+            raise ConfigError(f"first_char_zipf must be 0 (uniform) or a positive exponent, got {self.first_char_zipf!r}")
+        if self.first_char_zipf and not self.distinct_first_char:
+            raise ConfigError("first_char_zipf needs distinct_first_char: a group's K first characters are a "
+                              "weighted draw without replacement")
 
 
 @dataclass(frozen=True)

@@ -166,9 +166,10 @@ class Interventions:
             hooks.append((get_act_name("z", layer), zero))
         return hooks
 
-    def attach(self, model: Any, step: int) -> Any:
-        """Add the interventions of ``step`` to ``model`` as permanent hooks, for good; return it."""
-        for name, fn in self.hooks(step):
+    def attach(self, model: Any, step: int, hooks: list[tuple[str, Any]] | None = None) -> Any:
+        """Add the interventions of ``step`` (or the given ``hooks``) to ``model`` as permanent hooks,
+        for good; return it."""
+        for name, fn in self.hooks(step) if hooks is None else hooks:
             model.mod_dict[name].add_hook(fn, is_permanent=True)
         return model
 
@@ -177,7 +178,7 @@ class Interventions:
         """The interventions of ``step`` as permanent hooks on ``model`` for the passes inside (they
         survive ``run_with_hooks`` and ``hooks_added``, which remove only temporary hooks)."""
         hooks = self.hooks(step)
-        self.attach(model, step)
+        self.attach(model, step, hooks)
         try:
             yield
         finally:

@@ -8,9 +8,14 @@ The plateau verdict (``plateau_verdict``, the ``plateau`` block of ``summary.jso
 set loss on the plateau with two references: the **marginal floor** 0 (all mass on the group's
 candidates) and the task's **know-nothing reference** (``Task.plateau_reference``; for the
 selector task ``training.tasks.selector_metrics.know_nothing_reference``). A plateau evaluation
-is *marginal* when its set loss is below 0.1 log K, *shelf* when it is above 90% of the
-know-nothing reference, and *between* otherwise; the verdict names the kind that holds at least
-two thirds of the plateau's evaluations, or says ``mixed``.
+is *marginal* when its set loss is below 0.1 log K, *global marginal* when it is below the task's
+**global-marginal reference** (``reference["global_marginal"]``: a model that knows the targets'
+distribution over the data set but not B; ``global_marginal_reference``) plus 0.1 log K, *shelf*
+when it is above 90% of the know-nothing reference, and *between* otherwise. The global marginal
+counts as a kind of its own only where it lies apart from the other two (its threshold above the
+marginal's and below the shelf's): with one-character targets it *is* the know-nothing model. The
+verdict names the kind that holds at least two thirds of the plateau's evaluations, or says
+``mixed``.
 """
 
 from __future__ import annotations
@@ -61,25 +66,40 @@ def plateau_verdict(records: list[dict], log_k: float, span: tuple[int, int] | l
     metric, floor = reference.get("metric", "set_loss"), reference.get("marginal", 0.0)
     on = [r for r in records if span and span[0] <= r["step"] <= span[1] and r.get(metric) is not None]
     lo, hi = floor + MARGINAL_REL * log_k, SHELF_REL * reference[metric]
+    global_ref = (reference.get("global_marginal") or {}).get(metric)
+    mid = global_ref + MARGINAL_REL * log_k if global_ref is not None else None
+    if mid is not None and not lo < mid < hi:
+        mid = None  # the global marginal is the marginal or the know-nothing model: no kind of its own
+
+    def kind(value: float) -> str:
+        if value < lo:
+            return "marginal"
+        if mid is not None and value < mid:
+            return "global marginal"
+        return "shelf" if value > hi else "between"
+
+    kinds = [kind(r[metric]) for r in on]
     n = len(on)
-    share = {"marginal": sum(r[metric] < lo for r in on) / n if n else None,
-             "shelf": sum(r[metric] > hi for r in on) / n if n else None}
-    share["between"] = 1.0 - share["marginal"] - share["shelf"] if n else None
+    share = {k.replace(" ", "_"): kinds.count(k) / n if n else None
+             for k in ("marginal", "global marginal", "shelf", "between")}
     verdict = None
     if n:
-        verdict = "marginal" if share["marginal"] >= majority else "shelf" if share["shelf"] >= majority else "mixed"
+        verdict = next((k for k in ("marginal", "global marginal", "shelf") if kinds.count(k) / n >= majority), "mixed")
     fts = [r["first_token_set_loss"] for r in on if r.get("first_token_set_loss") is not None]
     return {
         "verdict": verdict,
-        "know_nothing": reference,
+        "know_nothing": {k: v for k, v in reference.items() if k != "global_marginal"},
+        "global_marginal": reference.get("global_marginal"),
         "marginal_floor": floor,
         "marginal_threshold": lo,
+        "global_marginal_threshold": mid,
         "shelf_threshold": hi,
         "n_evaluations": n,
         "share": share,
         f"median_{metric}": _median([r[metric] for r in on]) if on else None,
         "median_first_token_set_loss": _median(fts) if fts else None,
         "t_marginal": t_marginal(records, log_k, metric=metric, floor=floor),
+        "t_global_marginal": t_marginal(records, log_k, metric=metric, floor=global_ref) if mid is not None else None,
     }
 
 

@@ -33,6 +33,16 @@ PRESETS: dict[str, RunConfig] = {
                           stop_after_tau=1.3),
         preset="ci",
     ),
+    # The ci model on a task with a cheap marginal (marginal-search-2): every group's K targets come
+    # from one pool of 20 strings. Its plateau is a global marginal (set loss log 2, the pool's
+    # marginal), held for about 0.6 tau before the drop, in every seed.
+    "marginal": RunConfig(
+        task=TaskConfig(n_b=500, K=10, target_pool=20, target_uniqueness="group", distinct_first_char=False),
+        model=SMALL_MODEL,
+        train=TrainConfig(max_steps=3000, eval_every=25, ckpt_every=5, eval_groups=16, tracked_groups=50,
+                          stop_after_tau=1.3),
+        preset="marginal",
+    ),
     # Induction heads (training.tasks.induction): a 2-layer attention-only model, V 64, L 16, the
     # repeat 16 to 32 positions after the segment. About 400 steps to tau, a checkpoint every 5.
     "induction": RunConfig(

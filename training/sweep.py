@@ -418,8 +418,8 @@ def run_sweep(spec: SweepSpec, out: str | Path, executor: str = "local", workers
     # order, the relative ones resolved (their S, their donor).
     settings = dict(executor=executor, workers=workers, ensemble=ensemble, device=device, progress=progress,
                     slurm=slurm or {}, threads=threads, submitter=submitter, name=spec.name)
-    baselines = {p.baseline for p in points}
-    outcomes = _train_points([p for p in points if p.name in baselines], out, **settings)
+    baselines = {p.baseline for p in points} - {None}
+    outcomes = _train_points([p for p in points if p.name in baselines], out, **settings) if baselines else {}
     rest, failed = [], []
     for p in points:
         if p.name in baselines:
@@ -515,6 +515,17 @@ _MARGINAL_VARIANTS: tuple[dict[str, tuple], ...] = (
     {"no_z": (True,), "a_len": (1,), "target_uniqueness": ("group",)},
 )
 
+# The second search (issue 20): the same ci setting, variants whose marginal is carried by a cheap,
+# shared feature. A pool of M targets makes the global marginal uniform over M strings (worth
+# log(36^4 / M) nats of set loss); Zipf first characters make the first character's marginal worth
+# learning. The pool's draws may share a first character, so its control is the paper's task with
+# that option too.
+_MARGINAL_VARIANTS_2: tuple[dict[str, tuple], ...] = (
+    {"distinct_first_char": (False,)},  # the control: the paper's task, first characters may repeat
+    *({"target_pool": (m,), "target_uniqueness": ("group",), "distinct_first_char": (False,)} for m in (20, 50, 200)),
+    {"first_char_zipf": (1.0,)},
+)
+
 
 def _intervention_grids(seeds: range, hide_at: tuple[float, ...], only_heads: tuple[str, ...]
                         ) -> tuple[dict[str, tuple], ...]:
@@ -603,6 +614,18 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         grids=tuple({**variant, "seed": (0, 1)} for variant in _MARGINAL_VARIANTS),
         description="machinery check of marginal-search: the same variants on the 1-layer tiny model, 2 seeds",
         cost="20 runs, ~5k steps, ~1 min on 2 cores"),
+    SweepSpec(
+        name="marginal-search-2", base="ci", fixed=_MARGINAL,
+        grids=tuple({**variant, "seed": (0, 1, 2)} for variant in _MARGINAL_VARIANTS_2),
+        description="task variants with a cheap marginal (a shared pool of M = 20, 50, 200 targets; Zipf "
+                    "first characters) and their control: is there a marginal stage before the drop?",
+        cost="15 runs (5 variants x 3 seeds) of <= 3,000 steps (estimated)"),
+    SweepSpec(
+        name="marginal-search-2-tiny", base="tiny",
+        fixed={"lr": 3e-3, "stop_after_tau": 1.5, "max_steps": 300, "eval_every": 10, "ckpt_every": 50},
+        grids=tuple({**variant, "seed": (0,)} for variant in _MARGINAL_VARIANTS_2),
+        description="machinery check of marginal-search-2: the same variants on the 1-layer tiny model, 1 seed",
+        cost="5 runs, ~1.5k steps, ~20 s on 2 cores (estimated)"),
     SweepSpec(
         name="seeds-ci", base="ci", grids=_SEEDS,
         description="5 seeds of the ci preset (model and data seed varied): the lead and the circuit over seeds",

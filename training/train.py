@@ -436,6 +436,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--order", choices=ORDERS, help="bz: B then z in the prompt; zb: z then B")
     p.add_argument("--selectors", choices=SELECTORS, help="shared K selectors, or private ones per group")
     p.add_argument("--no-z", action="store_true", default=None, help="the (B) -> A control: no selector")
+    p.add_argument("--target-pool", type=int, metavar="M",
+                   help="every group draws its K targets from one shared pool of M strings (needs "
+                        "--target-uniqueness group --any-first-char)")
+    p.add_argument("--any-first-char", dest="distinct_first_char", action="store_false", default=None,
+                   help="a group's targets may share a first character")
+    p.add_argument("--first-char-zipf", type=float, metavar="S",
+                   help="the targets' first characters follow a Zipf law with exponent S (0: uniform)")
     p.add_argument("--lr", type=float, help="AdamW learning rate")
     p.add_argument("--batch-size", type=int, help="examples per step")
     p.add_argument("--max-steps", type=int, help="steps to train at most")
@@ -479,7 +486,9 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         ("batch_size", "batch_size"), ("max_steps", "max_steps"), ("stop_after_tau", "stop_after_tau"),
         ("threads", "threads"), ("forward", "forward"), ("a_len", "a_len"),
         ("target_uniqueness", "target_uniqueness"), ("tails", "tails"),
-        ("order", "order"), ("selectors", "selectors"), ("no_z", "no_z"), ("hide_cue_until", "hide_cue_until"),
+        ("order", "order"), ("selectors", "selectors"), ("no_z", "no_z"), ("target_pool", "target_pool"),
+        ("distinct_first_char", "distinct_first_char"), ("first_char_zipf", "first_char_zipf"),
+        ("hide_cue_until", "hide_cue_until"),
         ("masked_heads", "mask_heads"), ("transplant", "transplant"), ("donor", "donor"),
         ("freeze_transplant", "freeze_transplant")] if getattr(args, attr) is not None}
     cfg = cfg.replace(**overrides)

@@ -33,12 +33,14 @@ the largest such family is used):
 
 * plateau kind, per task variant (``variant_table``, ``DIR/variants.csv``): one row per task
   variant (``TaskConfig.variant_label``) and model, over its seeds: the verdicts (``marginal``,
-  ``shelf``, ``mixed``: ``training.metrics.plateau_verdict``), t_marginal (the first evaluated step
-  with set loss < 0.1 log K), tau, t_marginal / tau, the plateau's share of tau, the plateau's
-  median first-token set loss, and whether the run has a *true marginal stage*: set loss below
-  0.1 log K while the candidate loss stays within 10% of log K, for at least 30% of tau. Each number
-  is the mean over seeds with the seed range [min, max]. A t_marginal / tau below 1 means the
-  marginal came first.
+  ``global marginal``, ``shelf``, ``mixed``: ``training.metrics.plateau_verdict``), the plateau's
+  median set loss and the variant's exact global-marginal reference, t_marginal (the first evaluated
+  step with set loss < 0.1 log K), tau, t_marginal / tau, the plateau's share of tau, the plateau's
+  median first-token set loss (with its global-marginal reference), and whether every seed has a
+  *true marginal stage*: set loss below 0.1 log K while the candidate loss stays within 10% of
+  log K, for at least 30% of tau; and the same test with the global marginal's threshold in place
+  of 0.1 log K (where the global marginal is a kind of its own). Each number is the mean over seeds
+  with the seed range [min, max]. A t_marginal / tau below 1 means the marginal came first.
 * seeds (:func:`seed_summary`), over the runs analysed by ``python -m interp.analyze`` (or
   ``--analyze``, which analyses every run of the sweep first): the median lead fraction by each
   t_form rule of ``interp.selector`` (``attention``, ``patch_share``, ``delta_z``) with a
@@ -145,22 +147,31 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
         "first_token_set_loss_plateau": plateau.get("median_first_token_set_loss"),
         "set_loss_plateau": plateau.get("median_set_loss"),
         "marginal_stage_tau": marginal_stage(metrics, log_k, tau),
+        "t_global_marginal": plateau.get("t_global_marginal"),
+        "global_marginal_set_loss": (plateau.get("global_marginal") or {}).get("set_loss"),
+        "global_marginal_first_token": (plateau.get("global_marginal") or {}).get("first_token_set_loss"),
+        "global_marginal_stage_tau": marginal_stage(metrics, log_k, tau, below=plateau["global_marginal_threshold"])
+        if plateau.get("global_marginal_threshold") is not None else None,
         "snap_groups": snap["n_groups"], "snap_share_at_half_tau": snap["share_above_at_half_tau"],
         "snap_window_tau": snap["snap_window_tau"], "snap_spread_tau": snap["snap_spread_tau"],
         "snap_snapped": snap["n_snapped"], "intervention": has_interventions(cfg.train),
     }
 
 
-def marginal_stage(records: list[dict], log_k: float, tau: int | None, rel: float = 0.1) -> float | None:
+def marginal_stage(records: list[dict], log_k: float, tau: int | None, rel: float = 0.1,
+                   below: float | None = None) -> float | None:
     """Length, in units of tau, of the longest run of consecutive evaluations before tau with set loss
-    below ``MARGINAL_REL`` log K and candidate loss within ``rel`` log K of log K (None without tau)."""
+    below ``below`` (default ``MARGINAL_REL`` log K: the marginal; the plateau block's
+    ``global_marginal_threshold`` for the global marginal) and candidate loss within ``rel`` log K of
+    log K (None without tau)."""
+    below = MARGINAL_REL * log_k if below is None else below
     if not tau:
         return None
     best, start = 0.0, None
     for r in records:
         if r["step"] >= tau or r.get("set_loss") is None or r.get("candidate_loss") is None:
             break
-        ok = r["set_loss"] < MARGINAL_REL * log_k and abs(r["candidate_loss"] - log_k) <= rel * log_k
+        ok = r["set_loss"] < below and abs(r["candidate_loss"] - log_k) <= rel * log_k
         if ok:
             start = r["step"] if start is None else start
             best = max(best, (r["step"] - start) / tau)
@@ -189,12 +200,16 @@ def variant_table(rows: list[dict]) -> list[dict[str, Any]]:
         row: dict[str, Any] = {"variant": variant, "model": model, "D": D, "K": K, "seeds": len(rs),
                                "verdict": "/".join(sorted(set(verdicts))) + f" ({len(rs)})"}
         for key in ("t_marginal", "tau", "t_marginal_over_tau", "plateau_share", "first_token_set_loss_plateau",
-                    "set_loss_plateau", "marginal_stage_tau"):
-            mean, lo, hi = _mean_range([r[key] for r in rs])
+                    "set_loss_plateau", "marginal_stage_tau", "t_global_marginal", "global_marginal_set_loss",
+                    "global_marginal_first_token", "global_marginal_stage_tau"):
+            mean, lo, hi = _mean_range([r.get(key) for r in rs])
             row[key], row[f"{key}_lo"], row[f"{key}_hi"] = mean, lo, hi
         row["never_marginal"] = sum(r["t_marginal"] is None for r in rs)
         row["never_tau"] = sum(r["tau"] is None for r in rs)
         row["true_marginal"] = all((r["marginal_stage_tau"] or 0.0) >= MARGINAL_STAGE_MIN_TAU for r in rs)
+        row["global_marginal_kind"] = any(r.get("global_marginal_stage_tau") is not None for r in rs)
+        row["global_marginal_stage"] = row["global_marginal_kind"] and all(
+            (r.get("global_marginal_stage_tau") or 0.0) >= MARGINAL_STAGE_MIN_TAU for r in rs)
         out.append(row)
     return out
 
@@ -206,13 +221,19 @@ def variant_table_text(table: list[dict]) -> str:
             return "n/a"
         return f"{fmt.format(row[key])} [{fmt.format(row[key + '_lo'])}, {fmt.format(row[key + '_hi'])}]"
 
-    header = ["variant", "model", "verdict", "t_marginal", "tau", "t_marg/tau", "plateau/tau",
-              "first-token set loss", "true marginal"]
-    body = [[r["variant"], r["model"], r["verdict"],
+    header = ["variant", "model", "verdict", "plateau set loss", "global marginal", "t_marginal", "tau",
+              "t_marg/tau", "plateau/tau", "first-token set loss", "(global)", "true marginal",
+              "global-marginal stage"]
+    body = [[r["variant"], r["model"], r["verdict"], cell(r, "set_loss_plateau", "{:.2f}"),
+             cell(r, "global_marginal_set_loss", "{:.2f}"),
              cell(r, "t_marginal", "{:.0f}") + (f" ({r['never_marginal']} never)" if r["never_marginal"] else ""),
              cell(r, "tau", "{:.0f}") + (f" ({r['never_tau']} never)" if r["never_tau"] else ""),
              cell(r, "t_marginal_over_tau", "{:.2f}"), cell(r, "plateau_share", "{:.2f}"),
-             cell(r, "first_token_set_loss_plateau", "{:.2f}"), "yes" if r["true_marginal"] else "no"]
+             cell(r, "first_token_set_loss_plateau", "{:.2f}"),
+             cell(r, "global_marginal_first_token", "{:.2f}"),
+             "yes" if r["true_marginal"] else "no",
+             "no kind" if not r["global_marginal_kind"] else
+             f"{'yes' if r['global_marginal_stage'] else 'no'} ({cell(r, 'global_marginal_stage_tau', '{:.2f}')} tau)"]
             for r in table]
     return format_table(body, header)
 

@@ -22,7 +22,7 @@ from plotly.subplots import make_subplots
 from interp.hessian import PAPER_ANISOTROPY
 from interp.results import na
 from interp.snap import SNAP_HI, SNAP_LO, group_accuracies, snap_statistics
-from training.metrics import plateau_span
+from training.metrics import MARGINAL_REL, plateau_span
 from training.tasks.base import ProgressMeasure
 
 SELECTOR_COLOR = "#d62728"
@@ -161,6 +161,11 @@ def loss_curves(records: list[dict[str, Any]], progress: ProgressMeasure, tau: i
         fig.add_hline(y=ref, line={"color": "#9467bd", "dash": "dot", "width": 1}, secondary_y=True,
                       label={"text": f"know-nothing {metric.replace('_', ' ')} {ref:.2f}", "textposition": "start",
                              "font": {"size": 11, "color": "#9467bd"}}, row=1, col=1)
+        global_ref = (plateau.get("global_marginal") or {}).get(metric)
+        if plateau.get("global_marginal_threshold") is not None:
+            fig.add_hline(y=global_ref, line={"color": "#e377c2", "dash": "dot", "width": 1}, secondary_y=True,
+                          label={"text": f"global marginal {global_ref:.2f}", "textposition": "start",
+                                 "font": {"size": 11, "color": "#e377c2"}}, row=1, col=1)
         verdict = f"; plateau: {plateau.get('verdict') or 'none'}"
     _add_landmarks(fig, tau, t_form, rows=(1, 2))
     _layout(fig, f"Loss across training ({hl} = {height:.3f}{verdict})", "", "", height=560)
@@ -185,6 +190,9 @@ def loss_curves(records: list[dict[str, Any]], progress: ProgressMeasure, tau: i
                    f"{na(share.get('marginal'), '{:.0%}')} of the plateau's evaluations have {what} below "
                    f"{na(plateau.get('marginal_threshold'))} and {na(share.get('shelf'), '{:.0%}')} above 90% of the "
                    f"know-nothing {what} {ref:.2f} nats (dotted purple line)"
+                   + (f"; {na(share.get('global_marginal'), '{:.0%}')} sit within {MARGINAL_REL} {hl} of the "
+                      f"global marginal {global_ref:.2f} nats (dotted pink line: p(A) known, B ignored)"
+                      if plateau.get("global_marginal_threshold") is not None else "")
                    + (", and the dotted brown line is the first-token set loss, the cheapest marginal."
                       if metric == "set_loss" else "."))
     return fig, caption

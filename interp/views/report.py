@@ -206,20 +206,35 @@ def plateau_rows(plateau: dict[str, Any] | None) -> list[tuple[str, str]]:
     ref, share = plateau["know_nothing"], plateau.get("share") or {}
     metric = ref.get("metric", "set_loss")
     rows = [
-        (f"plateau verdict (marginal | shelf | mixed, on the {metric.replace('_', ' ')})",
+        (f"plateau verdict (marginal | global marginal | shelf | mixed, on the {metric.replace('_', ' ')})",
          f"{plateau.get('verdict') or 'no plateau'}: {na(share.get('marginal'), '{:.0%}')} marginal "
-         f"(< {na(plateau.get('marginal_threshold'))}), {na(share.get('shelf'), '{:.0%}')} shelf "
+         f"(< {na(plateau.get('marginal_threshold'))}), "
+         + (f"{na(share.get('global_marginal'), '{:.0%}')} global marginal "
+            f"(< {na(plateau.get('global_marginal_threshold'))}), " if plateau.get("global_marginal_threshold") else "")
+         + f"{na(share.get('shelf'), '{:.0%}')} shelf "
          f"(> {na(plateau.get('shelf_threshold'))}), {na(share.get('between'), '{:.0%}')} between"),
         ("know-nothing reference", f"{metric.replace('_', ' ')} {ref[metric]:.3f} nats; marginal floor "
                                    f"{plateau.get('marginal_floor', 0.0):.3f}"),
     ]
+    global_ref = plateau.get("global_marginal")
+    if global_ref:
+        rows.append(("global-marginal reference (p(A) known, B and z ignored)",
+                     f"{metric.replace('_', ' ')} {global_ref[metric]:.3f} nats"
+                     + (f", first-token set loss {global_ref['first_token_set_loss']:.3f}"
+                        if "first_token_set_loss" in global_ref else "")
+                     + ("" if plateau.get("global_marginal_threshold") else
+                        " (not a kind of its own: it coincides with the marginal or the know-nothing threshold)")))
     if metric == "set_loss":
         rows += [("know-nothing first-token losses (uniform over the alphabet)",
                   f"first-token set loss {ref['first_token_set_loss']:.3f}, first-token loss "
                   f"{ref['first_token_loss']:.3f} nats"),
                  ("first-token set loss on the plateau (median)", f"{na(plateau.get('median_first_token_set_loss'))} nats")]
-    return rows + [(f"t_marginal (first step with {metric.replace('_', ' ')} below the marginal threshold)",
-                    na(plateau.get("t_marginal"), "{}"))]
+    rows.append((f"t_marginal (first step with {metric.replace('_', ' ')} below the marginal threshold)",
+                 na(plateau.get("t_marginal"), "{}")))
+    if plateau.get("global_marginal_threshold") is not None:
+        rows.append((f"t_global_marginal (first step with {metric.replace('_', ' ')} below the global-marginal "
+                     "threshold)", na(plateau.get("t_global_marginal"), "{}")))
+    return rows
 
 
 def _circuit_text(c: dict[str, Any] | None, label: str, height_label: str) -> str:

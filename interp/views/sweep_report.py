@@ -1,10 +1,11 @@
 """The sweep report and ``python -m interp.dynamics``: a sweep's table, fits and figures.
 
-    python -m interp.dynamics --sweep DIR [--analyze [--every 10] [--n-exact 12]] [--csv FILE] [--json FILE]
-                              [--report] [--n-boot 2000]
+    python -m interp.dynamics --sweep DIR [--analyze [--every 10] [--n-exact 12]] [--llc EVERY] [--csv FILE]
+                              [--json FILE] [--report] [--n-boot 2000]
 
 With ``--analyze``, first runs ``interp.analyze`` on every backward run of the sweep (the cache
-makes a second call cheap). Prints the per-run table, the fits and the seed summary of
+makes a second call cheap); with ``--llc N``, ``interp.llc`` at every N-th checkpoint of every run
+(default settings; cached), and the LLC's departure over seeds (:mod:`interp.dynamics.llc`). Prints the per-run table, the fits and the seed summary of
 :mod:`interp.dynamics` (definitions there), writes the
 table as ``DIR/dynamics.csv`` and, with ``--report``, one self-contained HTML page
 ``DIR/sweep_report.html`` with every figure of :mod:`interp.views.sweep_figures`.
@@ -23,6 +24,8 @@ from interp.cli import CliError, run_cli, write_json
 from interp.dynamics import (TABLE_COLUMNS, Sweep, analyze_sweep, load_sweep, seed_lines, summary_lines, sweep_runs,
                              table_csv, table_text, variant_table, variant_table_text)
 from interp.dynamics.interventions import intervention_rows, intervention_table, intervention_table_text, reading
+from interp.dynamics.llc import llc_rows, llc_summary, llc_summary_lines, llc_table_text
+from interp.llc import LLCSettings, llc_series, require_devinterp
 from interp.views.pages import figure_section, page, table_html, write_page
 from interp.results import DYNAMICS_CSV_FILE, SWEEP_REPORT_FILE, VARIANTS_CSV_FILE
 from interp.views.sweep_figures import sweep_figures
@@ -65,7 +68,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=int, default=10, help="with --analyze: every N-th checkpoint (default 10)")
     p.add_argument("--n-exact", type=int, default=12,
                    help="with --analyze: checkpoints with exact patching, ablation and the circuit (default 12)")
+    p.add_argument("--llc", type=int, metavar="EVERY",
+                   help="first run the LLC at every EVERY-th checkpoint of every run (python -m interp.llc; cached)")
     return p
+
+
+def llc_all(sweep_dir: Path, every: int, settings: LLCSettings = LLCSettings(), progress: bool = True) -> list[str]:
+    """``interp.llc`` at every ``every``-th checkpoint of every trained run of the sweep."""
+    require_devinterp()  # without the extra: one line, before any work
+    done = []
+    for name in sweep_runs(sweep_dir)[1]:
+        path = sweep_dir / name
+        if (path / rd.METRICS_FILE).exists() and Run(path).steps():
+            llc_series(path, every=every, settings=settings, progress=progress)
+            done.append(name)
+    return done
 
 
 def analyze_all(sweep_dir: Path, every: int, n_exact: int) -> list[str]:
@@ -90,9 +107,14 @@ def main(argv: list[str] | None = None) -> int:
             raise CliError(f"--n-boot must be at least 1, got {args.n_boot}")
         if args.every < 1 or args.n_exact < 1:
             raise CliError("--every and --n-exact must be at least 1")
-        if args.analyze:
+        if args.llc is not None and args.llc < 1:
+            raise CliError(f"--llc must be at least 1, got {args.llc}")
+        if args.analyze or args.llc:
             sweep_runs(args.sweep)  # a missing directory: one line, before any work
+        if args.analyze:
             analyze_all(args.sweep, args.every, args.n_exact)
+        if args.llc:
+            llc_all(args.sweep, args.llc)
         sweep = load_sweep(args.sweep)
         result = analyze_sweep(sweep.rows, args.n_boot, args.seed)
         csv_path = args.csv or sweep.path / DYNAMICS_CSV_FILE
@@ -113,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
             print("\nwhat the plateau waits for (interventions against each seed's unmodified run):")
             print(intervention_table_text(interventions))
             print("\n".join(reading(interventions)))
+        llc = llc_rows(sweep.path)
+        if llc:
+            print("\nthe LLC against the training loss, t_form and tau (python -m interp.llc per run):")
+            print(llc_table_text(llc))
+            print("\n".join(llc_summary_lines(llc_summary(llc, args.n_boot, args.seed))))
         print()
         print("\n".join(seed_lines(result["seeds"])))
         print(f"\ntable: {csv_path}")

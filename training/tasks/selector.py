@@ -3,7 +3,9 @@
 The variants of ``TaskConfig`` change how the strings are drawn: ``target_uniqueness=group``
 (targets distinct within a group only), ``tails=by_first_char`` (A[1:] a fixed global function of
 A[0]), ``selectors=private`` (each group draws its own K selectors; ``z_tokens`` is then
-``[n_b, K, z_len]``), and the layout ones (``order``, ``no_z``, in ``training.layout``).
+``[n_b, K, z_len]``), ``target_pool=M`` (every group's targets come from one pool of M strings),
+``first_char_zipf=s`` (Zipf-distributed first characters), and the layout ones (``order``,
+``no_z``, in ``training.layout``).
 With the default options the strings are drawn exactly as before the variants existed.
 
 ``SelectorTask.generate(cfg)`` is deterministic in ``cfg.seed``. Examples are ordered by group then
@@ -64,24 +66,41 @@ def _distinct_per_row(rng: np.random.Generator, rows: int, n: int, space: int) -
         codes[dup] = rng.integers(0, space, size=int(dup.sum()))
 
 
+def _first_chars(rng: np.random.Generator, cfg: TaskConfig) -> np.ndarray:
+    """``[n_b, K]`` distinct first digits per group: uniform, or a Zipf-weighted draw without
+    replacement (``first_char_zipf``; Gumbel top-K, which is sequential weighted sampling)."""
+    n_chars = len(cfg.alphabet)
+    u = rng.random((cfg.n_b, n_chars))
+    if not cfg.first_char_zipf:
+        return np.argsort(u, axis=1)[:, : cfg.K]
+    log_w = -cfg.first_char_zipf * np.log(np.arange(1, n_chars + 1))
+    with np.errstate(divide="ignore"):
+        keys = log_w - np.log(-np.log(u))
+    return np.argsort(-keys, axis=1, kind="stable")[:, : cfg.K]
+
+
 def _unique_targets(rng: np.random.Generator, cfg: TaskConfig) -> np.ndarray:
     """Digit array [n_b, K, a_len] of targets, unique globally or within each group as asked
-    (distinct first digits per group if asked; tails by first digit if asked)."""
+    (distinct first digits per group if asked, Zipf-weighted if asked; tails by first digit if
+    asked; drawn from one shared pool if asked)."""
     n_chars = len(cfg.alphabet)
+    if cfg.target_pool:  # validate() guarantees group uniqueness, random tails, no distinct first chars
+        pool = _distinct_codes(rng, cfg.target_pool, n_chars**cfg.a_len)
+        return _digits(pool[_distinct_per_row(rng, cfg.n_b, cfg.K, cfg.target_pool)], n_chars, cfg.a_len)
     tail_space = n_chars ** (cfg.a_len - 1)
     if cfg.tails == "by_first_char":  # validate() guarantees distinct_first_char
-        first = np.argsort(rng.random((cfg.n_b, n_chars)), axis=1)[:, : cfg.K]
+        first = _first_chars(rng, cfg)
         tail_of = rng.integers(0, tail_space, size=n_chars)  # one global tail per first character
         return _digits(first * tail_space + tail_of[first], n_chars, cfg.a_len)
     if cfg.target_uniqueness == "group":
         if cfg.distinct_first_char:
-            first = np.argsort(rng.random((cfg.n_b, n_chars)), axis=1)[:, : cfg.K]
+            first = _first_chars(rng, cfg)
             codes = first * tail_space + rng.integers(0, tail_space, size=(cfg.n_b, cfg.K))
         else:
             codes = _distinct_per_row(rng, cfg.n_b, cfg.K, n_chars**cfg.a_len)
         return _digits(codes, n_chars, cfg.a_len)
     if cfg.distinct_first_char:
-        first = np.argsort(rng.random((cfg.n_b, n_chars)), axis=1)[:, : cfg.K]
+        first = _first_chars(rng, cfg)
         tails = rng.integers(0, tail_space, size=(cfg.n_b, cfg.K))
         while True:  # redraw the tails of repeated targets until every target is unique
             codes = (first * tail_space + tails).ravel()
@@ -255,9 +274,12 @@ class SelectorTask(Task):
         return candidate_metrics(scores, evalset.shift)
 
     def plateau_reference(self) -> dict | None:
-        """``training.tasks.selector_metrics.know_nothing_reference`` going backward (None forward)."""
-        from training.tasks.selector_metrics import know_nothing_reference
-        return know_nothing_reference(self) if self.cfg.direction == "backward" else None
+        """Going backward (None forward): ``training.tasks.selector_metrics.know_nothing_reference``,
+        with ``global_marginal_reference`` under ``global_marginal``."""
+        from training.tasks.selector_metrics import global_marginal_reference, know_nothing_reference
+        if self.cfg.direction != "backward":
+            return None
+        return {**know_nothing_reference(self), "global_marginal": global_marginal_reference(self)}
 
     def summary_fields(self) -> dict:
         """D, K and the direction."""

@@ -29,6 +29,12 @@ task's candidate sets. "Uniform over the alphabet" means over the characters tar
 (not over ``<BOS>``/``<SEP>``, which never follow ``<SEP>`` in a target and which a model stops
 predicting there within a few steps): 4 ln 36 - ln 10 = 12.03 nats for the paper's task.
 
+The **global-marginal reference** (``global_marginal_reference``) is the set loss of a model that knows
+the data set's distribution of targets exactly, p(A) over all D examples, but nothing of B or z,
+and the same for the first character alone. It is what a cheap, shared marginal is worth: log(M / K)
+nats with a pool of M targets (``target_pool``), about log n_b when every target differs. A
+plateau that sits there has learned the global marginal, not nothing.
+
 The forward task (A -> B) has no candidates and no selector: its candidate fields are None
 and its tau is defined on exact-match accuracy (first evaluated step above 50%).
 """
@@ -159,6 +165,27 @@ def know_nothing_reference(task: SelectorTask, groups: Int[Tensor, " G"] | None 
         "first_token_set_loss": (log_v - n_first.log()).mean().item(),
         "first_token_loss": log_v,
     }
+
+
+def global_marginal_reference(task: SelectorTask, groups: Int[Tensor, " G"] | None = None) -> dict:
+    """Losses of a model that knows p(A), the targets' distribution over all D examples (B and z
+    ignored), exactly, from the task.
+
+    Per group: set loss = -log sum over its distinct candidates a of p(a); first-token set loss =
+    -log sum over its distinct first characters c of p1(c), p1 the first characters' distribution;
+    averaged over ``groups`` (default: every group).
+    """
+    every = task.a_tokens.reshape(-1, task.a_tokens.shape[-1])  # [D, a_len]: every example's target
+    strings, string_of = every.unique(dim=0, return_inverse=True)
+    p_string = torch.bincount(string_of, minlength=len(strings)).double() / len(every)
+    p_first = torch.bincount(every[:, 0], minlength=len(task.vocab)).double() / len(every)
+    string_of = string_of.view(task.a_tokens.shape[:2])  # [n_b, K]
+    cand = task.a_tokens if groups is None else task.a_tokens[groups]
+    string_of = string_of if groups is None else string_of[groups]
+    keep, keep_first = first_occurrence(cand), first_occurrence(cand[..., 0])
+    set_mass = (p_string[string_of] * keep).sum(-1)
+    first_mass = (p_first[cand[..., 0]] * keep_first).sum(-1)
+    return {"set_loss": (-set_mass.log()).mean().item(), "first_token_set_loss": (-first_mass.log()).mean().item()}
 
 
 def candidate_metrics(scores: Float[Tensor, "G K K"], shift: Int[Tensor, "G K"]) -> dict:
