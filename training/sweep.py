@@ -541,6 +541,34 @@ def _intervention_grids(seeds: range, hide_at: tuple[float, ...], only_heads: tu
     return tuple(grids)
 
 
+# The paper's noise grid (issue 20): the demo model on the paper's data (n_b 1,000, K 10), batch sizes at
+# lr 1e-3 and learning rates at batch 128, 3 seeds (model and data seed together), stopped at 1.3 tau.
+# Seed ensembles do not pay on a CPU (training.ensemble: an ensemble step costs the members' solo
+# steps), so the runs train as solo jobs, two at a time on one thread each. Evaluation every 50 steps
+# reads tau to 50 steps (1-3% of tau).
+_NOISE_GRID = {"stop_after_tau": 1.3, "eval_every": 50, "ckpt_every": 100, "max_steps": 12000}
+
+
+def _noise_grids(seeds: range, batches: tuple[int, ...], lrs: tuple[float, ...]) -> tuple[dict[str, tuple], ...]:
+    """The batch sizes at the first learning rate and the other learning rates at the first batch size
+    (the centre point, first in both, trains once), ordered so that a sweep stopped early has the most
+    to say: the centre and the extreme values over the first two seeds, then the middle values over
+    those seeds, then the other seeds."""
+    def ends(xs: tuple) -> tuple:
+        return tuple(x for x in xs if x in (min(xs), max(xs)))
+
+    def blocks(seed: int, bs: tuple, lr: tuple) -> list[dict[str, tuple]]:
+        s = {"seed": (seed,), "data_seed": (seed,)}
+        return [{"batch_size": bs, "lr": lrs[:1], **s}, {"batch_size": batches[:1], "lr": lr, **s}]
+
+    outer = (batches[:1] + ends(batches[1:]), ends(lrs[1:]))
+    middle = (tuple(b for b in batches[1:] if b not in outer[0]), tuple(x for x in lrs[1:] if x not in outer[1]))
+    first, rest = seeds[:2], seeds[2:]
+    grids = [g for i in first for g in blocks(i, *outer)] + [g for i in first for g in blocks(i, *middle)]
+    grids += [g for i in rest for g in blocks(i, outer[0] + middle[0], outer[1] + middle[1])]
+    return tuple(g for g in grids if g["batch_size"] and g["lr"])
+
+
 # What the plateau waits for (issue 19): each seed's own run, its tau_0 and its last checkpoint (the
 # donor, after the drop), then the interventions relative to it. Run as a sweep, the unmodified
 # runs train first; their names are those of seeds-ci, so a copy of seeds-ci's runs is reused.
@@ -595,6 +623,19 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
                {"D": (10000,), "lr": (3e-4, 1e-3, 2e-3, 3e-3, 5e-3), "seed": (0, 1, 2)}),
         description="the paper's batch sizes (32-256) and learning rates (3e-4 to 5e-3) at D = 10,000, 3 seeds",
         cost="~150k steps (batch 32 needs ~4x the steps of 128), ~3 h on 2 cores"),
+    SweepSpec(
+        name="paper-noise-grid", base="demo", fixed=_NOISE_GRID, grids=_noise_grids(range(3), (128, 32, 256, 64), (1e-3, 4e-3, 5e-4, 2e-3)),
+        description="the paper's noise claims on the demo model (n_b 1,000, K 10): batch 32-256 at lr 1e-3, "
+                    "lr 5e-4 to 4e-3 at batch 128, 3 seeds, stopped at 1.3 tau",
+        cost="21 runs of the paper model (7 points x 3 seeds); more than 150 min on 2 cores of an Intel Xeon "
+             "without VNNI (measured: bench/sweep_budget.py; batch 32 takes ~24 run-minutes, lr 4e-3 sits on "
+             "the plateau for 5,000+ steps)"),
+    SweepSpec(
+        name="paper-noise-grid-tiny", base="tiny",
+        fixed={"stop_after_tau": 1.3, "max_steps": 1500, "eval_every": 10, "ckpt_every": 50, "D": 160},
+        grids=_noise_grids(range(2), (32, 16), (3e-3, 6e-3)),
+        description="machinery check of paper-noise-grid: the 1-layer tiny model, batch 16 and 32, lr 3e-3 and 6e-3, 2 seeds",
+        cost="6 runs, ~2k steps, ~15 s on 2 cores (estimated)"),
     SweepSpec(
         name="paper-direction", base="paper", fixed={**_PAPER, "max_steps": 20000},
         grids=({"D": (2500, 5000, 10000), "direction": ("backward", "forward"), "seed": (0, 1, 2)},),

@@ -17,10 +17,12 @@ the largest such family is used):
   seeds) and refits. The paper reports alpha = 1.19 (its code's fit: 1.194 [1.137, 1.308]).
   With a single run per D there is nothing to resample and no interval is given.
 * K-independence: the same fit with K in place of D at fixed D (slope ~0 in the paper).
-* noise: mean tau *in tokens* (step x batch size x target tokens) per batch size, as a ratio to
-  the largest batch (the paper: the smallest batch is 1.8x slower), and mean tau in steps per
-  learning rate as a ratio to the smallest (the paper: monotone, up to 3.6x slower); ``trend``
-  says whether the means rise or fall monotonically with the factor.
+* noise: mean tau *in tokens* (step x batch size x target tokens) and in steps per batch size, as a
+  ratio to the largest batch (the paper: the smallest batch is 1.8x slower in tokens), and mean tau
+  in steps per learning rate as a ratio to the smallest (the paper: monotone, up to 3.6x slower);
+  ``trend`` says whether the means rise or fall monotonically with the factor. Each mean and ratio
+  has a bootstrap 95% interval (seeds resampled within each value); ``interp.dynamics.noise`` reads
+  the paper's claims from them.
 * collective snap, per run from the tracked groups' accuracies (``interp.snap.snap_statistics``):
   the share of groups >= 80% accurate at tau/2 (the paper: 0 of 200) and the median snap
   window in units of tau (the paper: about 0.5); totals over the backward runs.
@@ -317,23 +319,49 @@ def power_law(rows: list[dict], factor: str = "D", key: str = "tau", n_boot: int
             "family": {f: fam[0][f] for f in FACTORS if f != factor}}
 
 
-def factor_effect(rows: list[dict], factor: str, key: str, reference: str) -> dict[str, Any] | None:
+def factor_effect(rows: list[dict], factor: str, key: str, reference: str, n_boot: int = 2000,
+                  seed: int = 0) -> dict[str, Any] | None:
     """Mean ``key`` per value of ``factor`` (over seeds) and its ratio to the ``reference`` value
     (``"min"`` or ``"max"`` of the factor), over the largest family; ``trend`` is ``rising``,
-    ``falling`` (monotone in the factor) or ``not monotone``."""
+    ``falling`` (monotone in the factor), ``not monotone``, or ``unknown`` when a value with runs
+    without tau (below) breaks the order.
+
+    Each value's ``mean_ci`` and ``ratio_ci`` are the 2.5 / 97.5 percentiles of a bootstrap that
+    resamples the runs *within each value* (over seeds, unpaired) and recomputes the means and the
+    ratio; None for a value of one run (and for every ratio when the reference has one). Rows marked ``censored`` (a run that stopped before tau,
+    its last step standing in) make their value's mean a lower bound: ``censored`` counts them, and
+    ``bound`` says what the ratio is (``>=`` with a censored value, ``<=`` with a censored reference).
+    """
     fam = largest_family(rows, factor, lambda r: r[key])
     if not fam:
         return None
     values = sorted({r[factor] for r in fam})
-    means = [float(np.mean([r[key] for r in fam if r[factor] == v])) for v in values]
-    ref = means[0] if reference == "min" else means[-1]
+    samples = [np.array([r[key] for r in fam if r[factor] == v], dtype=float) for v in values]
+    means = np.array([s.mean() for s in samples])
+    ref = 0 if reference == "min" else len(values) - 1
+    censored = [sum(bool(r.get("censored")) for r in fam if r[factor] == v) for v in values]
     diffs = np.diff(means)
-    trend = "rising" if (diffs > 0).all() else "falling" if (diffs < 0).all() else "not monotone"
-    ratios = [m / ref for m in means]
-    return {"factor": factor, "key": key, "reference": values[0] if reference == "min" else values[-1],
-            "values": [{"value": v, "mean": m, "ratio": q, "n": sum(r[factor] == v for r in fam)}
-                       for v, m, q in zip(values, means, ratios)],
-            "max_ratio": max(ratios), "trend": trend, "family": {f: fam[0][f] for f in FACTORS if f != factor}}
+    trend = "rising" if (diffs > 0).all() else "falling" if (diffs < 0).all() else \
+        "unknown (runs without tau)" if any(censored) else "not monotone"  # a bound cannot break an order
+    mean_ci: list[list[float] | None] = [None] * len(values)
+    ratio_ci: list[list[float] | None] = [None] * len(values)
+    if any(len(s) > 1 for s in samples):
+        rng = np.random.default_rng(seed)
+        boot = np.stack([s[rng.integers(0, len(s), size=(n_boot, len(s)))].mean(axis=1) for s in samples], axis=1)
+        ratios = boot / boot[:, ref:ref + 1]
+        # a value of one run has no spread to resample: no interval for it, nor for ratios to it
+        mean_ci = [[float(np.percentile(boot[:, i], 2.5)), float(np.percentile(boot[:, i], 97.5))]
+                   if len(samples[i]) > 1 else None for i in range(len(values))]
+        ratio_ci = [[float(np.percentile(ratios[:, i], 2.5)), float(np.percentile(ratios[:, i], 97.5))]
+                    if len(samples[i]) > 1 and len(samples[ref]) > 1 else None for i in range(len(values))]
+    bounds = [("?" if c and censored[ref] else ">=" if c else "<=" if censored[ref] else "") if i != ref else ""
+              for i, c in enumerate(censored)]
+    out_values = [{"value": v, "mean": float(m), "ratio": float(m / means[ref]), "n": len(s), "mean_ci": mc,
+                   "ratio_ci": rc, "censored": c, "bound": b}
+                  for v, m, s, mc, rc, c, b in zip(values, means, samples, mean_ci, ratio_ci, censored, bounds)]
+    return {"factor": factor, "key": key, "reference": values[ref], "values": out_values,
+            "max_ratio": max(v["ratio"] for v in out_values), "trend": trend,
+            "family": {f: fam[0][f] for f in FACTORS if f != factor}}
 
 
 def scaling_law(rows: list[dict], threshold: float = 0.5, n_boot: int = 2000, seed: int = 0) -> dict | None:
@@ -346,20 +374,31 @@ def k_dependence(rows: list[dict], threshold: float = 0.5, n_boot: int = 2000, s
     return power_law([r for r in rows if r["direction"] == "backward"], "K", tau_key(threshold), n_boot, seed)
 
 
-def _with_tokens(rows: list[dict], threshold: float) -> list[dict]:
+def _waits(rows: list[dict], threshold: float, unit: str) -> list[dict]:
+    """The backward runs with ``wait``: tau at ``threshold`` in steps or tokens; a run that stopped before
+    it (killed, or at max_steps) waits at least its last step, and is marked ``censored``."""
     key = tau_key(threshold)
-    return [{**r, "tokens": r[key] * r["tokens_per_step"] if r[key] is not None else None} for r in rows]
+    out = []
+    for r in rows:
+        if r["direction"] != "backward":
+            continue
+        steps = r[key] if r[key] is not None else r.get("final_step")
+        wait = None if steps is None else steps * (r["tokens_per_step"] if unit == "tokens" else 1)
+        out.append({**r, "wait": wait, "censored": r[key] is None})
+    return out
 
 
-def batch_effect(rows: list[dict], threshold: float = 0.5) -> dict | None:
-    """tau in tokens per batch size, as a ratio to the largest batch (backward runs)."""
-    return factor_effect(_with_tokens([r for r in rows if r["direction"] == "backward"], threshold),
-                         "batch_size", "tokens", "max")
+def batch_effect(rows: list[dict], threshold: float = 0.5, n_boot: int = 2000, seed: int = 0,
+                 unit: str = "tokens") -> dict | None:
+    """tau in tokens (``unit="tokens"``) or in steps per batch size, as a ratio to the largest batch
+    (backward runs; a run without tau counts as a lower bound)."""
+    return factor_effect(_waits(rows, threshold, unit), "batch_size", "wait", "max", n_boot, seed)
 
 
-def lr_effect(rows: list[dict], threshold: float = 0.5) -> dict | None:
-    """tau in steps per learning rate, as a ratio to the smallest (backward runs)."""
-    return factor_effect([r for r in rows if r["direction"] == "backward"], "lr", tau_key(threshold), "min")
+def lr_effect(rows: list[dict], threshold: float = 0.5, n_boot: int = 2000, seed: int = 0) -> dict | None:
+    """tau in steps per learning rate, as a ratio to the smallest (backward runs; a run without tau
+    counts as a lower bound)."""
+    return factor_effect(_waits(rows, threshold, "steps"), "lr", "wait", "min", n_boot, seed)
 
 
 def direction_ratios(rows: list[dict], key: str = "tau") -> list[dict[str, Any]]:
@@ -445,7 +484,8 @@ def analyze_sweep(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict[s
     rows = [r for r in rows if not r.get("intervention")]
     def fits(t: float) -> dict[str, Any]:
         return {"scaling": scaling_law(rows, t, n_boot, seed), "k": k_dependence(rows, t, n_boot, seed),
-                "batch": batch_effect(rows, t), "lr": lr_effect(rows, t),
+                "batch": batch_effect(rows, t, n_boot, seed),
+                "batch_steps": batch_effect(rows, t, n_boot, seed, unit="steps"), "lr": lr_effect(rows, t, n_boot, seed),
                 "direction": direction_ratios(rows, tau_key(t))}
 
     return {"main": {**fits(0.5), "direction_acc50": direction_ratios(rows, "t_acc50"), "snap": snap_summary(rows)},
@@ -468,7 +508,11 @@ def effect_text(eff: dict | None, unit: str = "") -> str:
     """A factor's effect (ratios to the reference value, and the trend), as text."""
     if eff is None:
         return "n/a"
-    parts = ", ".join(f"{v['value']:g}: {v['ratio']:.2f}x" for v in eff["values"])
+    def ratio(v: dict) -> str:
+        ci = f" [{v['ratio_ci'][0]:.2f}, {v['ratio_ci'][1]:.2f}]" if v["ratio_ci"] and v["value"] != eff["reference"] else ""
+        return f"{v['value']:g}: {v['bound']}{v['ratio']:.2f}x{ci}"
+
+    parts = ", ".join(ratio(v) for v in eff["values"])
     return f"{parts} (vs {eff['reference']:g}{unit}; {eff['trend']})"
 
 
@@ -494,6 +538,7 @@ def summary_lines(result: dict[str, Any]) -> list[tuple[str, str]]:
          + " - paper ~0" + alt("k", fit_text)),
         ("batch size: tau in tokens", effect_text(m["batch"]) + f" - paper: smallest batch {PAPER['batch_factor']}x"
          + alt("batch", effect_text)),
+        ("batch size: tau in steps", effect_text(m["batch_steps"]) + alt("batch_steps", effect_text)),
         ("learning rate: tau in steps", effect_text(m["lr"]) + f" - paper: rising, up to {PAPER['lr_factor']}x"
          + alt("lr", effect_text)),
         ("forward / backward (own taus)", direction_text(m["direction"]) + alt("direction", direction_text)),

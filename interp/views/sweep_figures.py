@@ -13,6 +13,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from interp.dynamics import Sweep, direction_text, effect_text, fit_text
+from interp.dynamics.noise import noise_claims
 
 Captioned = tuple[go.Figure, str]
 
@@ -42,21 +43,30 @@ def tau_against(rows: list[dict], fit: dict | None, factor: str, label: str) -> 
     return fig, caption
 
 
-def noise_figure(batch: dict | None, lr: dict | None) -> Captioned:
-    """Mean tau in tokens against batch size (left) and mean tau in steps against learning rate (right)."""
-    fig = make_subplots(rows=1, cols=2, subplot_titles=("tau in tokens vs batch size", "tau in steps vs learning rate"))
-    for col, eff in ((1, batch), (2, lr)):
-        if eff is not None:
-            fig.add_trace(go.Scatter(x=[v["value"] for v in eff["values"]], y=[v["mean"] for v in eff["values"]],
-                                     mode="lines+markers", name=eff["factor"],
-                                     text=[f"{v['ratio']:.2f}x" for v in eff["values"]]), row=1, col=col)
-    _layout(fig, "Gradient noise and the waiting time", "", "")
-    fig.update_xaxes(title_text="batch size", row=1, col=1)
-    fig.update_xaxes(title_text="learning rate", row=1, col=2)
-    fig.update_yaxes(title_text="tokens at tau", row=1, col=1)
-    fig.update_yaxes(title_text="steps at tau", row=1, col=2)
-    caption = (f"Batch: {effect_text(batch)}. Learning rate: {effect_text(lr)}. The paper: smaller batches wait "
-               "longer in tokens, and higher learning rates wait longer: noise holds the model on the plateau.")
+def noise_figure(batch: dict | None, batch_steps: dict | None, lr: dict | None, claims: list[dict]) -> Captioned:
+    """Mean tau (over seeds, with bootstrap 95% intervals) in tokens and in steps against batch size, and in
+    steps against learning rate; the caption reads the paper's two claims (``interp.dynamics.noise``)."""
+    panels = ((batch, "tokens at tau", "batch size"), (batch_steps, "steps at tau", "batch size"),
+              (lr, "steps at tau", "learning rate"))
+    fig = make_subplots(rows=1, cols=3, subplot_titles=("tau in tokens vs batch size", "tau in steps vs batch size",
+                                                        "tau in steps vs learning rate"))
+    _layout(fig, "Gradient noise and the waiting time (mean over seeds, 95% interval)", "", "")
+    for col, (eff, y_title, x_title) in enumerate(panels, start=1):
+        fig.update_xaxes(title_text=x_title, row=1, col=col)
+        fig.update_yaxes(title_text=y_title, row=1, col=col)
+        if eff is None:
+            continue
+        vals = eff["values"]
+        err = {"type": "data", "symmetric": False,
+               "array": [v["mean_ci"][1] - v["mean"] if v["mean_ci"] else 0 for v in vals],
+               "arrayminus": [v["mean"] - v["mean_ci"][0] if v["mean_ci"] else 0 for v in vals]}
+        fig.add_trace(go.Scatter(x=[v["value"] for v in vals], y=[v["mean"] for v in vals], error_y=err,
+                                 mode="lines+markers", name=y_title + " vs " + x_title, showlegend=False,
+                                 text=[f"{v['ratio']:.2f}x, {v['n']} seeds" for v in vals]), row=1, col=col)
+    readings = " ".join(f"The paper's '{c['claim']}': {c['verdict']}"
+                        + (f" ({c['ratio']:.2f}x against its {c['paper']:g}x)" if c["ratio"] is not None else "")
+                        + "." for c in claims)
+    caption = f"Batch (tokens): {effect_text(batch)}. Learning rate: {effect_text(lr)}. {readings}"
     return fig, caption
 
 
@@ -106,7 +116,8 @@ def sweep_figures(sweep: Sweep, result: dict[str, Any]) -> list[tuple[str, str, 
     if m["k"]:
         out.append(("k", "tau against K at fixed D", *tau_against(rows, m["k"], "K", "K")))
     if m["batch"] or m["lr"]:
-        out.append(("noise", "Batch size and learning rate", *noise_figure(m["batch"], m["lr"])))
+        out.append(("noise", "Batch size and learning rate",
+                    *noise_figure(m["batch"], m["batch_steps"], m["lr"], noise_claims(m))))
     if m["direction_acc50"]:
         out.append(("direction", "Forward against backward", *direction_figure(m["direction_acc50"])))
     if m["snap"]:

@@ -1,13 +1,15 @@
 """The sweep report and ``python -m interp.dynamics``: a sweep's table, fits and figures.
 
-    python -m interp.dynamics --sweep DIR [--analyze [--every 10] [--n-exact 12]] [--llc EVERY] [--csv FILE]
-                              [--json FILE] [--report] [--n-boot 2000]
+    python -m interp.dynamics --sweep DIR [--analyze [--every 10] [--n-exact 12]] [--llc EVERY] [--compare SWEEP]
+                              [--csv FILE] [--json FILE] [--report] [--n-boot 2000]
 
 With ``--analyze``, first runs ``interp.analyze`` on every backward run of the sweep (the cache
 makes a second call cheap); with ``--llc N``, ``interp.llc`` at every N-th checkpoint of every run
-(default settings; cached), and the LLC's departure over seeds (:mod:`interp.dynamics.llc`). Prints the per-run table, the fits and the seed summary of
-:mod:`interp.dynamics` (definitions there), writes the
-table as ``DIR/dynamics.csv`` and, with ``--report``, one self-contained HTML page
+(default settings; cached), and the LLC's departure over seeds (:mod:`interp.dynamics.llc`).
+Prints the per-run table, the fits and the seed summary of :mod:`interp.dynamics` (definitions
+there); where the sweep varies batch size or learning rate, the noise table and the paper's two
+noise claims (:mod:`interp.dynamics.noise`), and with ``--compare`` how a second sweep reads them.
+Writes the table as ``DIR/dynamics.csv`` and, with ``--report``, one self-contained HTML page
 ``DIR/sweep_report.html`` with every figure of :mod:`interp.views.sweep_figures`.
 """
 
@@ -25,6 +27,7 @@ from interp.dynamics import (TABLE_COLUMNS, Sweep, analyze_sweep, load_sweep, se
                              table_csv, table_text, variant_table, variant_table_text)
 from interp.dynamics.interventions import intervention_rows, intervention_table, intervention_table_text, reading
 from interp.dynamics.llc import llc_rows, llc_summary, llc_summary_lines, llc_table_text
+from interp.dynamics.noise import noise_lines
 from interp.llc import LLCSettings, llc_series, require_devinterp
 from interp.views.pages import figure_section, page, table_html, write_page
 from interp.results import DYNAMICS_CSV_FILE, SWEEP_REPORT_FILE, VARIANTS_CSV_FILE
@@ -68,6 +71,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=int, default=10, help="with --analyze: every N-th checkpoint (default 10)")
     p.add_argument("--n-exact", type=int, default=12,
                    help="with --analyze: checkpoints with exact patching, ablation and the circuit (default 12)")
+    p.add_argument("--compare", type=Path, metavar="SWEEP",
+                   help="another sweep (e.g. quick-noise on ci) whose reading of the noise claims is printed next to this one's")
     p.add_argument("--llc", type=int, metavar="EVERY",
                    help="first run the LLC at every EVERY-th checkpoint of every run (python -m interp.llc; cached)")
     return p
@@ -111,6 +116,7 @@ def main(argv: list[str] | None = None) -> int:
             raise CliError(f"--llc must be at least 1, got {args.llc}")
         if args.analyze or args.llc:
             sweep_runs(args.sweep)  # a missing directory: one line, before any work
+        other = load_sweep(args.compare) if args.compare else None  # likewise
         if args.analyze:
             analyze_all(args.sweep, args.every, args.n_exact)
         if args.llc:
@@ -123,6 +129,12 @@ def main(argv: list[str] | None = None) -> int:
         print()
         for what, text in summary_lines(result):
             print(f"{what}: {text}")
+        m = result["main"]
+        if m["batch"] or m["lr"] or other:
+            compare = (f"{other.name} ({other.path})", analyze_sweep(other.rows, args.n_boot, args.seed)["main"]) \
+                if other else None
+            print()
+            print("\n".join(noise_lines(m, compare)))
         variants = variant_table(sweep.rows)
         if variants:
             print("\nplateau kind per task variant (mean [seed range]):")
