@@ -11,11 +11,11 @@ A claim is read from the interval of its extreme ratio:
 * ``reproduced``: the interval lies above 1 and holds the paper's factor, and (learning rate)
   the means rise monotonically;
 * ``holds in part``: the interval lies above 1, but the factor lies outside it or (learning rate)
-  the means are not monotone;
+  the means are not monotone, or their order is unknown;
 * ``refuted``: the interval lies below 1: the named condition waits *less*, the opposite of the
   claim;
 * ``not resolved``: the interval holds 1;
-* ``no interval``: one run per value, nothing to resample.
+* ``no interval``: one run at the extreme value or at the reference, nothing to resample.
 
 A run that stopped before tau (at ``max_steps``, or killed) waits at least its last step: it enters
 its value's mean as that lower bound (``censored``), and the ratio is then a bound (``>=``, or ``<=``
