@@ -1,5 +1,5 @@
 # Two commands do all the set-up on a fresh clone:
-#   make demo   - virtual environment, install, train the demo run, analyse it, write its report
+#   make demo   - virtual environment, install, train the demo run, analyse it, write its report and time view
 #   make test   - the same set-up, then the test suite
 #   make test-fast - the tests not marked slow (no session training runs, notebooks or browser): seconds
 #   make test-tl4 - a second environment, .venv-tl4, with TransformerLens 4.x: the backend tests
@@ -45,11 +45,12 @@ demo:
 	$(PY) -m training.train --preset demo --out $(DEMO) --resume; t2=$$(now); \
 	$(PY) -m interp.analyze --run $(DEMO) --every 2; t3=$$(now); \
 	$(PY) -m interp.report --run $(DEMO); t4=$$(now); \
+	$(PY) -m interp.view --run $(DEMO); t5=$$(now); \
 	echo "demo run: $(DEMO) (metrics.jsonl, summary.json, checkpoints/, analysis/)"; \
-	echo "report:   $(DEMO)/report.html (open it in a browser; it needs no network)"; \
-	awk -v a=$$t0 -v b=$$t1 -v c=$$t2 -v d=$$t3 -v e=$$t4 'BEGIN { \
-	  printf "stage times: install %.0f s, train %.0f s, analyse %.0f s, report %.0f s; total %.0f s (%d min %02d s; target under 300 s: %s)\n", \
-	    b - a, c - b, d - c, e - d, e - a, int((e - a) / 60), int(e - a) % 60, (e - a < 300 ? "met" : "NOT met") }'
+	echo "report:   $(DEMO)/report.html, time view: $(DEMO)/view.html (open them in a browser; they need no network)"; \
+	awk -v a=$$t0 -v b=$$t1 -v c=$$t2 -v d=$$t3 -v e=$$t4 -v f=$$t5 'BEGIN { \
+	  printf "stage times: install %.0f s, train %.0f s, analyse %.0f s, report %.0f s, view %.0f s; total %.0f s (%d min %02d s; target under 300 s: %s)\n", \
+	    b - a, c - b, d - c, e - d, f - e, f - a, int((f - a) / 60), int(f - a) % 60, (f - a < 300 ? "met" : "NOT met") }'
 
 test: $(STAMP)
 	PLATEAUSCOPE_OTHER_PYTHON=$(OTHER_OF_MAIN) $(PY) -m pytest

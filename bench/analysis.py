@@ -16,7 +16,10 @@ the drop (the first checkpoint at or after tau), with 256 prompt pairs:
 each timed best of ``--rounds``, printed as a ratio next to its target with the largest absolute
 difference of the patched metric (exact: must be <= 1e-5; attribution: first-order error).
 Then ``interp.analyze.analyze_run`` over every ``--every``-th checkpoint of the run, with a fresh
-cache in a temporary directory, and the time of each of its parts.
+cache in a temporary directory, and the time of each of its parts. The edge analyses
+(``interp.edges``) are printed against issue 18's target: attribution of every edge at every
+analysed demo checkpoint in 60 s or less on 2 cores; the faithful-circuit search and the exact
+patching of the top edges next to it, and the share of the whole analysis that edges take.
 
 The run is the preset's default run directory (``checkpoints/demo`` for ``demo``, what ``make
 demo`` writes; ``checkpoints/bench_<preset>`` otherwise), trained (or resumed) first when it
@@ -42,15 +45,20 @@ import transformer_lens.patching as tl_patching  # noqa: E402
 
 from interp import analyze  # noqa: E402
 from interp import attribution as attr  # noqa: E402
+from interp import edges  # noqa: E402
 from interp import patch as P  # noqa: E402
 from interp.results import ANALYSIS_DIR, pick_steps  # noqa: E402
 from interp.inputs import logit_diff, prompt_pairs  # noqa: E402
 from training.config import ConfigError  # noqa: E402
+from training.machine import describe, machine_record  # noqa: E402
 from training.presets import PRESETS, get_preset  # noqa: E402
 from training.run import Run  # noqa: E402
 from training.train import train  # noqa: E402
 
 TARGETS = {"heads all pos": 3.0, "heads by pos": 5.0, "resid_pre": 5.0, "attribution, heads by pos": 50.0}
+EDGE_TARGET_S = 60.0
+"""Issue 18: every edge scored at every analysed demo checkpoint in this many seconds on 2 cores."""
+EDGE_PARTS = ("edges: attribution of every edge", "edges: faithful circuit search", "edges: exact patching of the top edges")
 
 
 def best_of(rounds: int, fn: Callable, *args, **kw) -> tuple[float, object]:
@@ -121,7 +129,10 @@ def time_analysis(run: Run, every: int) -> tuple[float, dict[str, float], int]:
     per part, and the number of checkpoints analysed."""
     parts: dict[str, float] = defaultdict(float)
     originals = {name: getattr(analyze, name) for name in
-                 ("attention_to_z", "attribute_all", "patch", "ablate_each_head", "circuit_record", "summarize")}
+                 ("attention_to_z", "attribute_all", "patch", "ablate_each_head", "circuit_record", "summarize",
+                  "exact_edge_record", "pattern_record")}
+    circuit_search = edges.faithful_circuit
+    edge_record = analyze.edge_record
     load = Run.load_model
 
     def timed(label: str, fn: Callable) -> Callable:
@@ -137,7 +148,8 @@ def time_analysis(run: Run, every: int) -> tuple[float, dict[str, float], int]:
     labels = {"attention_to_z": "attention to z", "attribute_all": "attribution patching (heads, resid)",
               "patch": "exact patching (heads, resid)", "ablate_each_head": "head ablation (zero, mean)",
               "circuit_record": "circuit (head sets, reads-z patching)",
-              "summarize": "selector summary"}
+              "summarize": "selector summary", "exact_edge_record": EDGE_PARTS[2],
+              "pattern_record": "attention patterns (time view)"}
     with tempfile.TemporaryDirectory() as tmp:
         view = Path(tmp) / run.path.name  # the run's files, and an empty analysis cache
         view.mkdir()
@@ -148,6 +160,9 @@ def time_analysis(run: Run, every: int) -> tuple[float, dict[str, float], int]:
             for name, fn in originals.items():
                 setattr(analyze, name, timed(labels[name], fn))
             Run.load_model = timed("loading checkpoints", load)
+            # the edge record is its attribution plus the circuit search: time the two apart
+            edges.faithful_circuit = timed(EDGE_PARTS[1], circuit_search)
+            analyze.edge_record = timed("edge record", edge_record)
             t0 = time.perf_counter()
             analyze.analyze_run(view, every=every, progress=False)
             total = time.perf_counter() - t0
@@ -155,6 +170,9 @@ def time_analysis(run: Run, every: int) -> tuple[float, dict[str, float], int]:
             for name, fn in originals.items():
                 setattr(analyze, name, fn)
             Run.load_model = load
+            edges.faithful_circuit = circuit_search
+            analyze.edge_record = edge_record
+    parts[EDGE_PARTS[0]] = parts.pop("edge record", 0.0) - parts.get(EDGE_PARTS[1], 0.0)
     n = len(pick_steps(run.steps(), every))
     return total, dict(parts), n
 
@@ -167,6 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=2, help="each sweep is timed this many times; the fastest counts")
     p.add_argument("--every", type=int, default=2, help="analyse every N-th checkpoint (default 2, as make demo)")
     p.add_argument("--skip-analyze", action="store_true", help="only the patching comparison")
+    p.add_argument("--skip-patching", action="store_true", help="only the timed analysis")
     args = p.parse_args(argv)
     if args.preset not in PRESETS:
         print(f"error: --preset {args.preset!r}: choose one of {', '.join(PRESETS)}", file=sys.stderr)
@@ -181,10 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{run.path}: {args.pairs} pairs, {torch.get_num_threads()} threads, best of {args.rounds} rounds")
+    print(f"{run.path}: {args.pairs} pairs, best of {args.rounds} rounds; {describe(machine_record())}")
     print(f"{'checkpoint':<18} {'sweep':<27} {'TransformerLens':>15} {'ours':>9} {'ratio':>8} {'target':>7} "
           f"{'met':>4} {'max |diff|':>11}")
-    for label, step in checkpoints:
+    for label, step in ([] if args.skip_patching else checkpoints):
         for sweep, t_ref, t_ours, diff in compare_patching(run, step, args.pairs, args.rounds):
             ratio, target = t_ref / t_ours, TARGETS[sweep]
             print(f"{label + ' ' + str(step):<18} {sweep:<27} {t_ref:>13.3f} s {t_ours:>7.3f} s {ratio:>7.1f}x "
@@ -196,6 +215,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {part:<38} {sec:7.1f} s  {sec / total:6.1%}")
         rest = total - sum(parts.values())
         print(f"  {'other (cache files, bookkeeping)':<38} {rest:7.1f} s  {rest / total:6.1%}")
+        attribution = parts.get(EDGE_PARTS[0], 0.0)
+        all_edges = sum(parts.get(p, 0.0) for p in EDGE_PARTS)
+        print(f"\nedges, {n} checkpoints: attribution of every edge {attribution:.1f} s (target <= {EDGE_TARGET_S:.0f} s: "
+              f"{'met' if attribution <= EDGE_TARGET_S else 'NOT met'}); with the circuit search and exact patching "
+              f"{all_edges:.1f} s ({'met' if all_edges <= EDGE_TARGET_S else 'NOT met'}), "
+              f"{all_edges / total:.0%} of interp.analyze")
     return 0
 
 

@@ -70,7 +70,9 @@ import transformer_lens
 from interp.analyze import analyze_run
 torch.set_num_threads(2)
 t0 = time.perf_counter()
-analyze_run(sys.argv[1], every=10, n_exact=4, progress=False)
+import inspect  # like for like: the edge analyses came after the seam, so neither side runs them
+kw = {"edges": False} if "edges" in inspect.signature(analyze_run).parameters else {}
+analyze_run(sys.argv[1], every=10, n_exact=4, progress=False, **kw)
 print(json.dumps({"s": time.perf_counter() - t0}))
 """
 

@@ -95,7 +95,7 @@ def main() -> None:
             out = args.out / mode / f"seed{seed}"
             t0 = time.perf_counter()
             ms = train_mode(args.preset, mode, seed, out) * 1e3
-            analyze_run(out, every=10, n_exact=4, progress=False)
+            analyze_run(out, every=10, n_exact=4, progress=False, edges=False)  # the verdicts only
             row = run_row(Run(out), out.name)
             row["ms_per_step"] = ms
             row["plateau_length"] = row["plateau_end"] - row["plateau_start"] if row["plateau_start"] is not None \

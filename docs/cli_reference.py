@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "interp.attention": "interp.attention",
     "interp.ablate": "interp.ablate",
     "interp.report": "interp.views.report",
+    "interp.view": "interp.view",
     "interp.dynamics": "interp.views.sweep_report",
     "interp.hessian": "interp.hessian",
     "interp.llc": "interp.llc",

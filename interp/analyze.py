@@ -8,6 +8,10 @@ task itself. For each chosen checkpoint (lazily, one model in memory at a time):
 * exact activation patching (``interp.patch``) and zero / mean head ablation
   (``interp.ablate``) at a subset: evenly spaced steps plus those nearest the plateau start,
   tau/2 and tau, and the last step;
+* the edges of the residual-stream graph (``interp.edges``): attribution of every edge and the
+  smallest faithful circuit at every chosen step, exact patching of the strongest edges at the
+  subset (skip them with ``--no-edges``); and the attention patterns of a few examples (for the
+  time view, ``interp.view``);
 * at the same subset, the concentration of the routing (``interp.circuit``): each head's share
   of the head-patching effect, ablation of sets of heads (mean by default), and patching of head
   outputs at the cue positions and the prediction position (the z positions and the last ``<SEP>``).
@@ -39,14 +43,17 @@ from tqdm.auto import tqdm
 
 from interp.ablate import ablate_each_head
 from interp.circuit import RECORD_VERSION, circuit_record, each_head_ablation
-from interp.attention import attention_to_z
+from interp.attention import attention_to_z, pattern_record
+from interp.edges import CIRCUIT_PAIRS, FAITHFULNESS_TARGET, edge_record, edges_summary, exact_edge_record
 from interp.attribution import attribute_all
 from interp.cli import CliError, add_backend_arg, run_cli
 from interp.inputs import prompt_pairs
 from interp.patch import patch
-from interp.results import (ABLATION_FILE, ATTENTION_FILE, ATTRIBUTION_FILE, CIRCUIT_FILE, PATCH_FILE, SELECTOR_FILE, analysis_dir,
-                            append_records, load_records, pick_steps, settings_key, write_json_result)
+from interp.results import (ABLATION_FILE, ATTENTION_FILE, ATTRIBUTION_FILE, CIRCUIT_FILE, EDGE_EXACT_FILE, EDGES_FILE,
+                            PATCH_FILE, PATTERNS_FILE, SELECTOR_FILE, analysis_dir, append_records, load_records,
+                            pick_steps, settings_key, write_json_result)
 from interp.summary import format_summary, summarize
+from training.backend import resolve_backend
 from training.interventions import has_interventions
 from training.metrics import compute_tau
 from training.run import Run, RunError, read_json
@@ -54,9 +61,12 @@ from training.run import Run, RunError, read_json
 log = logging.getLogger(__name__)
 
 CACHE_FILES = {"attention": ATTENTION_FILE, "attribution": ATTRIBUTION_FILE, "patch": PATCH_FILE,
-               "circuit": CIRCUIT_FILE, "ablation": ABLATION_FILE}
+               "circuit": CIRCUIT_FILE, "ablation": ABLATION_FILE, "edges": EDGES_FILE, "edge_exact": EDGE_EXACT_FILE,
+               "patterns": PATTERNS_FILE}
 """The per-step caches of :func:`analyze_run`, by analysis name, in the order a step computes them
 (the circuit reuses the head patching; the head ablation of the circuit's kind reuses its set ablations)."""
+EDGE_ANALYSES = ("edges", "edge_exact")
+"""The analyses ``--no-edges`` skips (they need the TransformerLens 3.x backend)."""
 ABLATION_KINDS = ("zero", "mean")
 
 
@@ -76,6 +86,14 @@ class AnalysisSettings:
     """Ablation kind of the circuit's head sets (``interp.circuit``): ``mean`` or ``zero``."""
     smooth: int = 1
     """Smoothing window of the t_form rules' series (1 = none; only the summary depends on it)."""
+    edge_target: float = FAITHFULNESS_TARGET
+    """Share of the metric the faithful edge circuit must recover (``interp.edges``)."""
+    circuit_pairs: int = CIRCUIT_PAIRS
+    """Pairs (the first of the ``n_examples``) the faithful edge circuit's search measures on."""
+    n_exact_edges: int = 32
+    """Strongest edges patched exactly at each exact step, to check edge attribution."""
+    pattern_examples: int = 3
+    """Examples whose attention patterns are kept for the time view."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types (the targets as a list)."""
@@ -83,14 +101,16 @@ class AnalysisSettings:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AnalysisSettings:
-        """The inverse of :meth:`to_dict`."""
+        """The inverse of :meth:`to_dict` (fields added since a summary was written take their defaults)."""
         return cls(**{**d, "patch_targets": tuple(d["patch_targets"])})
 
     def for_cache(self, name: str) -> dict[str, Any]:
         """The settings that analysis ``name`` depends on: the key its records are stored under."""
         keys = {"attention": ("n_examples", "seed"), "attribution": ("n_examples", "seed", "patch_targets"),
                 "patch": ("n_examples", "seed", "patch_targets"), "ablation": ("ablation_groups", "seed"),
-                "circuit": ("n_examples", "seed", "ablation_groups", "circuit_ablation")}[name]
+                "circuit": ("n_examples", "seed", "ablation_groups", "circuit_ablation"),
+                "edges": ("n_examples", "seed", "edge_target", "circuit_pairs"), "edge_exact": ("n_examples", "seed", "n_exact_edges"),
+                "patterns": ("pattern_examples", "seed")}[name]
         key = {k: v for k, v in self.to_dict().items() if k in keys}
         return {**key, "record": RECORD_VERSION} if name == "circuit" else key
 
@@ -131,10 +151,11 @@ def exact_steps(steps: list[int], n: int, landmarks: list[int]) -> list[int]:
 
 def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int = 1, n_exact: int = 12,
                 settings: AnalysisSettings | None = None, device: str = "cpu",
-                progress: bool = True, backend: str | None = None) -> dict[str, Any]:
+                progress: bool = True, backend: str | None = None, edges: bool = True) -> dict[str, Any]:
     """Analyse the chosen checkpoints (only what the cache lacks for these settings); return the summary.
     ``backend``: hooked or bridge (None: the installed TransformerLens); not a setting (both give the
-    same numbers, so the cache is shared)."""
+    same numbers, so the cache is shared). ``edges``: also the edge analyses (hooked backend only;
+    on the bridge they are skipped, and said so in the log)."""
     settings = settings or AnalysisSettings()
     run = Run(run_dir)
     task = run.task()
@@ -158,13 +179,18 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     cache = load_analysis(run.path, settings)
     done = {name: {r["step"] for r in cache[name]} for name in CACHE_FILES}
     wanted = {"attention": set(chosen), "attribution": set(chosen), "patch": exact, "ablation": exact,
-              "circuit": exact}
+              "circuit": exact, "edges": set(chosen), "edge_exact": exact, "patterns": set(chosen)}
+    if edges and resolve_backend(backend) != "hooked":
+        log.info("%s: the edge analyses need the hooked backend (TransformerLens 3.x): skipped", run.path)
+    if not edges or resolve_backend(backend) != "hooked":
+        wanted.update({name: set() for name in EDGE_ANALYSES})
     todo = sorted(s for name in CACHE_FILES for s in wanted[name] - done[name])
     pairs = prompt_pairs(task, settings.n_examples, settings.seed)
     targets = settings.patch_targets
 
     cached_heads = {r["step"]: r["heads"] for r in cache["patch"] if "heads" in r}
     cached_sets = {r["step"]: r["ablation"] for r in cache["circuit"]}
+    cached_effects = {r["step"]: r["effect"] for r in cache["edges"]}
 
     def compute(name: str, step: int, model: torch.nn.Module, fresh: dict[str, Any]) -> dict[str, Any]:
         if name == "attention":
@@ -174,6 +200,13 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
             return {t: res[t].to_dict() for t in targets}
         if name == "patch":
             return {t: patch(model, pairs, t).to_dict() for t in targets}
+        if name == "edges":
+            return edge_record(model, pairs, settings.edge_target, settings.circuit_pairs)
+        if name == "edge_exact":
+            effect = (fresh.get("edges") or {}).get("effect") or cached_effects.get(step)
+            return exact_edge_record(model, pairs, settings.n_exact_edges, effect)
+        if name == "patterns":
+            return pattern_record(model, task, settings.pattern_examples, settings.seed)
         if name == "circuit":
             heads = (fresh.get("patch") or {}).get("heads") or cached_heads.get(step)
             return circuit_record(model, task, pairs, settings.circuit_ablation, settings.ablation_groups,
@@ -190,8 +223,9 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
             if step in wanted[name] and step not in done[name]:
                 fresh[name] = compute(name, step, model, fresh)
                 append_records(folder / file, [{"step": step, "settings": settings.for_cache(name), **fresh[name]}])
-    result = {**summarize(run, load_analysis(run.path, settings), tau, records, settings.smooth),
-              "settings": settings.to_dict()}
+    cache = load_analysis(run.path, settings)
+    result = {**summarize(run, cache, tau, records, settings.smooth),
+              "edges": edges_summary(cache["edges"], cache["edge_exact"]), "settings": settings.to_dict()}
     write_json_result(folder / SELECTOR_FILE, result)
     return result
 
@@ -210,6 +244,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="ablation kind of the circuit's head sets (default mean)")
     p.add_argument("--smooth", type=int, default=1,
                    help="centred moving-mean window of the t_form rules' series (default 1: none)")
+    p.add_argument("--edge-target", type=float, default=FAITHFULNESS_TARGET,
+                   help="share of the metric the faithful edge circuit must recover (default 0.8)")
+    p.add_argument("--circuit-pairs", type=int, default=CIRCUIT_PAIRS,
+                   help=f"pairs the faithful edge circuit is measured on (default {CIRCUIT_PAIRS})")
+    p.add_argument("--n-exact-edges", type=int, default=32,
+                   help="strongest edges patched exactly at each exact step (default 32)")
+    p.add_argument("--no-edges", action="store_true", help="skip the edge analyses (interp.edges)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     add_backend_arg(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -223,10 +264,18 @@ def main(argv: list[str] | None = None) -> int:
             raise CliError(f"--every must be at least 1, got {args.every}")
         if args.smooth < 1:
             raise CliError(f"--smooth must be at least 1, got {args.smooth}")
+        if not 0 < args.edge_target <= 1:
+            raise CliError(f"--edge-target must be in (0, 1], got {args.edge_target}")
+        if args.circuit_pairs < 1:
+            raise CliError(f"--circuit-pairs must be at least 1, got {args.circuit_pairs}")
+        if args.n_exact_edges < 0:
+            raise CliError(f"--n-exact-edges must be at least 0, got {args.n_exact_edges}")
         settings = AnalysisSettings(args.n_examples, args.seed, args.ablation_groups,
-                                    circuit_ablation=args.circuit_ablation, smooth=args.smooth)
+                                    circuit_ablation=args.circuit_ablation, smooth=args.smooth,
+                                    edge_target=args.edge_target, circuit_pairs=args.circuit_pairs,
+                                    n_exact_edges=args.n_exact_edges)
         result = analyze_run(args.run, args.steps, args.every, args.n_exact, settings, args.device,
-                             progress=not args.no_progress, backend=args.backend)
+                             progress=not args.no_progress, backend=args.backend, edges=not args.no_edges)
         print(format_summary(result, Run(args.run).progress))
         print(f"results in {analysis_dir(args.run)}")
 

@@ -26,6 +26,7 @@ Only a task with a cue (capability ``cue``) has these.
 from __future__ import annotations
 
 import argparse
+import base64
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,6 +87,19 @@ def attention_patterns(
     device = next(model.parameters()).device
     _, cache = model.run_with_cache(tokens[:, :input_len].to(device), names_filter=lambda n: n in wanted)
     return torch.stack([cache[n] for n in names], dim=1).float().cpu()
+
+
+def pattern_record(model: Model, task: Task, n_examples: int = 3, seed: int = 0) -> dict[str, Any]:
+    """Attention patterns of every head on ``n_examples`` seeded examples, compactly: ``values`` is the
+    base64 of a uint8 array ``[n_layers, n_heads, example, query, key]`` (row-major; weight =
+    byte / 255, so within 0.002), ``tokens`` each example's token labels (for the time view)."""
+    idx = task.sample_examples(n_examples, seed)
+    tokens = task.tokens[idx]
+    patterns = attention_patterns(model, tokens, task.input_len).permute(1, 2, 0, 3, 4)  # [L, H, N, q, k]
+    quantised = (patterns * 255).round().clamp(0, 255).to(torch.uint8).contiguous().numpy()
+    return {"examples": idx.tolist(), "shape": list(quantised.shape),
+            "tokens": [task.decode(t[: task.input_len]) for t in tokens],
+            "values": base64.b64encode(quantised.tobytes()).decode("ascii")}
 
 
 def attention_to_keys(patterns: Float[Tensor, "N n_layers n_heads q k"], tokens: Int[Tensor, "N seq"],

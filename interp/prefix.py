@@ -116,12 +116,12 @@ def run_from(
 
 
 def cached_run(model: Model, tokens: Int[Tensor, "N pos"], pred_pos: int,
-               act_names: Iterable[str] = ()) -> RunCache:
+               act_names: Iterable[str] = (), hooks: Iterable[Hook] = ()) -> RunCache:
     """A full run of ``tokens`` caching resid_pre, keys, values and the ``act_names`` activations
-    of every layer."""
+    of every layer (``hooks``: more hooks for the same pass, e.g. ones that record)."""
     _check(model)
     cache: dict[str, Tensor] = {}
-    hooks = savers(_names(model, act_names), cache)
+    hooks = savers(_names(model, act_names), cache) + list(hooks)
     if shares_prefixes(model):
         last = run_from(model, model.input_to_embed(tokens)[0], 0, None, pred_pos, hooks)
     else:

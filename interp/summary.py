@@ -20,6 +20,7 @@ from interp.ablate import near_log_k
 from interp.attribution import agreement
 from interp.circuit import circuit_summary, format_circuit
 from interp.components import PatchResult
+from interp.edges import format_edges
 from interp.results import median, na, strict_json
 from training.run import Run, RunError
 from training.tasks.base import ProgressMeasure
@@ -153,6 +154,7 @@ def format_summary(s: dict[str, Any], progress: ProgressMeasure | None = None) -
     if s.get("smoothing"):
         lines.append(f"smoothing       {s['smoothing']['window']} point(s), {s['smoothing']['kind']}")
     lines += format_circuit(s.get("circuit"), s["log_k"], s["head"], label, hl)
+    lines += format_edges(s.get("edges"), s["t_form"], s["tau"])
     if s["agreement"]:
         rho = [a["spearman"] for a in s["agreement"] if a["spearman"] is not None]
         lines.append(f"attribution vs exact (heads, {len(s['agreement'])} steps): Spearman median "

@@ -31,6 +31,18 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.slow)
 
 
+@pytest.fixture(scope="session")
+def chromium_binary() -> str:
+    """The headless browser of the browser tests; they skip, loudly, only when none is installed."""
+    from tests.test_report_browser import find_browser
+
+    path = find_browser()
+    if path is None:
+        pytest.skip("CHROMIUM NOT INSTALLED: the browser tests did not run "
+                    "(apt-get install chromium, or let .ci/run install it)")
+    return path
+
+
 @pytest.fixture(autouse=True)
 def seed_everything():
     """Seed Python's, NumPy's and torch's generators before every test."""

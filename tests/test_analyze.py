@@ -147,6 +147,57 @@ def test_analyze_cli_errors(tmp_path, capsys, ci_run):
     err = capsys.readouterr().err.strip()
     assert "no checkpoint at step(s) 7777" in err and len(err.splitlines()) == 1
     assert main(["--run", str(ci_run), "--every", "0"]) == 2
+    for flags, message in ((["--edge-target", "0"], "--edge-target must be in (0, 1]"),
+                           (["--circuit-pairs", "0"], "--circuit-pairs must be at least 1"),
+                           (["--n-exact-edges", "-1"], "--n-exact-edges must be at least 0")):
+        capsys.readouterr()
+        assert main(["--run", str(ci_run), *flags]) == 2
+        err = capsys.readouterr().err.strip()
+        assert message in err and len(err.splitlines()) == 1
+
+
+def test_view_cli_errors(tmp_path, capsys, tiny_run):
+    from interp.view import main as view_main
+
+    assert view_main(["--run", str(tmp_path / "nope")]) == 2
+    assert "no such run directory" in capsys.readouterr().err
+    path = copy_run(tiny_run, tmp_path / "tiny")
+    analyze_run(path, settings=AnalysisSettings(n_examples=16, ablation_groups=2), progress=False, edges=False)
+    assert view_main(["--run", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no edge analysis; run python -m interp.analyze" in err and len(err.splitlines()) == 1
+    assert view_main(["--run", str(path), "--out", str(tmp_path)]) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert view_main(["--run", str(path), "--every", "0"]) == 2
+    assert "--every must be at least 1" in capsys.readouterr().err
+
+
+def test_edge_cache_follows_its_settings(tiny_run, tmp_path):
+    """Edge records are cached at every analysed step and the exact ones at the exact steps; a second
+    call computes nothing; another faithfulness target recomputes the edges (and nothing else) and
+    keeps both."""
+    import dataclasses
+
+    from interp.results import EDGE_EXACT_FILE, EDGES_FILE, PATTERNS_FILE
+    from training.run import read_jsonl
+
+    run = Run(tiny_run)
+    steps = [run.steps()[0], run.steps()[len(run.steps()) // 2], run.steps()[-1]]
+    path = copy_run(tiny_run, tmp_path / "tiny", steps=steps)
+    folder = analysis_dir(path)
+    base = AnalysisSettings(n_examples=16, ablation_groups=2)
+    analyze_run(path, n_exact=1, settings=base, progress=False)
+    assert [r["step"] for r in read_jsonl(folder / EDGES_FILE)] == steps
+    assert [r["step"] for r in read_jsonl(folder / PATTERNS_FILE)] == steps
+    exact = [r["step"] for r in read_jsonl(folder / EDGE_EXACT_FILE)]
+    assert exact == [r["step"] for r in read_jsonl(folder / PATCH_FILE)] and steps[-1] in exact
+    before = {f.name: f.read_text() for f in folder.iterdir() if f.suffix == ".jsonl"}
+    analyze_run(path, n_exact=1, settings=base, progress=False)
+    assert {f.name: f.read_text() for f in folder.iterdir() if f.suffix == ".jsonl"} == before
+    analyze_run(path, n_exact=1, settings=dataclasses.replace(base, edge_target=0.5), progress=False)
+    after = {f.name: f.read_text() for f in folder.iterdir() if f.suffix == ".jsonl"}
+    assert {name for name in after if after[name] != before[name]} == {EDGES_FILE}
+    assert len(read_jsonl(folder / EDGES_FILE)) == 2 * len(steps)
 
 
 def test_circuit_cache_follows_its_settings(tiny_run, tmp_path):

@@ -15,10 +15,11 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 ANALYSES = ("interp.inputs", "interp.results", "interp.attention", "interp.patch", "interp.attribution",
             "interp.ablate", "interp.circuit", "interp.selector", "interp.snap", "interp.analyze", "interp.hessian",
-            "interp.dynamics", "interp.components", "interp.prefix", "interp.llc", "interp.summary", "interp.hessian_engine")
+            "interp.dynamics", "interp.components", "interp.prefix", "interp.llc", "interp.summary", "interp.hessian_engine",
+            "interp.edges")
 """Modules that compute: records in, data out."""
 VIEWS = ("plotly", "circuitsvis", "interp.views.figures", "interp.views.sweep_figures", "interp.views.pages", "interp.views.report",
-         "interp.views.sweep_report")
+         "interp.views.sweep_report", "interp.views.time_view")
 """Figure and page modules, and the drawing libraries."""
 TASK_SPECIFIC = ("training.tasks.selector", "training.tasks.selector_layout", "training.tasks.selector_metrics",
                  "training.tasks.induction")

@@ -207,15 +207,6 @@ def render(binary: str, html_path: Path, profile: Path, screenshot: Path | None 
 
 
 @pytest.fixture(scope="module")
-def browser() -> str:
-    path = find_browser()
-    if path is None:
-        pytest.skip("CHROMIUM NOT INSTALLED: the browser test of the report did not run "
-                    "(apt-get install chromium, or let .ci/run install it)")
-    return path
-
-
-@pytest.fixture(scope="module")
 def report(ci_analysed, tmp_path_factory) -> Path:
     return write_report(ci_analysed, tmp_path_factory.mktemp("report") / "report.html")
 
@@ -229,9 +220,9 @@ def test_report_html_loads_nothing_from_the_network(report):
     assert text.count("var CircuitsVis=") == 1  # one inlined CircuitsVis bundle
 
 
-def test_report_renders_in_headless_chromium(browser, report, ci_analysed, tmp_path):
+def test_report_renders_in_headless_chromium(chromium_binary, report, ci_analysed, tmp_path):
     shot = tmp_path / "report.png"
-    result = render(browser, report, tmp_path / "profile", screenshot=shot)
+    result = render(chromium_binary, report, tmp_path / "profile", screenshot=shot)
     run = Run(ci_analysed)
     n_figures = len(all_figures(run.metrics(), load_analysis(ci_analysed), run.progress))
     assert result["figures"] == n_figures, result

@@ -100,7 +100,7 @@ def analyze_all(sweep_dir: Path, every: int, n_exact: int) -> list[str]:
             continue
         if not {"cue", "pairs"} <= Run(path).task().capabilities:
             continue
-        analyze_run(path, every=every, n_exact=n_exact, progress=True)
+        analyze_run(path, every=every, n_exact=n_exact, progress=True, edges=False)  # the head-level summaries only
         done.append(name)
     return done
 

@@ -1,0 +1,217 @@
+"""Edges of the residual-stream graph (``interp.edges``), against independent computations.
+
+* The graph: edge counts of the demo and induction shapes counted by hand, no edge upstream.
+* Exact edge patching against a brute force written with TransformerLens hooks alone: the receiver's
+  read is recomputed from the corrupted run's residual stream plus the sender's clean-minus-corrupted
+  output (taken from ``hook_result`` with ``use_attn_result``, not from ``z @ W_O``), through the
+  block's own LayerNorm and weights, and swapped in after the projection.
+* Attribution against a finite difference of the same patch in float64: the first-order term.
+* Faithfulness at its two ends (every edge: 1, no edge: 0).
+* Hand-built models with known circuits: the faithful circuit is exactly the built edges.
+* The circuit's stability rule on made-up series; the summary and the analysis cache on a tiny run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from transformer_lens import HookedTransformer, HookedTransformerConfig
+from transformer_lens.utilities import get_act_name
+
+from interp.edges import (EdgeGraph, EdgeRuns, edge_attribution, faithful_circuit, faithfulness, patch_each_edge,
+                          jaccard_to_last, patch_edges, stable_from)
+from interp.inputs import prompt_pairs
+from tests.handbuilt import handbuilt_task, selector_copy_model
+from tests.handbuilt_induction import handbuilt_induction_task, induction_model
+from training.tasks.base import PromptPairs
+
+
+def random_model(dtype: torch.dtype = torch.float32, attn_only: bool = False) -> HookedTransformer:
+    cfg = HookedTransformerConfig(n_layers=2, d_model=24, n_heads=3, d_head=8, d_mlp=32, d_vocab=17, n_ctx=9,
+                                  act_fn="gelu", normalization_type="LN", attn_only=attn_only, seed=3, dtype=dtype)
+    model = HookedTransformer(cfg).eval()
+    with torch.no_grad():  # larger weights than the default init, so that the model is far from linear
+        for p in model.parameters():
+            p.mul_(4.0)
+    return model
+
+
+def random_pairs(n: int = 12, pos: int = 9, diverge: int = 4) -> PromptPairs:
+    gen = torch.Generator().manual_seed(1)
+    clean = torch.randint(0, 17, (n, pos), generator=gen)
+    corrupt = clean.clone()
+    corrupt[:, diverge:] = torch.randint(0, 17, (n, pos - diverge), generator=gen)
+    answers = torch.randint(0, 17, (2, n), generator=gen)
+    return PromptPairs(clean, corrupt, answers[0], (answers[1] + 1 + answers[0]) % 17, torch.arange(n), pos - 1)
+
+
+def test_graph_counts():
+    demo = EdgeGraph(4, 4, True)  # heads of layer l read 1 + 5l senders, the MLP of l 5 + 5l, the logits 21
+    assert len(demo.edges) == 12 * (1 + 6 + 11 + 16) + (5 + 10 + 15 + 20) + 21 == 479
+    attn_only = EdgeGraph(2, 2, False)
+    assert len(attn_only.edges) == 6 * 1 + 6 * 3 + 5 == 29
+    rank = {name: r for name, r in demo.senders}
+    for s, r in demo.edges:
+        assert rank[demo.senders[s][0]] < demo.receivers[r][2]
+    assert [n["id"] for n in demo.nodes()][:3] == ["embed", "L0H0", "L0H1"] and demo.nodes()[-1]["id"] == "logits"
+
+
+def brute_force_edge(model: HookedTransformer, pairs: PromptPairs, sender: str, receiver: str, kind: str) -> float:
+    """The corrupted run with ``receiver`` reading ``sender`` from the clean run: hooks only."""
+    model.set_use_attn_result(True)
+    try:
+        _, clean = model.run_with_cache(pairs.clean)
+        _, corrupt = model.run_with_cache(pairs.corrupt)
+    finally:
+        model.set_use_attn_result(False)
+
+    def output(cache, name: str) -> torch.Tensor:
+        if name == "embed":
+            return cache[get_act_name("resid_pre", 0)]
+        if name.startswith("MLP"):
+            return cache[get_act_name("mlp_out", int(name[3:]))]
+        layer, head = map(int, name[1:].split("H"))
+        return cache[get_act_name("result", layer)][:, :, head]
+
+    delta = output(clean, sender) - output(corrupt, sender)
+    hooks = []
+    if receiver == "logits":
+        final = corrupt[get_act_name("resid_post", model.cfg.n_layers - 1)] + delta
+        logits = model.unembed(model.ln_final(final))
+    else:
+        if receiver.startswith("MLP"):
+            layer = int(receiver[3:])
+            block = model.blocks[layer]
+            read = block.mlp(block.ln2(corrupt[get_act_name("resid_mid", layer)] + delta))
+            hooks.append((get_act_name("mlp_out", layer), lambda act, hook: read))
+        else:
+            layer, head = map(int, receiver[1:].split("H"))
+            attn = model.blocks[layer].attn
+            x = model.blocks[layer].ln1(corrupt[get_act_name("resid_pre", layer)] + delta)
+            W, b = {"q": (attn.W_Q, attn.b_Q), "k": (attn.W_K, attn.b_K), "v": (attn.W_V, attn.b_V)}[kind]
+            read = x @ W[head] + b[head]
+
+            def swap(act, hook):
+                act = act.clone()
+                act[:, :, head] = read
+                return act
+            hooks.append((get_act_name(kind, layer), swap))
+        logits = model.run_with_hooks(pairs.corrupt, fwd_hooks=hooks)
+    last = logits[:, pairs.pred_pos]
+    diff = last.gather(1, pairs.clean_answer[:, None]) - last.gather(1, pairs.corrupt_answer[:, None])
+    return diff.mean().item()
+
+
+@torch.no_grad()
+def test_exact_edge_patching_equals_a_brute_force_with_hooks():
+    model, pairs = random_model(), random_pairs()
+    runs = EdgeRuns.of(model, pairs)
+    names = runs.graph.edge_names()
+    chosen = [i for i, e in enumerate(names) if (e["sender"], e["receiver"], e["input"]) in {
+        ("embed", "L0H1", "q"), ("embed", "L0H2", "k"), ("embed", "L0H0", "v"), ("L0H1", "L1H2", "q"),
+        ("L0H0", "L1H1", "k"), ("MLP0", "L1H0", "v"), ("L0H2", "MLP0", "mlp"), ("MLP0", "MLP1", "mlp"),
+        ("embed", "logits", "logits"), ("L1H1", "logits", "logits"), ("MLP1", "logits", "logits")}]
+    assert len(chosen) == 11
+    exact = patch_each_edge(runs, chosen)
+    for i in chosen:
+        e = names[i]
+        brute = brute_force_edge(model, pairs, e["sender"], e["receiver"], e["input"])
+        assert exact.effect[i].item() + runs.corrupt == pytest.approx(brute, abs=1e-4), e
+    assert abs(exact.effect[chosen]).max() > 0.05  # the check is not vacuous
+    assert torch.isnan(exact.effect[[i for i in range(len(names)) if i not in chosen]]).all()
+
+
+def test_attribution_is_the_first_order_term_of_the_edge_patch():
+    model, pairs = random_model(torch.float64), random_pairs()
+    runs = EdgeRuns.of(model, pairs)
+    scores = edge_attribution(runs)
+    # the patch with the sender moved eps from the corrupted output towards (and away from) the clean
+    # one, every edge on its own: a central difference
+    eps = 1e-6
+    delta = runs.clean_out - runs.corrupt_out
+    patched = torch.eye(len(runs.graph.edges), dtype=torch.bool)
+    plus, minus = (patch_edges(runs, runs.pairs.corrupt, runs.corrupt_out + sign * eps * delta, patched)
+                   for sign in (1, -1))
+    slope = (plus - minus) / (2 * eps)
+    assert torch.allclose(scores.effect.double(), slope, atol=1e-3, rtol=1e-4), (scores.effect - slope).abs().max()
+    assert scores.effect.abs().max() > 0.1
+    # and away from linear, the exact patch differs from it (so the two checks above are distinct)
+    exact = patch_each_edge(runs, list(range(len(runs.graph.edges))))
+    assert (exact.effect - scores.effect).abs().max() > 1e-3
+
+
+def test_attribution_on_the_clean_run_differs_only_in_where_the_gradient_is_taken():
+    model, pairs = random_model(torch.float64), random_pairs()
+    runs = EdgeRuns.of(model, pairs)
+    swapped = EdgeRuns.of(model, PromptPairs(pairs.corrupt, pairs.clean, pairs.corrupt_answer, pairs.clean_answer,
+                                             pairs.examples, pairs.pred_pos))
+    # on the clean run == the corrupted-run attribution of the swapped pairs (metric and delta both flip)
+    assert torch.allclose(edge_attribution(runs, on="clean").effect, edge_attribution(swapped).effect, atol=1e-9)
+    with pytest.raises(ValueError, match="on must be"):
+        edge_attribution(runs, on="both")
+
+
+def test_faithfulness_of_every_edge_is_one_and_of_none_is_zero():
+    model, pairs = random_model(), random_pairs()
+    runs = EdgeRuns.of(model, pairs)
+    n = len(runs.graph.edges)
+    ends = faithfulness(runs, torch.stack([torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.bool)]))
+    assert ends.tolist() == pytest.approx([1.0, 0.0], abs=1e-4)
+
+
+def edge_set(runs: EdgeRuns, edges: list[int]) -> set[tuple[str, str, str]]:
+    names = runs.graph.edge_names()
+    return {(names[i]["sender"], names[i]["receiver"], names[i]["input"]) for i in edges}
+
+
+@pytest.mark.parametrize("split", [False, True])
+def test_the_circuit_of_the_handbuilt_selector_model_is_the_built_one(split):
+    task = handbuilt_task()
+    runs = EdgeRuns.of(selector_copy_model(task, split=split), prompt_pairs(task, 64, 0))
+    circuit = faithful_circuit(runs, edge_attribution(runs))
+    heads = ["L0H0", "L0H1"] if split else ["L0H1"]  # the routing: z's embedding read by value, written to the logits
+    built = {("embed", h, "v") for h in heads} | {(h, "logits", "logits") for h in heads}
+    assert edge_set(runs, circuit.edges) == built
+    assert circuit.faithfulness == pytest.approx(1.0, abs=1e-5)
+
+
+def test_the_circuit_of_the_handbuilt_induction_model_is_the_built_one():
+    task = handbuilt_induction_task()
+    runs = EdgeRuns.of(induction_model(task), prompt_pairs(task, 64, 0))
+    circuit = faithful_circuit(runs, edge_attribution(runs))
+    # the induction head reads the cue token by value and writes it to the logits; its key (the
+    # previous-token head's output) is the same in both runs where it matters
+    assert edge_set(runs, circuit.edges) == {("embed", "L1H1", "v"), ("L1H1", "logits", "logits")}
+    assert circuit.faithfulness == pytest.approx(1.0, abs=1e-4)
+
+
+def test_no_circuit_when_clean_and_corrupted_agree():
+    model, pairs = random_model(), random_pairs()
+    same = dataclasses.replace(pairs, corrupt=pairs.clean, corrupt_answer=pairs.clean_answer)
+    runs = EdgeRuns.of(model, same)
+    assert faithful_circuit(runs, edge_attribution(runs)) is None
+
+
+def test_stable_from():
+    steps = [0, 10, 20, 30, 40]
+    assert stable_from(steps, [[1], None, [1, 2, 3], [1, 2, 3, 4, 5], [1, 2, 3, 4]]) == 30  # Jaccard 0.8 from 30
+    assert stable_from(steps, [[9], [1, 2], [1, 2], [1, 2], [1, 2]]) == 10
+    assert stable_from(steps, [[1], [1], [1], [1], None]) is None
+    assert stable_from(steps, [[1], [1], [2], [1], [1]]) == 30
+    assert stable_from(steps, [[1], [1], [1], [2], [1]]) is None  # only the last step itself: no evidence
+    assert jaccard_to_last([[1, 2], None, [2, 3], [2]]) == [0.5, None, 0.5, 1.0]
+
+
+def test_edges_need_a_hooked_transformer():
+    from training.backend import backend_of
+    from interp.edges import split_inputs
+
+    class NotHooked(torch.nn.Module):
+        original_model = None
+
+    assert backend_of(NotHooked()) == "bridge"
+    with pytest.raises(ValueError, match="HookedTransformer"):
+        with split_inputs(NotHooked()):
+            pass
