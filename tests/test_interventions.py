@@ -9,13 +9,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import shutil
 import statistics
 
 import pytest
 import torch
 
 from training import run as rd
-from interp.dynamics.interventions import intervention_rows, intervention_table, reading
+from interp.analyze import analyze_run
+from interp.dynamics.interventions import intervention_rows, intervention_table, lead_table_text, reading
+from interp.selector import RULES
 from training.config import ConfigError
 from training.ensemble import train_ensemble
 from training.fused import fused_logits
@@ -234,6 +237,47 @@ def test_the_intervention_table_is_the_runs_own_numbers(tiny_interventions):
     lines = reading(table)
     assert lines[0].startswith("Cue hidden") and "cue hidden until 0.5 tau_0" in lines[0]
     assert any(line.startswith("Transplants") for line in lines)
+
+
+def test_the_lead_is_counted_from_the_release_and_is_the_selectors_lead_without_one(tiny_interventions):
+    out, _ = tiny_interventions
+    base, hidden = out / "ds0_seed0", out / "ds0_hide1_seed0"
+    for run_dir in (base, hidden):
+        analyze_run(run_dir, n_exact=4, progress=False, edges=False)
+    rows = {r["name"]: r for r in intervention_rows(out, with_baselines=True)}
+    assert len(rows) == 14 and list(rows)[:2] == ["ds0_seed0", "ds1_seed1"]  # the unmodified runs first
+    assert rows["ds0_seed0"]["condition"] == "unmodified" and rows["ds0_seed0"]["wait_ratio"] == 1
+    rules = json.loads((base / "analysis" / "selector.json").read_text())["t_form_rules"]
+    for rule in RULES:  # S = 0: the selector's own lead fraction
+        assert rows["ds0_seed0"][f"lead_{rule}"] == pytest.approx(rules[rule]["lead_fraction"])
+    hidden_rules = json.loads((hidden / "analysis" / "selector.json").read_text())["t_form_rules"]
+    r = rows["ds0_hide1_seed0"]
+    t_form = hidden_rules["attention"]["t_form"]
+    assert t_form is not None and t_form > r["S"]  # the cue was masked in the analysis too: nothing rose before S
+    assert r["lead_attention"] == pytest.approx((r["tau"] - t_form) / (r["tau"] - r["S"]))
+    assert rows["ds1_seed1"]["lead_attention"] is None  # not analysed
+    table = intervention_table(list(rows.values()))
+    assert table[0]["condition"] == "unmodified" and table[0]["lead_attention_n"] == 1
+    text = lead_table_text(table)
+    assert "unmodified" in text and f"{rows['ds0_seed0']['lead_attention']:.2f}" in text
+    assert any(line.startswith("Lead from the release") for line in reading(table))
+
+
+def test_an_unfinished_run_counts_as_censored_at_its_last_evaluation(tiny_interventions, tmp_path):
+    out = tmp_path / "stopped"
+    shutil.copytree(tiny_interventions[0], out)
+    run_dir = out / "ds0_give_readout_seed0"  # as if the sweep had been killed before it reached tau
+    (run_dir / rd.SUMMARY_FILE).unlink()
+    tau_0 = json.loads((out / "ds0_seed0" / rd.SUMMARY_FILE).read_text())["tau"]
+    records = [r for r in rd.read_jsonl(run_dir / rd.METRICS_FILE)
+               if r["candidate_loss"] > 0.5 * math.log(4)][:3]  # tiny: K = 4; still on the plateau
+    (run_dir / rd.METRICS_FILE).write_text("".join(json.dumps(r) + "\n" for r in records))
+    row = next(r for r in intervention_rows(out) if r["name"] == run_dir.name)
+    assert not row["finished"] and row["censored"] and row["tau"] is None
+    assert row["wait_ratio"] == pytest.approx(records[-1]["step"] / tau_0)
+    table = {t["condition"]: t for t in intervention_table(intervention_rows(out))}
+    assert table["readout given (trained)"]["unfinished"] == 1
+    assert table["routing given (trained)"]["unfinished"] == 0
 
 
 def test_a_relative_point_whose_baseline_never_reached_tau_fails_in_one_line(tmp_path):

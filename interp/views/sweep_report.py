@@ -25,7 +25,8 @@ from interp.analyze import analyze_run
 from interp.cli import CliError, run_cli, write_json
 from interp.dynamics import (TABLE_COLUMNS, Sweep, analyze_sweep, load_sweep, seed_lines, summary_lines, sweep_runs,
                              table_csv, table_text, variant_table, variant_table_text)
-from interp.dynamics.interventions import intervention_rows, intervention_table, intervention_table_text, reading
+from interp.dynamics.interventions import (intervention_rows, intervention_table, intervention_table_text,
+                                          lead_table_text, reading)
 from interp.dynamics.llc import llc_rows, llc_summary, llc_summary_lines, llc_table_text
 from interp.dynamics.noise import noise_lines
 from interp.llc import LLCSettings, llc_series, require_devinterp
@@ -141,11 +142,15 @@ def main(argv: list[str] | None = None) -> int:
             print(variant_table_text(variants))
             write_text_atomic(sweep.path / VARIANTS_CSV_FILE, table_csv(variants))
             print(f"variants: {sweep.path / VARIANTS_CSV_FILE}")
-        interventions = intervention_table(intervention_rows(sweep.path)) if \
+        interventions = intervention_table(intervention_rows(sweep.path, with_baselines=True)) if \
             any(r["intervention"] for r in sweep.rows) else []
         if interventions:
             print("\nwhat the plateau waits for (interventions against each seed's unmodified run):")
             print(intervention_table_text(interventions))
+            leads = lead_table_text(interventions)
+            if leads:
+                print("\nthe lead from the release, (tau - t_form) / (tau - S), by each t_form rule:")
+                print(leads)
             print("\n".join(reading(interventions)))
         llc = llc_rows(sweep.path)
         if llc:
