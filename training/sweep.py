@@ -686,8 +686,9 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         grids=_intervention_grids(range(3), (0.5, 1.0), ()),
         description="the main contrasts of plateau-interventions on the demo model: the cue hidden until "
                     "0.5 and 1 tau_0, the routing or the readout given; 3 seeds",
-        cost="18 runs of the paper model: 11 unmodified and transplant runs in 81 min on 2 cores (measured, Intel "
-             "Xeon without VNNI, 2 workers; the 12th copied from make demo); the 6 hidden-cue runs ~2 h more (estimated)"),
+        cost="18 runs of the paper model (one copied from make demo), 303 run-minutes: about 3 h on 2 cores, "
+             "2 workers (measured, Intel Xeon without VNNI; 11 unmodified and transplant runs in 81 min, the 6 "
+             "hidden-cue runs in 100 min)"),
     SweepSpec(
         name="plateau-interventions-tiny", base="tiny",
         fixed={"lr": 3e-3, "stop_after_tau": 1.5, "max_steps": 600, "eval_every": 10, "ckpt_every": 10, "D": 80},

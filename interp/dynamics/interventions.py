@@ -123,6 +123,7 @@ def intervention_rows(sweep_dir: str | Path, with_baselines: bool = False) -> li
         last = summary.get("final_step", S) if finished else metrics[-1]["step"]
         if not finished and tau is None and last <= S:  # stopped before its release: no wait to bound
             continue
+        wait = (tau if tau is not None else last) - S
         span = summary.get("plateau_span")
         at_S = _last_before(metrics, S, "set_loss")
         base_at_S = _last_before(rd.read_jsonl(base_dir / rd.METRICS_FILE), S, "set_loss")
@@ -130,8 +131,7 @@ def intervention_rows(sweep_dir: str | Path, with_baselines: bool = False) -> li
             "name": point["name"], "seed": run.config.train.seed, "condition": condition_label(options),
             "tau_0": tau_0, "S": S, "tau": tau, "final_step": last, "finished": finished,
             "censored": tau is None,
-            "wait": (tau if tau is not None else last) - S,
-            "wait_ratio": ((tau if tau is not None else last) - S) / tau_0 if tau_0 else None,
+            "wait": wait, "wait_ratio": wait / tau_0 if tau_0 else None,
             "plateau_span": span, "verdict": (run.plateau() or {}).get("verdict"),
             "start_loss_over_height": start / run.progress.height if start is not None else None,
             "set_loss_at_S": at_S if S else None, "baseline_set_loss_at_S": base_at_S if S else None,
