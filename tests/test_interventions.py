@@ -316,3 +316,13 @@ def test_the_transplant_reading_names_the_bottleneck_only_when_the_intervals_par
     assert "the routing is the bottleneck" in reading(table_of((0.3, 0.35, 0.32), (0.8, 0.9, 0.85)))[0]
     assert "the readout is the bottleneck" in reading(table_of((0.8, 0.9, 0.85), (0.3, 0.35, 0.32)))[0]
     assert "neither half" in reading(table_of((0.3, 0.9, 0.5), (0.4, 0.8, 0.6)))[0]
+
+
+@pytest.mark.parametrize("starts, expected", [
+    ((0.96, 1.0, 0.98), "the routing is there from step 0"),
+    ((0.3, 0.5, 0.4), "its t_form times the routing's formation"),
+])
+def test_the_lead_reading_says_routed_at_start_only_when_the_attention_starts_near_its_final_value(starts, expected):
+    rows = [{**_row("routing given (trained)", i, 0.3), "lead_attention": 0.5, "attention_start": s}
+            for i, s in enumerate(starts)]
+    assert expected in reading(intervention_table(rows))[-1]

@@ -46,6 +46,9 @@ from training.metrics import compute_tau
 
 SAME_WAIT = (0.8, 1.25)
 """A wait within this factor of tau_0 reads as "about tau_0" when its interval also holds 1."""
+ROUTED_AT_START = 0.9
+"""Attention to z at the plateau start at least this fraction of its final value reads as "routed from
+step 0": its attention t_form then times a small rise, not the routing's formation."""
 
 
 def condition_label(options: dict[str, Any]) -> str:
@@ -276,7 +279,10 @@ def reading(table: list[dict]) -> list[str]:
         if given:
             starts = "; ".join(f"{r['condition']}: {r['attention_start']:.2f}" for r in given)
             base = f"; unmodified: {na(by['unmodified']['attention_start'], '{:.2f}')}" if "unmodified" in by else ""
-            line += (f" Attention to z at the plateau start, as a fraction of its final value: {starts}{base}. Given, "
-                     "the routing is there from step 0, and its attention t_form times a small rise.")
+            routed = all(r["attention_start"] >= ROUTED_AT_START for r in given)
+            line += (f" Attention to z at the plateau start, as a fraction of its final value: {starts}{base}. "
+                     + ("Given, the routing is there from step 0, and its attention t_form times a small rise."
+                        if routed else f"Given, the attention still starts below {ROUTED_AT_START:g} of its final "
+                        "value, so its t_form times the routing's formation."))
         lines.append(line)
     return lines
