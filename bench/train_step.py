@@ -15,7 +15,8 @@ Printed next to their targets (issue 22):
   and ``--authors-python`` (a venv with its ``requirements.txt``, ``transformer-lens>=3.5,<4`` in
   place of its pin, and torch 2.13.0 CPU first); otherwise the row says it was not measured.
 
-Also measured: bf16 autocast (per step, both loops) and, with ``--compile``, ``torch.compile``
+Also measured: the AdamW step of ``training.train.adamw`` (``foreach=True``) against torch's default
+on a CPU (the single-tensor loop), and whether their weights agree bit for bit; bf16 autocast (per step, both loops) and, with ``--compile``, ``torch.compile``
 of the fused loss (its first step, the compilation, and its steps after).
 
     .venv/bin/python bench/train_step.py --authors-repo ../synass-lens --authors-python ../synass-venv/bin/python
@@ -40,7 +41,7 @@ from training.model import build_hooked_transformer, hooked_config_dict
 from training.presets import get_preset
 from training.schedule import scheduled_steps
 from training.tasks.loading import build_task
-from training.train import train
+from training.train import adamw, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,6 +89,36 @@ def plain_loop(cfg: RunConfig, steps: int, fused: bool = False, bf16: bool = Fal
         loss.backward()
         opt.step()
     return (time.perf_counter() - t0) / steps
+
+
+def optimizer_steps(cfg: RunConfig, steps: int, ours: bool, warmup: int = 5) -> tuple[float, dict]:
+    """Seconds per AdamW step (only ``optimizer.step()`` timed) of a fused loop with ``training.train.adamw``
+    (``ours``) or torch's default AdamW, and the weights after ``steps + warmup`` steps."""
+    task, batches = minibatches(cfg, steps + warmup)
+    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)
+    params = dict(model.named_parameters())
+    opt = adamw(model.parameters(), cfg.train) if ours else torch.optim.AdamW(
+        model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=cfg.train.betas)
+    spent = 0.0
+    for i, batch in enumerate(batches):
+        opt.zero_grad(set_to_none=True)
+        task.loss(fused_logits(model.cfg, params, batch[:, : task.input_len]), batch).backward()
+        t0 = time.perf_counter()
+        opt.step()
+        spent += (time.perf_counter() - t0) if i >= warmup else 0.0
+    return spent / steps, {k: v.detach().clone() for k, v in params.items()}
+
+
+def print_optimizer_step(cfg: RunConfig, steps: int, rounds: int) -> None:
+    """One line: the AdamW step of ``training.train.adamw`` against torch's default, interleaved."""
+    ours = default = float("inf")
+    for _ in range(rounds):
+        t_ours, w_ours = optimizer_steps(cfg, steps, ours=True)
+        t_default, w_default = optimizer_steps(cfg, steps, ours=False)
+        ours, default = min(ours, t_ours), min(default, t_default)
+    same = all(torch.equal(w_ours[k], w_default[k]) for k in w_ours)
+    print(f"AdamW step, foreach (ours)         : {ours * 1e3:6.2f} ms against torch's default {default * 1e3:.2f} ms "
+          f"= {default / ours:.2f}x; weights after {steps + 5} steps bit-identical: {'yes' if same else 'NO'}")
 
 
 def compiled_loop(cfg: RunConfig, steps: int) -> tuple[float, float]:
@@ -193,6 +224,7 @@ def main() -> None:
     p.add_argument("--demo-steps", type=int, default=0,
                    help="also the evaluation share of this many steps of the demo preset (its length: about 2,100)")
     p.add_argument("--only-eval", action="store_true", help="only the evaluation shares")
+    p.add_argument("--only-optimizer", action="store_true", help="only the AdamW step against torch's default")
     p.add_argument("--authors-repo", type=Path, help="a checkout of mihirs-0/synass-lens")
     p.add_argument("--authors-python", type=Path, help="the python of a venv with the authors' requirements")
     p.add_argument("--compile", action="store_true", help="also time torch.compile of the fused loss")
@@ -209,6 +241,9 @@ def main() -> None:
     print(f"preset {args.preset}: {n_params / 1e6:.2f}M parameters, batch {cfg.train.batch_size}, "
           f"{torch.get_num_threads()} threads; best of {args.rounds} rounds of {args.steps} steps")
 
+    if args.only_optimizer:
+        print_optimizer_step(cfg, args.steps, args.rounds)
+        return
     if args.only_eval:
         print_eval_share("paper", args.paper_steps, 0.05)
         if args.demo_steps:
@@ -227,6 +262,7 @@ def main() -> None:
     print(f"training.train, --forward fused    : {fused * 1e3:6.1f} ms/step  {base / fused:.2f}x "
           f"(target >= 1.4x: {met(base / fused >= 1.4)})")
     print(f"training.train, --forward hooked   : {hooked * 1e3:6.1f} ms/step  {base / hooked:.2f}x")
+    print_optimizer_step(cfg, args.steps, args.rounds)
     bf16_plain = min(plain_loop(cfg, args.steps, bf16=True) for _ in range(args.rounds))
     bf16_fused = min(plain_loop(cfg, args.steps, fused=True, bf16=True) for _ in range(args.rounds))
     fp32_fused = min(plain_loop(cfg, args.steps, fused=True) for _ in range(args.rounds))

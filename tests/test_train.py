@@ -10,7 +10,11 @@ from safetensors.torch import load_file, save_file
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
 from training import run as rd
+from training.backend import build_model, hooked_parameters
+from training.fused import fused_logits
+from training.model import hooked_config_dict
 from training.presets import get_preset
+from training.tasks.loading import build_task
 from training.machine import machine_record
 from training.run import Run, RunError
 from training.train import main, train
@@ -52,6 +56,32 @@ def test_same_seed_same_numbers(tmp_path):
     wa = load_file(tmp_path / "a" / rd.CHECKPOINT_DIR / rd.checkpoint_name(60))
     wb = load_file(tmp_path / "b" / rd.CHECKPOINT_DIR / rd.checkpoint_name(60))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+def test_a_run_equals_a_plain_loop_with_torchs_default_adamw(tmp_path, tiny_run):
+    """train() steps its AdamW with foreach=True; a loop written here with torch's default (the
+    single-tensor AdamW on a CPU), the same initial weights and the same minibatch order, ends on
+    the same weights bit for bit."""
+    cfg = get_preset("tiny")
+    tc = cfg.train
+    task = build_task(cfg.task_name, cfg.task)
+    model = build_model(hooked_config_dict(cfg.model, task), seed=cfg.model.seed)
+    params = hooked_parameters(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=tc.betas)
+    assert not opt.defaults["foreach"] and tc.warmup_steps == 0 and tc.grad_clip is None
+    gen = torch.Generator().manual_seed(tc.seed)
+    perm, cursor = torch.randperm(len(task.tokens), generator=gen), 0
+    for _ in range(tc.max_steps):
+        if cursor + tc.batch_size > len(task.tokens):  # a fresh permutation each epoch
+            perm, cursor = torch.randperm(len(task.tokens), generator=gen), 0
+        batch = task.tokens[perm[cursor: cursor + tc.batch_size]]
+        cursor += tc.batch_size
+        opt.zero_grad(set_to_none=True)
+        task.loss(fused_logits(model.cfg, params, batch[:, : task.input_len]), batch).backward()
+        opt.step()
+    trained = load_file(tiny_run / rd.CHECKPOINT_DIR / rd.checkpoint_name(tc.max_steps))
+    assert trained.keys() == model.state_dict().keys()
+    assert all(torch.equal(trained[k], v) for k, v in model.state_dict().items())
 
 
 def test_kill_and_resume_is_bit_identical(tmp_path, tiny_run):

@@ -64,8 +64,8 @@ from training.tasks.base import Task
 from training.tasks.loading import build_task, canonical_task_name
 from training.machine import machine_record
 from training.interventions import has_interventions
-from training.train import (check_forward, deterministic, evaluation_record, evaluation_set, evaluation_sets, finish,
-                            load_resume_point, machines_on_resume, prepare_run_dir, resolve_device,
+from training.train import (adamw, check_forward, deterministic, evaluation_record, evaluation_set, evaluation_sets,
+                            finish, load_resume_point, machines_on_resume, prepare_run_dir, resolve_device,
                             save_checkpoint_and_state, stop_due, train_step)
 
 log = logging.getLogger(__name__)
@@ -130,7 +130,7 @@ def stack_members(template: torch.nn.Module, weights: list[dict[str, Tensor]], o
     names = [n for n, _ in template.named_parameters()]
     params = {n: torch.stack([w[n] for w in weights]).detach().clone().requires_grad_() for n in names}
     tc = cfg.train
-    optimizer = torch.optim.AdamW(list(params.values()), lr=tc.lr, weight_decay=tc.weight_decay, betas=tc.betas)
+    optimizer = adamw(list(params.values()), tc)
     if opt_states is not None:
         optimizer.load_state_dict(stacked_optimizer_state(opt_states))
     return params, optimizer

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, ParamSpec, TypeVar
 
 import torch
@@ -115,7 +115,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     if tc.freeze_transplant:  # no gradient, so AdamW neither steps nor decays them
         for name, param in model.named_parameters():
             param.requires_grad_(not in_part(name, tc.transplant))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=tc.lr, weight_decay=tc.weight_decay, betas=tc.betas)
+    optimizer = adamw(model.parameters(), tc)
     data_gen = torch.Generator().manual_seed(tc.seed)  # minibatch order only
     n_examples = len(task.tokens)
     perm, cursor, step, wall_s = torch.randperm(n_examples, generator=data_gen), 0, 0, 0.0
@@ -222,6 +222,14 @@ def check_forward(cfg: RunConfig) -> None:
     why = unsupported_reason(cfg.model) if cfg.train.forward == "fused" else None
     if why:
         raise ConfigError(f"--forward fused does not support {why}: pass --forward hooked")
+
+
+def adamw(params: Iterable[Tensor], tc: TrainConfig) -> torch.optim.AdamW:
+    """The run's AdamW. ``foreach=True``: on a CPU, torch's default is the single-tensor loop, and
+    the multi-tensor one computes the same numbers bit for bit (``tests/test_train.py`` checks a run
+    against a loop with the default) in about a third less time: 3.3 against 4.6 ms a step on the
+    ``ci`` model (``bench/train_step.py``). On CUDA it is already the default."""
+    return torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=tc.betas, foreach=True)
 
 
 def train_step(loss_of: Callable[[Tensor], Tensor], batch: Int[Tensor, "*members batch seq"],
