@@ -16,8 +16,9 @@ Printed next to their targets (issue 22):
   place of its pin, and torch 2.13.0 CPU first); otherwise the row says it was not measured.
 
 Also measured: the AdamW step of ``training.train.adamw`` (``foreach=True``) against torch's default
-on a CPU (the single-tensor loop), and whether their weights agree bit for bit; bf16 autocast (per step, both loops) and, with ``--compile``, ``torch.compile``
-of the fused loss (its first step, the compilation, and its steps after).
+on a CPU (the single-tensor loop), and whether their weights agree bit for bit; bf16 autocast (per
+step, both loops) and, with ``--compile``, ``torch.compile`` of the fused loss (its first step, the
+compilation, and its steps after).
 
     .venv/bin/python bench/train_step.py --authors-repo ../synass-lens --authors-python ../synass-venv/bin/python
 """

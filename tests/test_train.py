@@ -58,7 +58,7 @@ def test_same_seed_same_numbers(tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-def test_a_run_equals_a_plain_loop_with_torchs_default_adamw(tmp_path, tiny_run):
+def test_a_run_equals_a_plain_loop_with_torchs_default_adamw(tiny_run):
     """train() steps its AdamW with foreach=True; a loop written here with torch's default (the
     single-tensor AdamW on a CPU), the same initial weights and the same minibatch order, ends on
     the same weights bit for bit."""

@@ -227,8 +227,9 @@ def check_forward(cfg: RunConfig) -> None:
 def adamw(params: Iterable[Tensor], tc: TrainConfig) -> torch.optim.AdamW:
     """The run's AdamW. ``foreach=True``: on a CPU, torch's default is the single-tensor loop, and
     the multi-tensor one computes the same numbers bit for bit (``tests/test_train.py`` checks a run
-    against a loop with the default) in about a third less time: 3.3 against 4.6 ms a step on the
-    ``ci`` model (``bench/train_step.py``). On CUDA it is already the default."""
+    against a loop with the default) in about a third less time on the ``ci`` model
+    (``bench/train_step.py --only-optimizer``; the numbers and their CPU are in the performance page
+    of the docs). On CUDA it is already the default."""
     return torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=tc.betas, foreach=True)
 
 
