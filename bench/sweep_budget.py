@@ -1,21 +1,24 @@
-"""Benchmark (not a test): what a long sweep cost, against its issue's budget.
+"""Benchmark (not a test): what a long experiment's sweeps cost, against its issue's budget.
 
-    .venv/bin/python bench/sweep_budget.py --preset plateau-interventions [--sweep DIR] [--workers 2]
-    .venv/bin/python bench/sweep_budget.py --preset paper-noise-grid
+    .venv/bin/python bench/sweep_budget.py --preset plateau-interventions [--sweep DIR] [--demo-sweep DIR]
+    .venv/bin/python bench/sweep_budget.py --preset paper-noise-grid [--sweep DIR] [--workers 2]
 
-Reads the sweep directory that ``python -m training.sweep --preset NAME`` trained (default
+Reads each sweep directory that ``python -m training.sweep --preset NAME`` trained (default
 ``sweeps/NAME``): each run's training wall time (the ``wall_s`` of its last evaluation) and steps,
-per kind of point (an intervention's condition; else the point's options without its seed). The
-sweep's wall time is the run time divided by the workers that trained side by side (the local
-executor: 2 workers of 1 thread on 2 cores), printed next to the budget (issue 19: the intervention
-experiment in 90 minutes; issue 20: the paper's noise grid in 150), with how much of the sweep is
-complete and, when it is not, the runs left estimated from the complete runs of their kind.
+per kind of point (an intervention's condition; else the point's options without its seed). A
+sweep's wall time is its run time divided by the workers that trained side by side (the local
+executor: 2 workers of 1 thread on 2 cores). Issue 19's experiment is two sweeps, the ``ci`` model's
+``plateau-interventions`` and its confirmation on the demo model, ``plateau-interventions-demo``:
+their sum is printed against its 90 minutes (issue 20: the paper's noise grid, one sweep, in 150),
+with how much of each sweep is complete and, when one is not, the runs left estimated from the
+complete runs of their kind.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 from interp.dynamics.interventions import condition_label
@@ -25,6 +28,25 @@ from training.machine import describe, machine_record
 from training.sweep import expand, get_sweep, is_complete, run_name
 
 TARGETS_MIN = {"plateau-interventions": 90.0, "paper-noise-grid": 150.0}
+"""Each experiment's budget in minutes on 2 cores, by its first sweep."""
+CONFIRMATIONS = {"plateau-interventions": "plateau-interventions-demo"}
+"""The sweep that completes an experiment (issue 19: its main contrasts again on the demo model)."""
+
+
+@dataclass
+class SweepCost:
+    """What one sweep directory cost, in minutes of wall time with its workers side by side."""
+
+    runs: int
+    complete: int
+    minutes: float
+    """The complete runs."""
+    as_run: float
+    """The complete runs and the time spent on unfinished ones."""
+    left: float
+    """The unfinished runs of a measured kind, at that kind's mean (0 when complete)."""
+    unmeasured: int
+    """Unfinished runs of a kind with no complete run to estimate them from."""
 
 
 def point_kind(options: dict) -> str:
@@ -35,15 +57,9 @@ def point_kind(options: dict) -> str:
     return run_name(rest) if rest else "unmodified"
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--preset", default="plateau-interventions", choices=sorted(TARGETS_MIN),
-                   help="the sweep preset the directory holds")
-    p.add_argument("--sweep", type=Path, help="the sweep directory (default sweeps/PRESET)")
-    p.add_argument("--workers", type=int, default=2, help="runs that trained side by side")
-    args = p.parse_args()
-    sweep, target = args.sweep or Path("sweeps") / args.preset, TARGETS_MIN[args.preset]
-    points = expand(get_sweep(args.preset))
+def sweep_cost(preset: str, sweep: Path, workers: int) -> SweepCost:
+    """Print the sweep's runs per kind and return its cost."""
+    points = expand(get_sweep(preset))
     walls: dict[str, list[float]] = {}
     partial, missing, steps = 0.0, [], 0
     for point in points:
@@ -56,26 +72,53 @@ def main() -> None:
             continue
         partial += metrics[-1]["wall_s"] if metrics else 0.0
         missing.append(kind)
-    done = len(points) - len(missing)
     total = sum(sum(v) for v in walls.values())
-    print(f"machine: {describe(machine_record('cpu'))}")
-    print(f"{sweep}: {done} of {len(points)} runs complete, {steps} steps")
+    print(f"{sweep} ({preset}): {len(points) - len(missing)} of {len(points)} runs complete, {steps} steps")
     for kind, ws in walls.items():
         print(f"  {kind:32s} {len(ws):3d} runs  {sum(ws) / 60:6.1f} run-minutes  ({sum(ws) / len(ws) / 60:.1f} each)")
-    wall = total / 60 / args.workers
-    verdict = ("met" if wall <= target else "not met") if not missing else "incomplete"
-    print(f"run time {total / 60:.1f} min; with {args.workers} workers side by side: {wall:.1f} min "
-          f"(target: the whole sweep in <= {target:.0f} min: {verdict})")
+    known = [k for k in missing if k in walls]
+    left = sum(sum(walls[k]) / len(walls[k]) for k in known)
+    cost = SweepCost(len(points), len(points) - len(missing), total / 60 / workers,
+                     (total + partial) / 60 / workers, left / 60 / workers, len(missing) - len(known))
+    print(f"  run time {total / 60:.1f} min; with {workers} workers side by side: {cost.minutes:.1f} min")
     if missing:
-        as_run = (total + partial) / 60 / args.workers
-        print(f"as run (the complete runs and the time spent on unfinished ones): {as_run:.1f} min "
-              f"(the budget of {target:.0f} min: {'within' if as_run <= target else 'over'})")
-        known = [k for k in missing if k in walls]
-        left = sum(sum(walls[k]) / len(walls[k]) for k in known) / 60 / args.workers
-        print(f"runs left: {len(missing)} ({partial / 60:.1f} run-minutes already spent on unfinished runs); "
-              f"the {len(known)} of a measured kind at its mean: {left:.0f} min more, "
-              f"{wall + left:.0f} min in all" + (f", and {len(missing) - len(known)} of an unmeasured kind"
-                                                  if len(known) < len(missing) else ""))
+        print(f"  runs left: {len(missing)} ({partial / 60:.1f} run-minutes already spent on them); "
+              f"the {len(known)} of a measured kind at its mean: {cost.left:.0f} min more"
+              + (f"; {cost.unmeasured} of an unmeasured kind" if cost.unmeasured else ""))
+    return cost
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--preset", default="plateau-interventions", choices=sorted(TARGETS_MIN),
+                   help="the experiment's first sweep preset")
+    p.add_argument("--sweep", type=Path, help="its sweep directory (default sweeps/PRESET)")
+    p.add_argument("--demo-sweep", type=Path,
+                   help="plateau-interventions: the demo model's confirmation (default sweeps/plateau-interventions-demo)")
+    p.add_argument("--workers", type=int, default=2, help="runs that trained side by side")
+    args = p.parse_args()
+    parts = [(args.preset, args.sweep or Path("sweeps") / args.preset)]
+    if args.preset in CONFIRMATIONS:
+        parts.append((CONFIRMATIONS[args.preset], args.demo_sweep or Path("sweeps") / CONFIRMATIONS[args.preset]))
+    elif args.demo_sweep:
+        p.error(f"--demo-sweep: {args.preset} has no demo confirmation")
+    for flag, given in (("--sweep", args.sweep), ("--demo-sweep", args.demo_sweep)):
+        if given and not given.is_dir():
+            p.error(f"{flag}: {given} is not a directory")
+    print(f"machine: {describe(machine_record('cpu'))}")
+    costs = [sweep_cost(preset, sweep, args.workers) for preset, sweep in parts]
+    target, wall = TARGETS_MIN[args.preset], sum(c.minutes for c in costs)
+    whole = " + ".join(preset for preset, _ in parts)
+    if all(c.complete == c.runs for c in costs):
+        print(f"{whole}: {wall:.1f} min (target: the whole experiment in <= {target:.0f} min: "
+              f"{'met' if wall <= target else 'not met'})")
+        return
+    as_run = sum(c.as_run for c in costs)
+    estimate = wall + sum(c.left for c in costs)
+    unmeasured = sum(c.unmeasured for c in costs)
+    print(f"{whole}: incomplete; as run (the complete runs and the time spent on unfinished ones) "
+          f"{as_run:.1f} min, {'within' if as_run <= target else 'over'} the budget of {target:.0f} min; "
+          f"estimated {estimate:.0f} min in all" + (f", and {unmeasured} runs of an unmeasured kind" if unmeasured else ""))
 
 
 if __name__ == "__main__":

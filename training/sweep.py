@@ -680,15 +680,15 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         grids=_intervention_grids(range(5), _HIDE_AT, ("0.0", "0.1", "0.2", "0.3")),
         description="what the plateau waits for: the cue hidden until S = 0.25-1 tau_0, the routing or the "
                     "readout given (trained or frozen), one route in layer 0; ci, 5 seeds",
-        cost="60 runs (5 unmodified, 55 interventions; ~1-2.5 tau_0 each), ~100 min on 2 cores (estimated)"),
+        cost="60 runs (5 unmodified, 55 interventions; ~1-2.5 tau_0 each), 105,425 steps: 30.5 min on 2 cores, "
+             "2 workers (measured, AMD EPYC with AVX-512; 96 min on an Intel Xeon without VNNI)"),
     SweepSpec(
         name="plateau-interventions-demo", base="demo",
         grids=_intervention_grids(range(3), (0.5, 1.0), ()),
         description="the main contrasts of plateau-interventions on the demo model: the cue hidden until "
                     "0.5 and 1 tau_0, the routing or the readout given; 3 seeds",
-        cost="18 runs of the paper model (one copied from make demo), 303 run-minutes: about 3 h on 2 cores, "
-             "2 workers (measured, Intel Xeon without VNNI; 11 unmodified and transplant runs in 81 min, the 6 "
-             "hidden-cue runs in 100 min)"),
+        cost="18 runs of the paper model, 48,500 steps: 66 min on 2 cores, 2 workers (measured, AMD EPYC with "
+             "AVX-512; the 6 hidden-cue runs 75 of its 123 run-minutes); about 3 h on an Intel Xeon without VNNI"),
     SweepSpec(
         name="plateau-interventions-tiny", base="tiny",
         fixed={"lr": 3e-3, "stop_after_tau": 1.5, "max_steps": 600, "eval_every": 10, "ckpt_every": 10, "D": 80},
