@@ -17,6 +17,7 @@ from training.presets import get_preset
 from training.tasks.loading import build_task
 from training.machine import machine_record
 from training.run import Run, RunError
+from training.schedule import resume_steps, scheduled_steps
 from training.train import main, train
 
 
@@ -85,10 +86,12 @@ def test_a_run_equals_a_plain_loop_with_torchs_default_adamw(tiny_run):
 
 
 def test_kill_and_resume_is_bit_identical(tmp_path, tiny_run):
-    cfg = get_preset("tiny")
-    # Killed after step 23: the last checkpoint is at 20, so the resume replays 20 -> 23 exactly.
+    # Checkpoints every 5 steps, resume points every 20 (the same weights as tiny_run's: resume_every
+    # decides only where the resume state is written). Killed after step 23: the resume replays 20 -> 23.
+    cfg = get_preset("tiny").replace(resume_every=20)
     train(cfg, tmp_path / "r", device="cpu", progress=False, stop_at_step=23)
     assert not (tmp_path / "r" / rd.SUMMARY_FILE).exists()
+    assert torch.load(tmp_path / "r" / rd.RESUME_FILE, weights_only=True)["step"] == 20
     with open(tmp_path / "r" / rd.METRICS_FILE, "a") as f:
         f.write('{"step": 999, "torn')  # a line cut by the kill
     train(cfg, tmp_path / "r", resume=True, device="cpu", progress=False)
@@ -186,6 +189,13 @@ def test_cli_errors_are_one_line_with_exit_2(tmp_path, capsys):
 def test_log_spaced_early_checkpoints(tiny_run):
     steps = Run(tiny_run).steps()
     assert {1, 2, 3} <= set(steps) and math.gcd(*[s for s in steps if s >= 5]) == 5
+
+
+def test_resume_points_are_the_first_checkpoint_at_each_multiple_and_the_last():
+    ckpts = scheduled_steps(30, 250, 3)  # 0, 1, 3, 10, 30, 60, ..., 240, 250
+    assert resume_steps(ckpts, 100) == {0, 120, 210, 250}
+    assert resume_steps(scheduled_steps(5, 3000, 12), 100) == set(range(0, 3001, 100))
+    assert resume_steps(ckpts, 1) == ckpts  # every checkpoint, as before resume_every existed
 
 
 def test_summary_lists_the_machine_and_a_resume_elsewhere_warns(tmp_path, caplog):

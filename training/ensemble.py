@@ -59,7 +59,7 @@ from training.config import ConfigError, RunConfig
 from training.fused import fused_logits
 from training.metrics import compute_tau
 from training.model import build_hooked_transformer
-from training.schedule import scheduled_steps
+from training.schedule import resume_steps, scheduled_steps
 from training.tasks.base import Task
 from training.tasks.loading import build_task, canonical_task_name
 from training.machine import machine_record
@@ -258,6 +258,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
 
     eval_steps = scheduled_steps(tc.eval_every, tc.max_steps, tc.early_log_points)
     ckpt_steps = scheduled_steps(tc.ckpt_every, tc.max_steps, tc.early_log_points)
+    resume_at = resume_steps(ckpt_steps, tc.resume_every)
     bar = tqdm(total=tc.max_steps, initial=step, disable=not progress, desc=f"ensemble of {len(members)}",
                dynamic_ncols=True)
     for m in members:
@@ -275,13 +276,13 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
                     m.metrics_file.flush()
                     m.tau = m.tau if m.tau is not None else compute_tau([record], progress_measure)
                     m.stop = stop_due(tc, m.tau, step)
-            # 2. Checkpoint each member (weights + its solo-format resume state).
+            # 2. Checkpoint each member (weights; at a resume point also its solo-format resume state).
             stacked_state = optimizer.state_dict()
             for j, m in enumerate(members):
                 if step in ckpt_steps or m.stop:
                     save_checkpoint_and_state(m.out, step, member_weights(j), member_optimizer_state(stacked_state, j),
                                               m.data_gen, m.perm, m.cursor, time.perf_counter() - m.t0,
-                                              machines=m.machines)
+                                              machines=m.machines, resume_point=step in resume_at or m.stop)
             # 3. Finished members write their summary and leave the stack.
             done = [j for j, m in enumerate(members) if step >= tc.max_steps or m.stop]
             for j in done:

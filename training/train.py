@@ -37,7 +37,7 @@ from training.machine import describe, machine_record
 from training.metrics import compute_tau, summarize
 from training.model import hooked_config_dict
 from training.presets import PRESETS, get_preset
-from training.schedule import scheduled_steps
+from training.schedule import resume_steps, scheduled_steps
 from training.tasks.base import ProgressMeasure, Task, TaskError
 from training.tasks.loading import BUILTIN_TASKS, build_task, canonical_task_name, task_class
 
@@ -148,6 +148,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
 
     eval_steps = scheduled_steps(tc.eval_every, tc.max_steps, tc.early_log_points)
     ckpt_steps = scheduled_steps(tc.ckpt_every, tc.max_steps, tc.early_log_points)
+    resume_at = resume_steps(ckpt_steps, tc.resume_every)
     tau = compute_tau(records, measure)
     bar = tqdm(total=tc.max_steps, initial=step, disable=not progress, desc=out.name, dynamic_ncols=True)
     metrics_file = open(out / rd.METRICS_FILE, "a")
@@ -166,10 +167,11 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
                 tau = tau if tau is not None else compute_tau([record], measure)
                 stop = stop_due(tc, tau, step)
                 bar.set_postfix(_bar_fields(record, measure), refresh=False)
-            # 2. Checkpoint (weights + the state needed to resume exactly from here).
+            # 2. Checkpoint (weights; at a resume point also the state needed to resume exactly from here).
             if step in ckpt_steps or stop:
                 save_checkpoint_and_state(out, step, hooked_state_dict(model), optimizer.state_dict(), data_gen, perm,
-                                          cursor, time.perf_counter() - t0, backend, machines)
+                                          cursor, time.perf_counter() - t0, backend, machines,
+                                          resume_point=step in resume_at or stop)
             if step >= tc.max_steps or stop:
                 break
             if step == stop_at_step:
@@ -341,14 +343,16 @@ def load_resume_point(out: Path, max_steps: int) -> ResumePoint | None:
 
 def save_checkpoint_and_state(out: Path, step: int, weights: dict[str, torch.Tensor], optimizer: dict,
                               data_gen: torch.Generator, perm: torch.Tensor, cursor: int, wall_s: float,
-                              backend: str = "hooked", machines: list[dict] | None = None) -> None:
-    """Checkpoint the weights (HookedTransformer layout) and write the state needed to resume
-    exactly from here, with the backend whose parameter order the optimiser state follows and the
-    machines that trained the run so far."""
+                              backend: str = "hooked", machines: list[dict] | None = None,
+                              resume_point: bool = True) -> None:
+    """Checkpoint the weights (HookedTransformer layout); at a ``resume_point``, also write the state
+    needed to resume exactly from here, with the backend whose parameter order the optimiser state
+    follows and the machines that trained the run so far."""
     rd.save_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(step), weights, step)
-    rd.save_resume_state(out / rd.RESUME_FILE, {
-        "step": step, "optimizer": optimizer, "data_gen": data_gen.get_state(), "perm": perm, "cursor": cursor,
-        "wall_s": wall_s, "torch_rng": torch.get_rng_state(), "backend": backend, "machines": machines or []})
+    if resume_point:
+        rd.save_resume_state(out / rd.RESUME_FILE, {
+            "step": step, "optimizer": optimizer, "data_gen": data_gen.get_state(), "perm": perm, "cursor": cursor,
+            "wall_s": wall_s, "torch_rng": torch.get_rng_state(), "backend": backend, "machines": machines or []})
 
 
 def machines_on_resume(out: Path, before: list[dict], here: dict) -> list[dict]:
