@@ -16,9 +16,11 @@ Printed next to their targets (issue 22):
   place of its pin, and torch 2.13.0 CPU first); otherwise the row says it was not measured.
 
 Also measured: the AdamW step of ``training.train.adamw`` (``foreach=True``) against torch's default
-on a CPU (the single-tensor loop), and whether their weights agree bit for bit; bf16 autocast (per
-step, both loops) and, with ``--compile``, ``torch.compile`` of the fused loss (its first step, the
-compilation, and its steps after).
+on a CPU (the single-tensor loop), and whether their weights agree bit for bit; the resume state
+written at every checkpoint (``resume_every=1``) against the default ``resume_every``, runs of the
+``ci`` and the ``paper`` preset trained for real, and whether their last checkpoints agree bit for
+bit (``--only-resume``); bf16 autocast (per step, both loops) and, with ``--compile``,
+``torch.compile`` of the fused loss (its first step, the compilation, and its steps after).
 
     .venv/bin/python bench/train_step.py --authors-repo ../synass-lens --authors-python ../synass-venv/bin/python
 """
@@ -34,13 +36,15 @@ import time
 from pathlib import Path
 
 import torch
+from safetensors.torch import load_file
 
 import training.train as train_module
+from training import run as rd
 from training.config import RunConfig
 from training.fused import fused_logits
 from training.model import build_hooked_transformer, hooked_config_dict
 from training.presets import get_preset
-from training.schedule import scheduled_steps
+from training.schedule import resume_steps, scheduled_steps
 from training.tasks.loading import build_task
 from training.train import adamw, train
 
@@ -51,7 +55,7 @@ def authors_differences(steps: int) -> list[str]:
     """What differs between the two runs that the end-to-end ratio compares."""
     tc = get_preset("paper").train
     n_eval = len(scheduled_steps(tc.eval_every, steps, tc.early_log_points))
-    n_ckpt = len(scheduled_steps(tc.ckpt_every, steps, tc.early_log_points))
+    ckpts = scheduled_steps(tc.ckpt_every, steps, tc.early_log_points)
     return [
         "their learning rate warms up for 500 steps, then decays on a cosine (ours: constant 1e-3)",
         "they clip the gradient norm at 1.0 (ours: no clipping)",
@@ -59,8 +63,8 @@ def authors_differences(steps: int) -> list[str]:
         "their targets' first characters may repeat within a group (ours: distinct, as the paper states)",
         f"they log a z-shuffle probe on the current batch every 100 steps, {steps // 100} in {steps} steps (ours: "
         f"{n_eval} evaluations on fixed evaluation sets: candidate, set and first-token losses, delta_z, group accuracy)",
-        f"they checkpoint every 200 steps, weights and optimiser (ours: {n_ckpt} checkpoints in {steps} steps, each "
-        "with the state for an exact resume)",
+        f"they checkpoint every 200 steps, weights and optimiser (ours: {len(ckpts)} checkpoints in {steps} steps, "
+        f"{len(resume_steps(ckpts, tc.resume_every))} of them with the state for an exact resume)",
     ]
 
 
@@ -191,6 +195,27 @@ def print_eval_share(name: str, steps: int, target: float | None) -> None:
           f"{total:.2f} s of {wall:.1f} s = {total / wall:.1%}{verdict}")
 
 
+def print_resume_cost(name: str, steps: int, rounds: int) -> None:
+    """One line: ``steps`` steps of preset ``name`` trained for real (its own schedule, no early stop)
+    with the resume state at every checkpoint (``resume_every=1``) against the default, interleaved,
+    the fastest of ``rounds`` each; and whether the two runs' last checkpoints agree bit for bit."""
+    cfg = get_preset(name).replace(max_steps=steps, stop_after_tau=None)
+    ckpts = scheduled_steps(cfg.train.ckpt_every, steps, cfg.train.early_log_points)
+    everies = (1, cfg.train.resume_every)
+    best, last = {e: float("inf") for e in everies}, {}
+    for _ in range(rounds):
+        for every in everies:
+            with tempfile.TemporaryDirectory() as d:
+                t0 = time.perf_counter()
+                train(cfg.replace(resume_every=every), Path(d) / "run", device="cpu", progress=False)
+                best[every] = min(best[every], time.perf_counter() - t0)
+                last[every] = load_file(Path(d) / "run" / rd.CHECKPOINT_DIR / rd.checkpoint_name(steps))
+    same = all(torch.equal(last[1][k], last[everies[1]][k]) for k in last[1])
+    print(f"resume state, {name}, {steps} steps: at all {len(ckpts)} checkpoints {best[1]:.1f} s, at "
+          f"{len(resume_steps(ckpts, everies[1]))} (resume_every {everies[1]}) {best[everies[1]]:.1f} s = "
+          f"{best[1] / best[everies[1]]:.3f}x; last weights bit-identical: {'yes' if same else 'NO'}")
+
+
 def end_to_end(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     """Wall seconds of ``args.runs`` fresh processes each of ours and the authors', interleaved."""
     ours, theirs = [], []
@@ -226,6 +251,8 @@ def main() -> None:
                    help="also the evaluation share of this many steps of the demo preset (its length: about 2,100)")
     p.add_argument("--only-eval", action="store_true", help="only the evaluation shares")
     p.add_argument("--only-optimizer", action="store_true", help="only the AdamW step against torch's default")
+    p.add_argument("--only-resume", action="store_true",
+                   help="only the resume state at every checkpoint against the default resume_every (ci and paper)")
     p.add_argument("--authors-repo", type=Path, help="a checkout of mihirs-0/synass-lens")
     p.add_argument("--authors-python", type=Path, help="the python of a venv with the authors' requirements")
     p.add_argument("--compile", action="store_true", help="also time torch.compile of the fused loss")
@@ -244,6 +271,10 @@ def main() -> None:
 
     if args.only_optimizer:
         print_optimizer_step(cfg, args.steps, args.rounds)
+        return
+    if args.only_resume:
+        print_resume_cost("ci", 1000, args.rounds)
+        print_resume_cost("paper", args.paper_steps, args.rounds)
         return
     if args.only_eval:
         print_eval_share("paper", args.paper_steps, 0.05)

@@ -268,7 +268,8 @@ class TrainConfig(JsonConfig):
     resume_every: int = 100
     """Write the state a killed run resumes from (optimiser, data order, RNG states) at the first
     checkpoint at or after every multiple of this many steps, and at the last: a resumed run trains
-    again, bit for bit, the steps since then. Writing it at every checkpoint cost 5% of a ``ci`` run."""
+    again, bit for bit, the steps since then. Writing it at every checkpoint made a ``ci`` run 1.12x
+    slower at 1 thread (``bench/train_step.py --only-resume``)."""
     early_log_points: int = 12
     """Extra log-spaced checkpoint and evaluation steps between 1 and the first interval."""
     eval_groups: int = 16

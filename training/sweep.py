@@ -681,7 +681,8 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         description="what the plateau waits for: the cue hidden until S = 0.25-1 tau_0, the routing or the "
                     "readout given (trained or frozen), one route in layer 0; ci, 5 seeds",
         cost="60 runs (5 unmodified, 55 interventions; ~1-2.5 tau_0 each), 105,425 steps: 30.5 min on 2 cores, "
-             "2 workers (measured, AMD EPYC with AVX-512; 96 min on an Intel Xeon without VNNI)"),
+             "2 workers (measured, AMD EPYC with AVX-512; 44.6 min on a slower AMD EPYC host with the resume "
+             "state every 100 steps; 96 min on an Intel Xeon without VNNI)"),
     SweepSpec(
         name="plateau-interventions-demo", base="demo",
         grids=_intervention_grids(range(3), (0.5, 1.0), ()),
