@@ -280,9 +280,11 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
             stacked_state = optimizer.state_dict()
             for j, m in enumerate(members):
                 if step in ckpt_steps or m.stop:
-                    save_checkpoint_and_state(m.out, step, member_weights(j), member_optimizer_state(stacked_state, j),
+                    resume_point = step in resume_at or m.stop  # the member's optimiser slice is copied only then
+                    save_checkpoint_and_state(m.out, step, member_weights(j),
+                                              member_optimizer_state(stacked_state, j) if resume_point else None,
                                               m.data_gen, m.perm, m.cursor, time.perf_counter() - m.t0,
-                                              machines=m.machines, resume_point=step in resume_at or m.stop)
+                                              machines=m.machines)
             # 3. Finished members write their summary and leave the stack.
             done = [j for j, m in enumerate(members) if step >= tc.max_steps or m.stop]
             for j in done:

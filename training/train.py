@@ -169,9 +169,9 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
                 bar.set_postfix(_bar_fields(record, measure), refresh=False)
             # 2. Checkpoint (weights; at a resume point also the state needed to resume exactly from here).
             if step in ckpt_steps or stop:
-                save_checkpoint_and_state(out, step, hooked_state_dict(model), optimizer.state_dict(), data_gen, perm,
-                                          cursor, time.perf_counter() - t0, backend, machines,
-                                          resume_point=step in resume_at or stop)
+                save_checkpoint_and_state(out, step, hooked_state_dict(model),
+                                          optimizer.state_dict() if step in resume_at or stop else None,
+                                          data_gen, perm, cursor, time.perf_counter() - t0, backend, machines)
             if step >= tc.max_steps or stop:
                 break
             if step == stop_at_step:
@@ -341,15 +341,14 @@ def load_resume_point(out: Path, max_steps: int) -> ResumePoint | None:
                                 if r["step"] < step or (complete and r["step"] == step)])
 
 
-def save_checkpoint_and_state(out: Path, step: int, weights: dict[str, torch.Tensor], optimizer: dict,
+def save_checkpoint_and_state(out: Path, step: int, weights: dict[str, torch.Tensor], optimizer: dict | None,
                               data_gen: torch.Generator, perm: torch.Tensor, cursor: int, wall_s: float,
-                              backend: str = "hooked", machines: list[dict] | None = None,
-                              resume_point: bool = True) -> None:
-    """Checkpoint the weights (HookedTransformer layout); at a ``resume_point``, also write the state
-    needed to resume exactly from here, with the backend whose parameter order the optimiser state
-    follows and the machines that trained the run so far."""
+                              backend: str = "hooked", machines: list[dict] | None = None) -> None:
+    """Checkpoint the weights (HookedTransformer layout); at a resume point (an ``optimizer`` state
+    given, not None), also write the state needed to resume exactly from here, with the backend
+    whose parameter order the optimiser state follows and the machines that trained the run so far."""
     rd.save_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(step), weights, step)
-    if resume_point:
+    if optimizer is not None:
         rd.save_resume_state(out / rd.RESUME_FILE, {
             "step": step, "optimizer": optimizer, "data_gen": data_gen.get_state(), "perm": perm, "cursor": cursor,
             "wall_s": wall_s, "torch_rng": torch.get_rng_state(), "backend": backend, "machines": machines or []})
