@@ -1,4 +1,5 @@
-"""Shared fixtures: every generator seeded before each test; one `ci` and one `tiny` run per session.
+"""Shared fixtures: every generator seeded before each test; one `ci` and one `tiny` run, and the
+`tiny` and `plateau-interventions-tiny` sweeps, per session.
 
 The session runs are read-only for the tests: a test that writes into a run directory (an
 analysis cache, a report) works on its own copy (:func:`copy_run`), so no test sees what another
@@ -106,6 +107,17 @@ def ci_analysed(ci_run, tmp_path_factory):
     out = copy_run(ci_run, tmp_path_factory.mktemp("runs") / "ci_analysed")
     analyze_run(out, every=10, n_exact=6, progress=False)
     return out
+
+
+@pytest.fixture(scope="session")
+def interventions_sweep(tmp_path_factory):
+    """The `plateau-interventions-tiny` sweep (2 seeds, 14 runs) trained once per session in this
+    process with one torch thread, and its outcomes (about 20 s)."""
+    from training.sweep import get_sweep, run_sweep
+
+    out = tmp_path_factory.mktemp("sweeps") / "plateau-interventions-tiny"
+    outcomes = run_sweep(get_sweep("plateau-interventions-tiny"), out, executor="serial", threads=1, progress=False)
+    return out, outcomes
 
 
 @pytest.fixture(scope="session")

@@ -25,7 +25,7 @@ from training.fused import fused_logits
 from training.interventions import Interventions, in_part, transplanted
 from training.model import build_hooked_transformer, hooked_config_dict
 from training.presets import get_preset
-from training.sweep import SweepSpec, expand, get_sweep, run_sweep
+from training.sweep import SweepSpec, expand, run_sweep
 from training.tasks.loading import build_task
 from training.train import evaluation_record, main, train
 
@@ -194,15 +194,8 @@ def test_seed_ensembles_refuse_interventions(tmp_path):
 # ---- the intervention sweep: points relative to each seed's own run ------------------------
 
 
-@pytest.fixture(scope="module")
-def tiny_interventions(tmp_path_factory):
-    out = tmp_path_factory.mktemp("sweep") / "pi"
-    outcomes = run_sweep(get_sweep("plateau-interventions-tiny"), out, executor="serial", threads=1, progress=False)
-    return out, outcomes
-
-
-def test_relative_points_take_S_and_the_donor_from_their_own_seeds_run(tiny_interventions):
-    out, outcomes = tiny_interventions
+def test_relative_points_take_S_and_the_donor_from_their_own_seeds_run(interventions_sweep):
+    out, outcomes = interventions_sweep
     assert [o["status"] for o in outcomes] == ["done"] * len(outcomes) == ["done"] * 14
     for seed in (0, 1):
         base = out / f"ds{seed}_seed{seed}"
@@ -218,8 +211,8 @@ def test_relative_points_take_S_and_the_donor_from_their_own_seeds_run(tiny_inte
         assert only["run"]["train"]["masked_heads"] == ["0.1"]  # tiny has 2 heads: head 0.0 is the only route
 
 
-def test_the_intervention_table_is_the_runs_own_numbers(tiny_interventions):
-    out, _ = tiny_interventions
+def test_the_intervention_table_is_the_runs_own_numbers(interventions_sweep):
+    out, _ = interventions_sweep
     rows = intervention_rows(out)
     assert len(rows) == 12  # 6 interventions x 2 seeds
     for r in rows:
@@ -239,8 +232,8 @@ def test_the_intervention_table_is_the_runs_own_numbers(tiny_interventions):
     assert any(line.startswith("Transplants") for line in lines)
 
 
-def test_the_lead_is_counted_from_the_release_and_is_the_selectors_lead_without_one(tiny_interventions):
-    out, _ = tiny_interventions
+def test_the_lead_is_counted_from_the_release_and_is_the_selectors_lead_without_one(interventions_sweep, tmp_path):
+    out = shutil.copytree(interventions_sweep[0], tmp_path / "pi")  # analysed here: the session's sweep stays as trained
     base, hidden = out / "ds0_seed0", out / "ds0_hide1_seed0"
     for run_dir in (base, hidden):
         analyze_run(run_dir, n_exact=4, progress=False, edges=False)
@@ -263,9 +256,9 @@ def test_the_lead_is_counted_from_the_release_and_is_the_selectors_lead_without_
     assert any(line.startswith("Lead from the release") for line in reading(table))
 
 
-def test_an_unfinished_run_counts_as_censored_at_its_last_evaluation(tiny_interventions, tmp_path):
+def test_an_unfinished_run_counts_as_censored_at_its_last_evaluation(interventions_sweep, tmp_path):
     out = tmp_path / "stopped"
-    shutil.copytree(tiny_interventions[0], out)
+    shutil.copytree(interventions_sweep[0], out)
     run_dir = out / "ds0_give_readout_seed0"  # as if the sweep had been killed before it reached tau
     (run_dir / rd.SUMMARY_FILE).unlink()
     tau_0 = json.loads((out / "ds0_seed0" / rd.SUMMARY_FILE).read_text())["tau"]

@@ -122,12 +122,19 @@ def test_evaluate_without_the_progress_measure_is_one_line(tmp_path, capsys):
     assert code == 2 and err.count("\n") == 1 and "evaluate() must return a dict with its progress measure 'loss'" in err
 
 
-@pytest.mark.parametrize("spec, expected", [("nosuch", "not a built-in task"), ("missing.py:X", "no such task file"),
-                                            ("no_such_module:X", "cannot import module")])
-def test_bad_task_flag_is_one_line_exit_2(spec, expected):
-    done = subprocess.run([sys.executable, "-m", "training.train", "--task", spec, "--out", "/tmp/unused-run"],
+def test_bad_task_flag_is_one_line_exit_2_from_the_command_line():
+    done = subprocess.run([sys.executable, "-m", "training.train", "--task", "nosuch", "--out", "/tmp/unused-run"],
                           cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and expected in done.stderr, done.stderr
+    assert done.returncode == 2 and done.stderr.count("\n") == 1 and "not a built-in task" in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("spec, expected", [("missing.py:X", "no such task file"),
+                                            ("no_such_module:X", "cannot import module")])
+def test_bad_task_flag_is_one_line_exit_2(spec, expected, tmp_path, capsys):
+    code = train_main(["--task", spec, "--out", str(tmp_path / "unused-run")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and expected in err, err
+    assert not (tmp_path / "unused-run").exists()
 
 
 def test_run_directories_from_before_tasks_load_as_the_selector_task(tiny_run, tmp_path):
