@@ -4,6 +4,8 @@ Trains a preset (default ``ci``) for each seed (model and data seed varied toget
 ``seeds-ci`` sweep does) in each mode, into ``OUT/<mode>/seed<s>``:
 
 * ``fused``: the default training forward (``training.fused``), float32;
+* ``trimmed``: ``--forward trimmed``, the fused forward with the last block only at the loss
+  positions, float32;
 * ``hooked``: ``--forward hooked``, HookedTransformer's own forward, float32 (every run before
   the fused forward existed);
 * ``bf16``: the fused forward under CPU bf16 autocast. Not an option of ``training.train``: it is
@@ -39,7 +41,7 @@ from training.presets import get_preset
 from training.run import Run
 from training.train import train
 
-MODES = ("fused", "hooked", "bf16")
+MODES = ("fused", "trimmed", "hooked", "bf16")
 
 
 @contextlib.contextmanager
@@ -58,7 +60,7 @@ def bf16_autocast() -> Iterator[None]:
 
 def train_mode(preset: str, mode: str, seed: int, out: Path) -> float:
     """Train (or finish) one run; its wall seconds per step as logged (``wall_s`` of the last record)."""
-    cfg = get_preset(preset).replace(seed=seed, forward="hooked" if mode == "hooked" else "fused")
+    cfg = get_preset(preset).replace(seed=seed, forward="fused" if mode == "bf16" else mode)
     cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, seed=seed))  # the data seed too
     with bf16_autocast() if mode == "bf16" else contextlib.nullcontext():
         train(cfg, out, resume=out.exists(), device="cpu", progress=False)

@@ -5,8 +5,8 @@ Printed next to their targets (issue 22):
 
 * per step: ``training.train`` with its default (fused) forward against a plain eager
   HookedTransformer loop on the same model (random minibatches, the task's loss, AdamW):
-  at least 1.4x. Our loop with ``--forward hooked`` is printed too (about 1.0x: the hooked
-  forward is the limit of eager TransformerLens);
+  at least 1.4x. Our loop with ``--forward trimmed`` and ``--forward hooked`` is printed too (the
+  hooked one about 1.0x: the hooked forward is the limit of eager TransformerLens);
 * evaluation: its share of the wall time of the first 400 steps of the ``paper`` preset trained
   for real, every evaluation timed: under 5%;
 * end to end: ``python -m training.train --preset paper --max-steps 400`` against the authors'
@@ -19,8 +19,10 @@ Also measured: the AdamW step of ``training.train.adamw`` (``foreach=True``) aga
 on a CPU (the single-tensor loop), and whether their weights agree bit for bit; the resume state
 written at every checkpoint (``resume_every=1``) against the default ``resume_every``, runs of the
 ``ci`` and the ``paper`` preset trained for real, and whether their last checkpoints agree bit for
-bit (``--only-resume``); bf16 autocast (per step, both loops) and, with ``--compile``,
-``torch.compile`` of the fused loss (its first step, the compilation, and its steps after).
+bit (``--only-resume``); ``--forward trimmed`` (the last block only at the loss positions) against
+the fused forward, per step, on the ``ci`` and ``paper`` models (``--only-trimmed``); bf16 autocast
+(per step, both loops) and, with ``--compile``, ``torch.compile`` of the fused loss (its first step,
+the compilation, and its steps after).
 
     .venv/bin/python bench/train_step.py --authors-repo ../synass-lens --authors-python ../synass-venv/bin/python
 """
@@ -216,6 +218,18 @@ def print_resume_cost(name: str, steps: int, rounds: int) -> None:
           f"{best[1] / best[everies[1]]:.3f}x; last weights bit-identical: {'yes' if same else 'NO'}")
 
 
+def print_trimmed(name: str, steps: int, rounds: int) -> None:
+    """One line: seconds per step of ``training.train`` with ``--forward trimmed`` against ``--forward
+    fused`` on preset ``name`` (:func:`our_loop`), interleaved, the fastest of ``rounds`` each."""
+    cfg = get_preset(name)
+    best = {f: float("inf") for f in ("fused", "trimmed")}
+    for _ in range(rounds):
+        for forward in best:
+            best[forward] = min(best[forward], our_loop(cfg.replace(forward=forward), steps))
+    print(f"--forward trimmed, {name:5s}: {best['trimmed'] * 1e3:6.1f} ms/step against --forward fused "
+          f"{best['fused'] * 1e3:.1f} ms = {best['fused'] / best['trimmed']:.2f}x")
+
+
 def end_to_end(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     """Wall seconds of ``args.runs`` fresh processes each of ours and the authors', interleaved."""
     ours, theirs = [], []
@@ -251,6 +265,8 @@ def main() -> None:
                    help="also the evaluation share of this many steps of the demo preset (its length: about 2,100)")
     p.add_argument("--only-eval", action="store_true", help="only the evaluation shares")
     p.add_argument("--only-optimizer", action="store_true", help="only the AdamW step against torch's default")
+    p.add_argument("--only-trimmed", action="store_true",
+                   help="only --forward trimmed against --forward fused, per step (ci and paper)")
     p.add_argument("--only-resume", action="store_true",
                    help="only the resume state at every checkpoint against the default resume_every (ci and paper)")
     p.add_argument("--authors-repo", type=Path, help="a checkout of mihirs-0/synass-lens")
@@ -272,6 +288,10 @@ def main() -> None:
     if args.only_optimizer:
         print_optimizer_step(cfg, args.steps, args.rounds)
         return
+    if args.only_trimmed:
+        for name in ("ci", "paper"):
+            print_trimmed(name, args.steps, args.rounds)
+        return
     if args.only_resume:
         print_resume_cost("ci", 1000, args.rounds)
         print_resume_cost("paper", args.paper_steps, args.rounds)
@@ -283,16 +303,19 @@ def main() -> None:
         return
 
     # 1. Per step, interleaved so that a burst of load hits every loop alike.
-    base = fused = hooked = float("inf")
+    base = fused = trimmed = hooked = float("inf")
     for _ in range(args.rounds):
         base = min(base, plain_loop(cfg, args.steps))
         fused = min(fused, our_loop(cfg.replace(forward="fused"), args.steps))
+        trimmed = min(trimmed, our_loop(cfg.replace(forward="trimmed"), args.steps))
         hooked = min(hooked, our_loop(cfg.replace(forward="hooked"), args.steps))
     tokens = cfg.train.batch_size * task.input_len
     print(f"plain eager HookedTransformer loop : {base * 1e3:6.1f} ms/step ({6 * n_params * tokens / base / 1e9:.0f} "
           "GFLOP/s, 6*N*tokens)")
     print(f"training.train, --forward fused    : {fused * 1e3:6.1f} ms/step  {base / fused:.2f}x "
           f"(target >= 1.4x: {met(base / fused >= 1.4)})")
+    print(f"training.train, --forward trimmed  : {trimmed * 1e3:6.1f} ms/step  {base / trimmed:.2f}x "
+          f"({fused / trimmed:.2f}x the fused forward)")
     print(f"training.train, --forward hooked   : {hooked * 1e3:6.1f} ms/step  {base / hooked:.2f}x")
     print_optimizer_step(cfg, args.steps, args.rounds)
     bf16_plain = min(plain_loop(cfg, args.steps, bf16=True) for _ in range(args.rounds))

@@ -1,6 +1,7 @@
 """The fused training forward (training.fused) against HookedTransformer's own forward: logits and
 every parameter's gradient at 1e-5, on the ci and paper models and on the other architectures a
-ModelConfig can build; a run records its forward, resumes only in it, and refuses what it cannot run."""
+ModelConfig can build, in full and trimmed to the loss positions; a run records its forward, resumes
+only in it, and refuses what it cannot run."""
 
 from __future__ import annotations
 
@@ -11,11 +12,13 @@ import torch
 
 from training import run as rd
 from training.config import ConfigError, ModelConfig, RunConfig, TrainConfig
+from training.ensemble import train_ensemble
 from training.fused import fused_logits, unsupported_reason
 from training.model import build_hooked_transformer, hooked_config_dict
 from training.presets import get_preset
 from training.tasks.loading import build_task
-from training.train import main, train
+from training.tasks.base import Task
+from training.train import check_forward, main, train
 
 TOL = 1e-5
 
@@ -34,21 +37,31 @@ def _loss_and_grads(model, task, batch, logits_of):
     return logits.detach(), {n: p.grad.clone() for n, p in model.named_parameters()}
 
 
-@pytest.mark.parametrize("model_cfg", [
+ARCHITECTURES = [
     "ci", "paper",
     ModelConfig(n_layers=2, d_model=32, n_heads=2, d_head=16, d_mlp=64, normalization_type="LNPre", act_fn="gelu_new"),
     ModelConfig(n_layers=1, d_model=32, n_heads=4, d_head=8, d_mlp=64, normalization_type=None, act_fn="relu"),
     ModelConfig(n_layers=2, d_model=32, n_heads=2, d_head=16, attn_only=True, act_fn="silu"),
-], ids=["ci", "paper", "LNPre-gelu_new", "no-norm-relu", "attn-only"])
-def test_logits_and_gradients_equal_the_hooked_forward(model_cfg):
+]
+ARCHITECTURE_IDS = ["ci", "paper", "LNPre-gelu_new", "no-norm-relu", "attn-only"]
+
+
+def _trained_a_little(model_cfg):
+    """The preset (or ``tiny`` with this ModelConfig), its model trained 3 steps so that no parameter is at
+    its (often zero or one) initial value, and a batch."""
     cfg = get_preset(model_cfg) if isinstance(model_cfg, str) else get_preset("tiny").replace(**model_cfg.to_dict())
     task, model, batch = _model_and_batch(cfg)
-    # Trained a little first, so that no parameter is at its (often zero or one) initial value.
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     for _ in range(3):
         opt.zero_grad()
         task.loss(model(batch[:, : task.input_len]), batch).backward()
         opt.step()
+    return task, model, batch
+
+
+@pytest.mark.parametrize("model_cfg", ARCHITECTURES, ids=ARCHITECTURE_IDS)
+def test_logits_and_gradients_equal_the_hooked_forward(model_cfg):
+    task, model, batch = _trained_a_little(model_cfg)
     ref_logits, ref_grads = _loss_and_grads(model, task, batch, model)
     params = dict(model.named_parameters())
     logits, grads = _loss_and_grads(model, task, batch, lambda t: fused_logits(model.cfg, params, t))
@@ -122,3 +135,80 @@ def test_cli_flag(tmp_path, capsys):
     assert main(["--preset", "tiny", "--forward", "hooked", "--max-steps", "5", "--out", str(tmp_path / "h"),
                  "--no-progress"]) == 0
     assert json.loads((tmp_path / "h" / rd.CONFIG_FILE).read_text())["run"]["train"]["forward"] == "hooked"
+
+
+# ---- trimmed: the last block and the unembedding at the loss positions only ----------------
+
+
+@pytest.mark.parametrize("model_cfg", [*ARCHITECTURES, "induction"], ids=[*ARCHITECTURE_IDS, "induction"])
+def test_trimmed_logits_and_gradients_equal_the_hooked_forward_at_the_loss_positions(model_cfg):
+    task, model, batch = _trained_a_little(model_cfg)
+    pos = task.loss_positions
+    model.zero_grad(set_to_none=True)
+    ref_logits = model(batch[:, : task.input_len])
+    ref_loss = task.loss(ref_logits, batch)
+    ref_loss.backward()
+    ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
+    model.zero_grad(set_to_none=True)
+    logits = fused_logits(model.cfg, dict(model.named_parameters()), batch[:, : task.input_len], positions=pos)
+    assert logits.shape == (len(batch), len(pos), model.cfg.d_vocab_out)
+    loss = task.loss_at_positions(logits, batch)
+    loss.backward()
+    torch.testing.assert_close(logits, ref_logits[:, pos].detach(), atol=TOL, rtol=TOL)
+    torch.testing.assert_close(loss, ref_loss.detach(), atol=TOL, rtol=TOL)
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(p.grad, ref_grads[name], atol=TOL, rtol=TOL, msg=name)
+
+
+def test_trimmed_logits_keep_the_interventions():
+    """A hidden cue and zeroed heads, one of them in the trimmed last block: the untrimmed forward's
+    logits at the loss positions (that forward is checked against the hooked one with the intervention
+    hooks in tests/test_interventions.py)."""
+    task, model, batch = _trained_a_little("ci")
+    params, inputs = dict(model.named_parameters()), batch[:, : task.input_len]
+    options = {"hidden_keys": tuple(range(*task.layout.z_span)), "zeroed_heads": ((0, 1), (1, 2))}
+    full = fused_logits(model.cfg, params, inputs, **options)
+    trimmed = fused_logits(model.cfg, params, inputs, positions=task.loss_positions, **options)
+    torch.testing.assert_close(trimmed, full[:, task.loss_positions], atol=TOL, rtol=TOL)
+    # and the interventions change the logits there: the comparison is not vacuous
+    plain = fused_logits(model.cfg, params, inputs, positions=task.loss_positions)
+    assert (plain - trimmed).abs().max() > 1e-2
+
+
+def test_a_trimmed_run_trains_as_the_fused_one_and_its_ensemble_member_is_its_solo_run(tmp_path, one_thread):
+    tiny = get_preset("tiny").replace(max_steps=20, forward="trimmed")
+    solo = [train(tiny.replace(seed=s), tmp_path / f"solo{s}", device="cpu", progress=False) for s in (0, 1)]
+    assert rd.read_json(tmp_path / "solo0" / rd.CONFIG_FILE)["run"]["train"]["forward"] == "trimmed"
+    train_ensemble([tiny.replace(seed=s) for s in (0, 1)], [tmp_path / f"member{s}" for s in (0, 1)],
+                   device="cpu", progress=False)
+    for s in (0, 1):
+        a = rd.load_checkpoint(tmp_path / f"solo{s}" / rd.CHECKPOINT_DIR / rd.checkpoint_name(20))[0]
+        b = rd.load_checkpoint(tmp_path / f"member{s}" / rd.CHECKPOINT_DIR / rd.checkpoint_name(20))[0]
+        assert all(torch.equal(a[k], b[k]) for k in a), f"seed {s}"
+    # The same model as the fused forward's to within float rounding (b_K aside: see above).
+    train(tiny.replace(forward="fused"), tmp_path / "fused", device="cpu", progress=False)
+    a = rd.load_checkpoint(tmp_path / "solo0" / rd.CHECKPOINT_DIR / rd.checkpoint_name(20))[0]
+    b = rd.load_checkpoint(tmp_path / "fused" / rd.CHECKPOINT_DIR / rd.checkpoint_name(20))[0]
+    for k in a:
+        if a[k].is_floating_point() and a[k].numel() and not k.endswith(("IGNORE", "b_K")):
+            torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=1e-4, msg=k)
+    assert solo[0]["final_step"] == 20
+
+
+def test_trimmed_refuses_a_task_with_its_own_loss_in_one_line(tmp_path):
+    cfg = get_preset("tiny").replace(forward="trimmed")
+    task = build_task(cfg.task_name, cfg.task)
+    check_forward(cfg, task)  # the built-in tasks keep Task.loss
+
+    class EveryPosition(type(task)):
+        def loss(self, logits, tokens):
+            return Task.loss(self, logits, tokens) + 0.0 * logits.sum()
+
+    task.__class__ = EveryPosition
+    with pytest.raises(ConfigError, match="--forward trimmed: task .* defines its own loss") as e:
+        check_forward(cfg, task)
+    assert len(str(e.value).splitlines()) == 1
+    check_forward(cfg.replace(forward="fused"), task)
+    with pytest.raises(ConfigError, match="--forward trimmed does not support positional_embedding_type=rotary"):
+        train(cfg.replace(positional_embedding_type="rotary"), tmp_path / "r", device="cpu", progress=False)
+    assert not (tmp_path / "r").exists()

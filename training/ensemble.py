@@ -4,8 +4,9 @@ Method. The members' parameters are stacked along a new leading dimension, one l
 per parameter (what ``torch.func.stack_module_state`` does, here from state dicts so that fresh
 and resumed members stack alike). The forward follows the run's ``train.forward``:
 
-* ``fused`` (the default): :func:`training.fused.fused_logits` member by member, on its slices of
-  the stacked tensors: the very kernels of a solo run, so a member is its solo run to the last bit.
+* ``fused`` (the default) or ``trimmed``: :func:`training.fused.fused_logits` member by member, on its
+  slices of the stacked tensors: the very kernels of a solo run, so a member is its solo run to the
+  last bit.
 * ``hooked``: one pass for all members, ``torch.vmap`` over ``torch.func.functional_call`` of one
   template HookedTransformer (the very module a solo run trains).
 
@@ -56,7 +57,6 @@ from tqdm.auto import tqdm
 
 from training import run as rd
 from training.config import ConfigError, RunConfig
-from training.fused import fused_logits
 from training.metrics import compute_tau
 from training.model import build_hooked_transformer
 from training.schedule import resume_steps, scheduled_steps
@@ -65,7 +65,7 @@ from training.tasks.loading import build_task, canonical_task_name
 from training.machine import machine_record
 from training.interventions import has_interventions
 from training.train import (adamw, check_forward, deterministic, evaluation_record, evaluation_set, evaluation_sets,
-                            finish, load_resume_point, machines_on_resume, prepare_run_dir, resolve_device,
+                            finish, fused_loss, load_resume_point, machines_on_resume, prepare_run_dir, resolve_device,
                             save_checkpoint_and_state, stop_due, train_step)
 
 log = logging.getLogger(__name__)
@@ -139,14 +139,13 @@ def stack_members(template: torch.nn.Module, weights: list[dict[str, Tensor]], o
 def ensemble_loss(template: torch.nn.Module, params: dict[str, Tensor], buffers: dict[str, Tensor],
                   batches: Int[Tensor, "S B seq"], task: Task, forward: str = "hooked") -> Float[Tensor, " S"]:
     """Each member's training loss (the task's) on its own minibatch. ``hooked``: one vectorised pass,
-    ``torch.vmap`` over the template's own forward. ``fused``: :func:`training.fused.fused_logits` member
-    by member on its slices of the stacked parameters, the very kernels of a solo run, so a member's
+    ``torch.vmap`` over the template's own forward. ``fused`` (or ``trimmed``): :func:`training.train.fused_loss`
+    member by member on its slices of the stacked parameters, the very kernels of a solo run, so a member's
     numbers are a solo run's to the last bit (one pass over the stack was slower on a CPU:
     ``scaled_dot_product_attention`` has no vmap rule there, and batched matmuls round differently)."""
-    if forward == "fused":
-        return torch.stack([task.loss(fused_logits(template.cfg, {n: p[j] for n, p in params.items()},
-                                                   batch[:, : task.input_len]), batch)
-                            for j, batch in enumerate(batches)])
+    if forward != "hooked":
+        return torch.stack([fused_loss(template.cfg, {n: p[j] for n, p in params.items()}, batch, task,
+                                       forward == "trimmed") for j, batch in enumerate(batches)])
 
     def member_loss(p: dict[str, Tensor], batch: Tensor) -> Tensor:
         logits = functional_call(template, (p, buffers), (batch[:, : task.input_len],))
@@ -201,7 +200,6 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
             return results
 
     cfg, tc = cfgs[0], cfgs[0].train
-    check_forward(cfg)
     dev = resolve_device(device)
     if tc.threads:
         torch.set_num_threads(tc.threads)
@@ -209,6 +207,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
 
     # --- The run directories, and each member's model, data order and evaluation set. -------
     task = build_task(cfg.task_name, cfg.task)  # the data set does not depend on the (model, train) seeds
+    check_forward(cfg, task)
     tokens = task.tokens.to(dev)
     n_examples, progress_measure = len(task.tokens), task.progress
     results = [{}] * len(cfgs)

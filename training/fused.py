@@ -68,22 +68,33 @@ def _norm(x: Float[Tensor, "n d_model"], params: Mapping[str, Tensor], name: str
     return F.layer_norm(x, x.shape[-1:], weight, bias, eps)
 
 
+def _in_projection(params: Mapping[str, Tensor], prefix: str, names: str, d_model: int
+                   ) -> tuple[Float[Tensor, "d_model out"], Float[Tensor, " out"]]:
+    """The weight and bias of the attention's input projections ``names`` (``"QKV"``, ``"Q"``, ``"KV"``)
+    of every head, as one matmul: ``[d_model, len(names) * heads * d_head]``."""
+    weight = torch.cat([params[f"{prefix}attn.W_{n}"] for n in names]).permute(1, 0, 2).reshape(d_model, -1)
+    return weight, torch.cat([params[f"{prefix}attn.b_{n}"] for n in names]).flatten()
+
+
 def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, "batch pos"],
-                 hidden_keys: Sequence[int] = (), zeroed_heads: Sequence[tuple[int, int]] = ()
-                 ) -> Float[Tensor, "batch pos d_vocab_out"]:
+                 hidden_keys: Sequence[int] = (), zeroed_heads: Sequence[tuple[int, int]] = (),
+                 positions: Sequence[int] | None = None) -> Float[Tensor, "batch out_pos d_vocab_out"]:
     """The logits of a HookedTransformer with config ``cfg`` (``model.cfg``) and parameters ``params``
     (``training.backend.hooked_parameters(model)``, or a seed ensemble member's slices), with fused kernels.
 
     The interventions of :mod:`training.interventions`: no head attends to the key positions
     ``hidden_keys``, and the heads ``zeroed_heads`` ((layer, head) pairs) write nothing.
+
+    ``positions``: the logits at these positions only (``out_pos`` = ``len(positions)``; None: at every
+    position). Nothing after the last block's keys and values reaches another position, so that block's
+    queries, attention output and MLP, and the unembedding, run only there: the same logits for less
+    work, the ``trimmed`` training forward's (its keys and values still cover every position).
     No hook runs: use the hooked forward for anything that reads or edits activations.
     """
     n_heads, d_head, d_model, kind, eps = cfg.n_heads, cfg.d_head, cfg.d_model, cfg.normalization_type, cfg.eps
     batch, n_pos = tokens.shape
-    attn_mask = None  # None: the causal kernel
-    if hidden_keys:
-        attn_mask = torch.ones(n_pos, n_pos, dtype=torch.bool, device=tokens.device).tril()
-        attn_mask[:, [k for k in hidden_keys if k < n_pos]] = False
+    allowed = torch.ones(n_pos, n_pos, dtype=torch.bool, device=tokens.device).tril()  # [query, key]
+    allowed[:, [k for k in hidden_keys if k < n_pos]] = False
     keep = {}
     for layer, head in zeroed_heads:
         keep.setdefault(layer, torch.ones(n_heads, 1, 1, dtype=params["embed.W_E"].dtype, device=tokens.device))
@@ -91,14 +102,24 @@ def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, 
     x = (params["embed.W_E"][tokens] + params["pos_embed.W_pos"][:n_pos]).view(-1, d_model)  # [batch * pos, d]
     for layer in range(cfg.n_layers):
         p = f"blocks.{layer}."
-        # Queries, keys and values of every head from one matmul: [d_model, 3 * heads * d_head].
-        w_qkv = torch.cat([params[p + "attn.W_Q"], params[p + "attn.W_K"], params[p + "attn.W_V"]])
-        w_qkv = w_qkv.permute(1, 0, 2).reshape(d_model, 3 * n_heads * d_head)
-        b_qkv = torch.cat([params[p + "attn.b_Q"], params[p + "attn.b_K"], params[p + "attn.b_V"]]).flatten()
-        qkv = torch.addmm(b_qkv, _norm(x, params, p + "ln1", kind, eps), w_qkv)
-        q, k, v = qkv.view(batch, n_pos, 3 * n_heads, d_head).transpose(1, 2).split(n_heads, dim=1)
+        h = _norm(x, params, p + "ln1", kind, eps)
+        mask = allowed if hidden_keys else None  # None: the causal kernel
+        if positions is None or layer < cfg.n_layers - 1:
+            # Queries, keys and values of every head from one matmul: [d_model, 3 * heads * d_head].
+            w_qkv, b_qkv = _in_projection(params, p, "QKV", d_model)
+            qkv = torch.addmm(b_qkv, h, w_qkv)
+            q, k, v = qkv.view(batch, n_pos, 3 * n_heads, d_head).transpose(1, 2).split(n_heads, dim=1)
+        else:
+            # The last block, trimmed: keys and values at every position, queries (and all after) at ``positions``.
+            at = lambda t: t.view(batch, n_pos, d_model)[:, positions].reshape(-1, d_model)
+            w_q, b_q = _in_projection(params, p, "Q", d_model)
+            w_kv, b_kv = _in_projection(params, p, "KV", d_model)
+            q = torch.addmm(b_q, at(h), w_q).view(batch, len(positions), n_heads, d_head).transpose(1, 2)
+            kv = torch.addmm(b_kv, h, w_kv)
+            k, v = kv.view(batch, n_pos, 2 * n_heads, d_head).transpose(1, 2).split(n_heads, dim=1)
+            mask, x = allowed[list(positions)], at(x)
         # scale 1 / sqrt(d_head), as attn_scale
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=attn_mask is None)
+        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         if layer in keep:
             z = z * keep[layer]  # [batch, heads, pos, d_head]
         z = z.transpose(1, 2).reshape(-1, n_heads * d_head)
@@ -107,4 +128,5 @@ def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, 
             hidden = torch.addmm(params[p + "mlp.b_in"], _norm(x, params, p + "ln2", kind, eps), params[p + "mlp.W_in"])
             x = x + torch.addmm(params[p + "mlp.b_out"], ACTIVATIONS[cfg.act_fn](hidden), params[p + "mlp.W_out"])
     x = _norm(x, params, "ln_final", kind, eps)
-    return torch.addmm(params["unembed.b_U"], x, params["unembed.W_U"]).view(batch, n_pos, -1)
+    logits = torch.addmm(params["unembed.b_U"], x, params["unembed.W_U"])
+    return logits.view(batch, -1, logits.shape[-1])

@@ -18,7 +18,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
 import torch
@@ -93,12 +93,12 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     out = Path(out_dir)
     dev = resolve_device(device)
     backend = resolve_backend(backend)
-    check_forward(cfg)
     if tc.threads:
         torch.set_num_threads(tc.threads)
 
     # --- The run directory: a fresh one, or the one we resume. -----------------------------
     task = build_task(cfg.task_name, cfg.task)
+    check_forward(cfg, task)
     evalsets = evaluation_sets(task, tc, tc.seed)
     # Interventions (training.interventions) and a transplant's donor are checked before anything is written.
     interventions = Interventions.build(tc, task, cfg.model.n_layers, cfg.model.n_heads)
@@ -121,10 +121,12 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     perm, cursor, step, wall_s = torch.randperm(n_examples, generator=data_gen), 0, 0, 0.0
     tokens = task.tokens.to(dev)
     measure = task.progress  # what defines tau
-    # The training step's forward: fused kernels over the model's own parameters, or its hooked forward.
-    # Interventions enter the fused kernels as masks, and the hooked forward (and evaluation) as hooks.
-    forward = (lambda t: fused_logits(model.cfg, hooked_parameters(model), t, **interventions.fused_options(step))
-               ) if tc.forward == "fused" else model
+    # The training step's loss: fused kernels over the model's own parameters (trimmed or not), or its
+    # hooked forward. Interventions enter the fused kernels as masks, the hooked forward (and evaluation)
+    # as hooks; ``step`` is read when the loss is computed.
+    loss_of = (lambda b: task.loss(model(b[:, : task.input_len]), b)) if tc.forward == "hooked" else (
+        lambda b: fused_loss(model.cfg, hooked_parameters(model), b, task, tc.forward == "trimmed",
+                             **interventions.fused_options(step)))
 
     # --- Resume: weights, optimiser, data order, RNGs, and metrics up to the saved step. ----
     records: list[dict] = []
@@ -186,8 +188,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
             # 4-5. The task's loss (on its loss positions: logits at p predict the token at p + 1),
             # then the update: warmup, backward, clipping, AdamW (the step the seed ensemble takes too).
             with interventions.applied(model, step):
-                train_step(lambda b: task.loss(forward(b[:, : task.input_len]), b),
-                           batch, optimizer, tc, step,
+                train_step(loss_of, batch, optimizer, tc, step,
                            clip=lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
             step += 1
             bar.update(1)
@@ -219,11 +220,27 @@ def evaluation_set(evalsets: tuple[Any, Any], step: int, tc: TrainConfig) -> Any
     return evalsets[0] if tc.tracked_every is None or step % tc.tracked_every == 0 else evalsets[1]
 
 
-def check_forward(cfg: RunConfig) -> None:
-    """A one-line ConfigError, before anything is written, when ``cfg.train.forward`` cannot train this model."""
-    why = unsupported_reason(cfg.model) if cfg.train.forward == "fused" else None
+def check_forward(cfg: RunConfig, task: Task) -> None:
+    """A one-line ConfigError, before anything is written, when ``cfg.train.forward`` cannot train this
+    model, or (``trimmed``) this task."""
+    forward = cfg.train.forward
+    why = unsupported_reason(cfg.model) if forward != "hooked" else None
     if why:
-        raise ConfigError(f"--forward fused does not support {why}: pass --forward hooked")
+        raise ConfigError(f"--forward {forward} does not support {why}: pass --forward hooked")
+    if forward == "trimmed" and type(task).loss is not Task.loss:
+        raise ConfigError(f"--forward trimmed: task {task.describe()} defines its own loss over every position; "
+                          "pass --forward fused")
+
+
+def fused_loss(model_cfg: object, params: Mapping[str, Tensor], batch: Int[Tensor, "batch seq"], task: Task,
+               trimmed: bool, **interventions: Any) -> Float[Tensor, ""]:
+    """The task's loss of ``batch`` through :func:`training.fused.fused_logits` (``trimmed``: its logits
+    at the task's loss positions alone, and :meth:`Task.loss_at_positions`)."""
+    inputs = batch[:, : task.input_len]
+    if trimmed:
+        logits = fused_logits(model_cfg, params, inputs, positions=task.loss_positions, **interventions)
+        return task.loss_at_positions(logits, batch)
+    return task.loss(fused_logits(model_cfg, params, inputs, **interventions), batch)
 
 
 def adamw(params: Iterable[Tensor], tc: TrainConfig) -> torch.optim.AdamW:
@@ -462,8 +479,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="torch intra-op threads")
     p.add_argument("--forward", choices=FORWARDS,
                    help="the training step's forward: fused (default; fused kernels over the model's own "
-                        "parameters, 1.5x faster) or hooked (HookedTransformer's own forward). Evaluation and "
-                        "checkpoints are the same in both")
+                        "parameters, 1.5x faster), trimmed (fused, the last block only at the loss positions: "
+                        "1.15-1.4x faster again) or hooked (HookedTransformer's own forward). Evaluation and "
+                        "checkpoints are the same in all three")
     p.add_argument("--hide-cue-until", type=int, metavar="S",
                    help="intervention: mask attention to the cue (z) in every head before step S, then release it")
     p.add_argument("--mask-heads", type=lambda text: tuple(h.strip() for h in text.split(",") if h.strip()),

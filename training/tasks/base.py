@@ -184,9 +184,15 @@ class Task(ABC):
         """Positions whose logits the loss counts (each predicts the next token)."""
 
     def loss(self, logits: Float[Tensor, "N in_len vocab"], tokens: Int[Tensor, "N seq"]) -> Float[Tensor, ""]:
-        """The training objective: mean cross-entropy of the tokens after ``loss_positions``."""
+        """The training objective: mean cross-entropy of the tokens after ``loss_positions``. A task that
+        overrides it cannot train with ``--forward trimmed``, which computes only :meth:`loss_at_positions`."""
+        return self.loss_at_positions(logits[:, self.loss_positions], tokens)
+
+    def loss_at_positions(self, logits: Float[Tensor, "N n_loss vocab"], tokens: Int[Tensor, "N seq"]
+                          ) -> Float[Tensor, ""]:
+        """:meth:`loss` from the logits at ``loss_positions`` alone (what the ``trimmed`` forward computes)."""
         pos = torch.tensor(self.loss_positions, device=logits.device)
-        return nn.functional.cross_entropy(logits[:, pos].flatten(0, 1).float(), tokens[:, pos + 1].flatten())
+        return nn.functional.cross_entropy(logits.flatten(0, 1).float(), tokens[:, pos + 1].flatten())
 
     @property
     @abstractmethod
