@@ -59,6 +59,16 @@ def _trained_a_little(model_cfg):
     return task, model, batch
 
 
+def _assert_same_to_rounding(run_a, run_b, step):
+    """The two runs' weights at ``step`` agree at 1e-4 (every float parameter but b_K, whose exact
+    gradient is zero: AdamW normalises rounding noise into steps of about lr, in any forward)."""
+    a = rd.load_checkpoint(run_a / rd.CHECKPOINT_DIR / rd.checkpoint_name(step))[0]
+    b = rd.load_checkpoint(run_b / rd.CHECKPOINT_DIR / rd.checkpoint_name(step))[0]
+    for k in a:
+        if a[k].is_floating_point() and a[k].numel() and not k.endswith(("IGNORE", "b_K")):
+            torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=1e-4, msg=k)
+
+
 @pytest.mark.parametrize("model_cfg", ARCHITECTURES, ids=ARCHITECTURE_IDS)
 def test_logits_and_gradients_equal_the_hooked_forward(model_cfg):
     task, model, batch = _trained_a_little(model_cfg)
@@ -92,14 +102,9 @@ def test_a_run_records_its_forward_and_resumes_only_in_it(tmp_path, one_thread):
     old = {k: v for k, v in stored["train"].items() if k != "forward"}
     assert TrainConfig.from_dict(old).forward == "hooked"
     # The two forwards train the same model to within float rounding: after 20 steps, close but
-    # (in general) not bit-identical weights. Not b_K: its exact gradient is zero (a key bias adds the
-    # same score to every key), so AdamW normalises rounding noise into steps of about lr, in either forward.
+    # (in general) not bit-identical weights (b_K aside: a key bias adds the same score to every key).
     train(tiny.replace(forward="hooked"), tmp_path / "hooked", device="cpu", progress=False)
-    a = rd.load_checkpoint(tmp_path / "fused" / rd.CHECKPOINT_DIR / rd.checkpoint_name(20))[0]
-    b = rd.load_checkpoint(tmp_path / "hooked" / rd.CHECKPOINT_DIR / rd.checkpoint_name(20))[0]
-    for k in a:
-        if a[k].is_floating_point() and a[k].numel() and not k.endswith(("IGNORE", "b_K")):
-            torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=1e-4, msg=k)
+    _assert_same_to_rounding(tmp_path / "fused", tmp_path / "hooked", 20)
 
 
 def test_kill_and_resume_is_bit_identical_in_the_hooked_forward(tmp_path):
@@ -185,13 +190,9 @@ def test_a_trimmed_run_trains_as_the_fused_one_and_its_ensemble_member_is_its_so
         a = rd.load_checkpoint(tmp_path / f"solo{s}" / rd.CHECKPOINT_DIR / rd.checkpoint_name(20))[0]
         b = rd.load_checkpoint(tmp_path / f"member{s}" / rd.CHECKPOINT_DIR / rd.checkpoint_name(20))[0]
         assert all(torch.equal(a[k], b[k]) for k in a), f"seed {s}"
-    # The same model as the fused forward's to within float rounding (b_K aside: see above).
+    # The same model as the fused forward's to within float rounding.
     train(tiny.replace(forward="fused"), tmp_path / "fused", device="cpu", progress=False)
-    a = rd.load_checkpoint(tmp_path / "solo0" / rd.CHECKPOINT_DIR / rd.checkpoint_name(20))[0]
-    b = rd.load_checkpoint(tmp_path / "fused" / rd.CHECKPOINT_DIR / rd.checkpoint_name(20))[0]
-    for k in a:
-        if a[k].is_floating_point() and a[k].numel() and not k.endswith(("IGNORE", "b_K")):
-            torch.testing.assert_close(a[k], b[k], atol=1e-4, rtol=1e-4, msg=k)
+    _assert_same_to_rounding(tmp_path / "solo0", tmp_path / "fused", 20)
     assert solo[0]["final_step"] == 20
 
 
