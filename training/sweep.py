@@ -683,7 +683,7 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         cost="60 runs (5 unmodified, 55 interventions; ~1-2.5 tau_0 each), 105,425 steps: 30.5 min on 2 cores, "
              "2 workers (measured, AMD EPYC with AVX-512; 44.6 min on a slower AMD EPYC host with the resume "
              "state every 100 steps; 96 min on an Intel Xeon without VNNI; with --set forward=trimmed 26.5 min on "
-             "a third AMD EPYC host, 30.8 on the slower one)"),
+             "a faster AMD EPYC host, 30.8 on the slower one)"),
     SweepSpec(
         name="plateau-interventions-demo", base="demo",
         grids=_intervention_grids(range(3), (0.5, 1.0), ()),
