@@ -676,21 +676,20 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         description="5 seeds of the demo preset (model and data seed varied): the lead and the circuit over seeds",
         cost="5 runs of ~2,100 steps (1.5 tau), ~3 min each on 2 cores (estimated)"),
     SweepSpec(
-        name="plateau-interventions", base="ci",
+        name="plateau-interventions", base="ci", fixed={"forward": "trimmed"},
         grids=_intervention_grids(range(5), _HIDE_AT, ("0.0", "0.1", "0.2", "0.3")),
         description="what the plateau waits for: the cue hidden until S = 0.25-1 tau_0, the routing or the "
                     "readout given (trained or frozen), one route in layer 0; ci, 5 seeds",
-        cost="60 runs (5 unmodified, 55 interventions; ~1-2.5 tau_0 each), 105,425 steps: 30.5 min on 2 cores, "
-             "2 workers (measured, AMD EPYC with AVX-512; 44.6 min on a slower AMD EPYC host with the resume "
-             "state every 100 steps; 96 min on an Intel Xeon without VNNI; with --set forward=trimmed 26.5 min on "
-             "a faster AMD EPYC host, 30.8 on the slower one)"),
+        cost="60 runs (5 unmodified, 55 interventions; ~1-2.5 tau_0 each), 105,425 steps: 28.1 min on 2 cores, "
+             "2 workers (measured, AMD EPYC with AVX-512; 96 min on an Intel Xeon without VNNI, fused)"),
     SweepSpec(
         name="plateau-interventions-demo", base="demo",
-        grids=_intervention_grids(range(3), (0.5, 1.0), ()),
+        fixed={"forward": "trimmed"},
+        grids=_intervention_grids(range(3), (0.5,), ()),
         description="the main contrasts of plateau-interventions on the demo model: the cue hidden until "
-                    "0.5 and 1 tau_0, the routing or the readout given; 3 seeds",
-        cost="18 runs of the paper model, 48,500 steps: 66 min on 2 cores, 2 workers (measured, AMD EPYC with "
-             "AVX-512; the 6 hidden-cue runs 75 of its 123 run-minutes); about 3 h on an Intel Xeon without VNNI"),
+                    "0.5 tau_0, the routing or the readout given; 3 seeds",
+        cost="15 runs of the paper model, 33,200 steps: 38.7 min on 2 cores, 2 workers (measured, AMD EPYC "
+             "with AVX-512)"),
     SweepSpec(
         name="plateau-interventions-tiny", base="tiny",
         fixed={"lr": 3e-3, "stop_after_tau": 1.5, "max_steps": 600, "eval_every": 10, "ckpt_every": 10, "D": 80},
