@@ -1,5 +1,5 @@
 """Benchmark (not a test): this project's exact and attribution patching against
-``transformer_lens.patching``, and the full ``interp.analyze`` of a series split into its parts.
+``transformer_lens.patching``, and the full ``plateauscope.analysis.analyze`` of a series split into its parts.
 
     .venv/bin/python bench/analysis.py                  # the demo run (trained first if missing)
     .venv/bin/python bench/analysis.py --preset ci      # a quick check on the ci run
@@ -7,17 +7,17 @@
 In one process, on a checkpoint on the plateau (the last step of the plateau span) and one after
 the drop (the first checkpoint at or after tau), with 256 prompt pairs:
 
-* exact patching (``interp.patch``) against ``get_act_patch_attn_head_out_all_pos``,
+* exact patching (``plateauscope.analysis.patch``) against ``get_act_patch_attn_head_out_all_pos``,
   ``get_act_patch_attn_head_out_by_pos`` and ``get_act_patch_resid_pre``; the TransformerLens
   side includes the clean run that fills its ``clean_cache`` (ours computes it inside);
-* attribution patching of head outputs by position (``interp.attribution``) against
+* attribution patching of head outputs by position (``plateauscope.analysis.attribution``) against
   ``get_act_patch_attn_head_out_by_pos``;
 
 each timed best of ``--rounds``, printed as a ratio next to its target with the largest absolute
 difference of the patched metric (exact: must be <= 1e-5; attribution: first-order error).
-Then ``interp.analyze.analyze_run`` over every ``--every``-th checkpoint of the run, with a fresh
+Then ``plateauscope.analysis.analyze.analyze_run`` over every ``--every``-th checkpoint of the run, with a fresh
 cache in a temporary directory, and the time of each of its parts. The edge analyses
-(``interp.edges``) are printed against issue 18's target: attribution of every edge at every
+(``plateauscope.analysis.edges``) are printed against issue 18's target: attribution of every edge at every
 analysed demo checkpoint in 60 s or less on 2 cores; the faithful-circuit search and the exact
 patching of the top edges next to it, and the share of the whole analysis that edges take.
 
@@ -43,17 +43,19 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # transformer_lens.patching's progre
 import torch  # noqa: E402
 import transformer_lens.patching as tl_patching  # noqa: E402
 
-from interp import analyze  # noqa: E402
-from interp import attribution as attr  # noqa: E402
-from interp import edges  # noqa: E402
-from interp import patch as P  # noqa: E402
-from interp.results import ANALYSIS_DIR, pick_steps  # noqa: E402
-from interp.inputs import logit_diff, prompt_pairs  # noqa: E402
-from training.config import ConfigError  # noqa: E402
-from training.machine import describe, machine_record  # noqa: E402
-from training.presets import PRESETS, get_preset  # noqa: E402
-from training.run import Run  # noqa: E402
-from training.train import train  # noqa: E402
+from plateauscope.analysis import (
+    analyze,  # noqa: E402
+    edges,  # noqa: E402
+)
+from plateauscope.analysis import attribution as attr  # noqa: E402
+from plateauscope.analysis import patch as P  # noqa: E402
+from plateauscope.analysis.inputs import logit_diff, prompt_pairs  # noqa: E402
+from plateauscope.analysis.results import ANALYSIS_DIR, pick_steps  # noqa: E402
+from plateauscope.training.config import ConfigError  # noqa: E402
+from plateauscope.training.machine import describe, machine_record  # noqa: E402
+from plateauscope.training.presets import PRESETS, get_preset  # noqa: E402
+from plateauscope.training.run import Run  # noqa: E402
+from plateauscope.training.train import train  # noqa: E402
 
 TARGETS = {"heads all pos": 3.0, "heads by pos": 5.0, "resid_pre": 5.0, "attribution, heads by pos": 50.0}
 EDGE_TARGET_S = 60.0
@@ -220,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nedges, {n} checkpoints: attribution of every edge {attribution:.1f} s (target <= {EDGE_TARGET_S:.0f} s: "
               f"{'met' if attribution <= EDGE_TARGET_S else 'NOT met'}); with the circuit search and exact patching "
               f"{all_edges:.1f} s ({'met' if all_edges <= EDGE_TARGET_S else 'NOT met'}), "
-              f"{all_edges / total:.0%} of interp.analyze")
+              f"{all_edges / total:.0%} of plateauscope.analysis.analyze")
     return 0
 
 

@@ -24,12 +24,12 @@ from pathlib import Path
 import torch
 from torch.func import grad
 
-from interp.hessian import DEFAULT_BATCH, default_escape, hessian_batch
-from interp.hessian_engine import HessianOperator, lanczos, model_loss
-from training.model import build_hooked_transformer, hooked_config_dict
-from training.presets import get_preset
-from training.run import Run
-from training.tasks.selector import SelectorTask
+from plateauscope.analysis.hessian import DEFAULT_BATCH, default_escape, hessian_batch
+from plateauscope.analysis.hessian_engine import HessianOperator, lanczos, model_loss
+from plateauscope.tasks.selector import SelectorTask
+from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.training.presets import get_preset
+from plateauscope.training.run import Run
 
 DEMO_RUN = Path("checkpoints/demo")
 

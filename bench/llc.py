@@ -6,7 +6,7 @@ Measures in one process, with the default ``LLCSettings`` (or the flags):
   and the time to load one checkpoint;
 * one LLC estimate of a freshly initialised ``paper``-preset model (0.8M parameters, D = 10,000:
   the demo's model and data set; random weights cost the same as trained ones);
-* the ratio paper / ci per checkpoint, and the projected time of ``python -m interp.llc --run
+* the ratio paper / ci per checkpoint, and the projected time of ``plateauscope llc --run
   checkpoints/demo --every 4``: (checkpoints / every + 1) x (estimate + load), plus the
   doubled-draws calibration at one checkpoint. Target: at most 10 minutes on 2 cores.
 
@@ -27,11 +27,11 @@ from pathlib import Path
 
 import torch
 
-from interp.llc import LLCSettings, estimate_llc
-from training.model import build_hooked_transformer, hooked_config_dict
-from training.presets import get_preset
-from training.run import Run
-from training.tasks.selector import SelectorTask
+from plateauscope.analysis.llc import LLCSettings, estimate_llc
+from plateauscope.tasks.selector import SelectorTask
+from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.training.presets import get_preset
+from plateauscope.training.run import Run
 
 TARGET_S = 600.0
 
@@ -46,7 +46,7 @@ def timed_estimate(model: torch.nn.Module, tokens: torch.Tensor, task, settings:
 def main() -> None:
     d = LLCSettings()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--ci-run", type=Path, default=Path("/tmp/llc_ci"), help="a trained ci run (python -m training.train --preset ci)")
+    p.add_argument("--ci-run", type=Path, default=Path("/tmp/llc_ci"), help="a trained ci run (plateauscope train --preset ci)")
     p.add_argument("--n-checkpoints", type=int, default=240, help="checkpoints in the demo series")
     p.add_argument("--every", type=int, default=4)
     p.add_argument("--threads", type=int, default=2)

@@ -6,8 +6,8 @@ trained one after the other, in one process, printed as ratios.
 
 Both sides run the preset's configuration for ``--steps`` steps with an evaluation every
 ``--steps / 4`` steps, a checkpoint at the end and no early stop, so they do the same work
-(the solo runs with ``training.train.train``, the ensemble with
-``training.ensemble.train_ensemble``). The target (issue 10) is 8 ``ci`` seeds at least 2x
+(the solo runs with ``plateauscope.training.train.train``, the ensemble with
+``plateauscope.training.ensemble.train_ensemble``). The target (issue 10) is 8 ``ci`` seeds at least 2x
 faster than 8 sequential solo runs; the largest difference between the members' final metrics
 and the solo runs' is printed as a check. A profile of one training step follows: forward,
 backward and AdamW of the vectorised S-member step against S solo steps, then the roofline: the step's
@@ -28,12 +28,12 @@ from pathlib import Path
 
 import torch
 
-from training.ensemble import ensemble_loss, stack_members, train_ensemble
-from training.model import build_hooked_transformer, hooked_config_dict
-from training.tasks.selector import SelectorTask
-from training.presets import PRESETS, get_preset
-from training.run import Run
-from training.train import train
+from plateauscope.tasks.selector import SelectorTask
+from plateauscope.training.ensemble import ensemble_loss, stack_members, train_ensemble
+from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.training.presets import PRESETS, get_preset
+from plateauscope.training.run import Run
+from plateauscope.training.train import train
 
 
 def max_metric_diff(a: Path, b: Path) -> float:

@@ -3,7 +3,7 @@
     .venv/bin/python bench/sweep_budget.py --preset plateau-interventions [--sweep DIR] [--demo-sweep DIR]
     .venv/bin/python bench/sweep_budget.py --preset paper-noise-grid [--sweep DIR] [--workers 2]
 
-Reads each sweep directory that ``python -m training.sweep --preset NAME`` trained (default
+Reads each sweep directory that ``plateauscope sweep --preset NAME`` trained (default
 ``sweeps/NAME``): each run's training wall time (the ``wall_s`` of its last evaluation) and steps,
 per kind of point (an intervention's condition; else the point's options without its seed). A
 sweep's wall time is its run time divided by the workers that trained side by side (the local
@@ -21,11 +21,12 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from interp.dynamics.interventions import condition_label
-from training import run as rd
-from training.interventions import INTERVENTION_OPTIONS
-from training.machine import describe, machine_record
-from training.sweep import expand, get_sweep, is_complete, run_name
+from plateauscope.dynamics.interventions import condition_label
+from plateauscope.sweeps.catalogue import get_sweep
+from plateauscope.sweeps.spec import expand, is_complete, run_name
+from plateauscope.training import run as rd
+from plateauscope.training.interventions import INTERVENTION_OPTIONS
+from plateauscope.training.machine import describe, machine_record
 
 TARGETS_MIN = {"plateau-interventions": 90.0, "paper-noise-grid": 150.0}
 """Each experiment's budget in minutes on 2 cores, by its first sweep."""

@@ -3,7 +3,7 @@ against the code from before it, on this machine.
 
     .venv/bin/python bench/task_seam.py [--baseline d25527e] [--rounds 3] [--steps 300]
 
-The baseline is the project at a git commit (default: the last one before ``training.tasks``),
+The baseline is the project at a git commit (default: the last one before ``plateauscope.tasks``),
 exported with ``git archive`` into a temporary folder. Two workloads run in fresh subprocesses of
 this interpreter, each code tree on its own ``PYTHONPATH``, alternating baseline / current
 ``--rounds`` times (A/B/A/B...), so drift of the machine hits both alike:
@@ -11,7 +11,7 @@ this interpreter, each code tree on its own ``PYTHONPATH``, alternating baseline
 * training: ``train()`` of the ``ci`` preset for ``--steps`` steps (evaluations and checkpoints
   included), as milliseconds per step; TransformerLens is imported before the clock starts, since
   the baseline's modules import it at import time and the current ones when a model is built;
-* analysis: ``interp.analyze.analyze_run`` of one ``ci`` run (trained by the baseline, so both
+* analysis: ``plateauscope.analysis.analyze.analyze_run`` of one ``ci`` run (trained by the baseline, so both
   trees read it), every 10th checkpoint, 4 exact steps, into a fresh cache each time.
 
 Each prints the median of both, their ratio (current / baseline) and the issue's target: within
@@ -42,8 +42,8 @@ TARGET = 1.05
 TRAIN = """
 import json, sys, time, torch
 import transformer_lens  # imported before the clock starts in both trees (the baseline's modules import it eagerly)
-from training.presets import get_preset
-from training.train import train
+from plateauscope.training.presets import get_preset
+from plateauscope.training.train import train
 torch.set_num_threads(2)
 cfg = get_preset("ci").replace(max_steps={steps}, stop_after_tau=None)
 t0 = time.perf_counter()
@@ -54,8 +54,8 @@ print(json.dumps({{"ms_per_step": 1000 * (time.perf_counter() - t0) / {steps}}})
 INDUCTION = """
 import json, sys, time, torch
 import transformer_lens
-from training.presets import get_preset
-from training.train import train
+from plateauscope.training.presets import get_preset
+from plateauscope.training.train import train
 torch.set_num_threads(2)
 t0 = time.perf_counter()
 summary = train(get_preset("induction"), sys.argv[1], device="cpu", progress=False)
@@ -67,7 +67,7 @@ TASK_FILE_LINES = 100
 ANALYZE = """
 import json, sys, time, torch
 import transformer_lens
-from interp.analyze import analyze_run
+from plateauscope.analysis.analyze import analyze_run
 torch.set_num_threads(2)
 t0 = time.perf_counter()
 import inspect  # like for like: the edge analyses came after the seam, so neither side runs them

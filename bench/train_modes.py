@@ -3,17 +3,17 @@
 Trains a preset (default ``ci``) for each seed (model and data seed varied together, as the
 ``seeds-ci`` sweep does) in each mode, into ``OUT/<mode>/seed<s>``:
 
-* ``fused``: the default training forward (``training.fused``), float32;
+* ``fused``: the default training forward (``plateauscope.training.fused``), float32;
 * ``trimmed``: ``--forward trimmed``, the fused forward with the last block only at the loss
   positions, float32;
 * ``hooked``: ``--forward hooked``, HookedTransformer's own forward, float32 (every run before
   the fused forward existed);
-* ``bf16``: the fused forward under CPU bf16 autocast. Not an option of ``training.train``: it is
+* ``bf16``: the fused forward under CPU bf16 autocast. Not an option of ``plateauscope.training.train``: it is
   measured here to decide whether it should become one.
 
-Each run is analysed (``interp.analyze``, every 10th checkpoint; cached), and the bench prints
+Each run is analysed (``plateauscope.analysis.analyze``, every 10th checkpoint; cached), and the bench prints
 per mode the median over seeds, with a bootstrap 95% interval of the median, of tau, the plateau's
-length, the lead fraction (by ``interp.selector``'s chosen t_form rule), the plateau verdicts,
+length, the lead fraction (by ``plateauscope.analysis.selector``'s chosen t_form rule), the plateau verdicts,
 and the training time per step; then whether each mode's median lies inside the reference mode's
 interval. Runs already trained are reused, so a second call only prints.
 
@@ -32,14 +32,14 @@ from pathlib import Path
 
 import torch
 
-import training.train as train_module
-from interp.analyze import analyze_run
-from interp.dynamics import bootstrap_median, run_row
-from interp.results import median
-from training.fused import fused_logits
-from training.presets import get_preset
-from training.run import Run
-from training.train import train
+import plateauscope.training.train as train_module
+from plateauscope.analysis.analyze import analyze_run
+from plateauscope.analysis.results import median
+from plateauscope.dynamics import bootstrap_median, run_row
+from plateauscope.training.fused import fused_logits
+from plateauscope.training.presets import get_preset
+from plateauscope.training.run import Run
+from plateauscope.training.train import train
 
 MODES = ("fused", "trimmed", "hooked", "bf16")
 

@@ -3,19 +3,19 @@ baseline run in the same process or, for the authors' code, interleaved with it.
 
 Printed next to their targets (issue 22):
 
-* per step: ``training.train`` with its default (fused) forward against a plain eager
+* per step: ``plateauscope.training.train`` with its default (fused) forward against a plain eager
   HookedTransformer loop on the same model (random minibatches, the task's loss, AdamW):
   at least 1.4x. Our loop with ``--forward trimmed`` and ``--forward hooked`` is printed too (the
   hooked one about 1.0x: the hooked forward is the limit of eager TransformerLens);
 * evaluation: its share of the wall time of the first 400 steps of the ``paper`` preset trained
   for real, every evaluation timed: under 5%;
-* end to end: ``python -m training.train --preset paper --max-steps 400`` against the authors'
+* end to end: ``plateauscope train --preset paper --max-steps 400`` against the authors'
   ``scripts/train.py`` (``mihirs-0/synass-lens``) on the paper configuration for 400 steps, each a
   fresh process, A/B/A/B/A/B: at least 1.3x on the median. Needs ``--authors-repo`` (a checkout)
   and ``--authors-python`` (a venv with its ``requirements.txt``, ``transformer-lens>=3.5,<4`` in
   place of its pin, and torch 2.13.0 CPU first); otherwise the row says it was not measured.
 
-Also measured: the AdamW step of ``training.train.adamw`` (``foreach=True``) against torch's default
+Also measured: the AdamW step of ``plateauscope.training.train.adamw`` (``foreach=True``) against torch's default
 on a CPU (the single-tensor loop), and whether their weights agree bit for bit; the resume state
 written at every checkpoint (``resume_every=1``) against the default ``resume_every``, runs of the
 ``ci`` and the ``paper`` preset trained for real, and whether their last checkpoints agree bit for
@@ -40,15 +40,15 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-import training.train as train_module
-from training import run as rd
-from training.config import RunConfig
-from training.fused import fused_logits
-from training.model import build_hooked_transformer, hooked_config_dict
-from training.presets import get_preset
-from training.schedule import resume_steps, scheduled_steps
-from training.tasks.loading import build_task
-from training.train import adamw, train
+import plateauscope.training.train as train_module
+from plateauscope.tasks.loading import build_task
+from plateauscope.training import run as rd
+from plateauscope.training.config import RunConfig
+from plateauscope.training.fused import fused_logits
+from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.training.presets import get_preset
+from plateauscope.training.schedule import resume_steps, scheduled_steps
+from plateauscope.training.train import adamw, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -99,7 +99,7 @@ def plain_loop(cfg: RunConfig, steps: int, fused: bool = False, bf16: bool = Fal
 
 
 def optimizer_steps(cfg: RunConfig, steps: int, ours: bool, warmup: int = 5) -> tuple[float, dict]:
-    """Seconds per AdamW step (only ``optimizer.step()`` timed) of a fused loop with ``training.train.adamw``
+    """Seconds per AdamW step (only ``optimizer.step()`` timed) of a fused loop with ``plateauscope.training.train.adamw``
     (``ours``) or torch's default AdamW, and the weights after ``steps + warmup`` steps."""
     task, batches = minibatches(cfg, steps + warmup)
     model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)
@@ -117,7 +117,7 @@ def optimizer_steps(cfg: RunConfig, steps: int, ours: bool, warmup: int = 5) -> 
 
 
 def print_optimizer_step(cfg: RunConfig, steps: int, rounds: int) -> None:
-    """One line: the AdamW step of ``training.train.adamw`` against torch's default, interleaved."""
+    """One line: the AdamW step of ``plateauscope.training.train.adamw`` against torch's default, interleaved."""
     ours = default = float("inf")
     for _ in range(rounds):
         t_ours, w_ours = optimizer_steps(cfg, steps, ours=True)
@@ -147,7 +147,7 @@ def compiled_loop(cfg: RunConfig, steps: int) -> tuple[float, float]:
 
 
 def our_loop(cfg: RunConfig, steps: int) -> float:
-    """Seconds per step of ``training.train`` with evaluation and checkpoints off: the time of a
+    """Seconds per step of ``plateauscope.training.train`` with evaluation and checkpoints off: the time of a
     2N-step run minus that of an N-step run, over N, so set-up and the end-point evaluation cancel."""
     cfg = cfg.replace(eval_every=10**9, ckpt_every=10**9, early_log_points=0)
 
@@ -219,7 +219,7 @@ def print_resume_cost(name: str, steps: int, rounds: int) -> None:
 
 
 def print_trimmed(name: str, steps: int, rounds: int) -> None:
-    """One line: seconds per step of ``training.train`` with ``--forward trimmed`` against ``--forward
+    """One line: seconds per step of ``plateauscope.training.train`` with ``--forward trimmed`` against ``--forward
     fused`` on preset ``name`` (:func:`our_loop`), interleaved, the fastest of ``rounds`` each."""
     cfg = get_preset(name)
     best = {f: float("inf") for f in ("fused", "trimmed")}
@@ -236,7 +236,7 @@ def end_to_end(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory() as d:
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "training.train", "--preset", "paper", "--max-steps",
+            subprocess.run([sys.executable, "-m", "plateauscope", "train", "--preset", "paper", "--max-steps",
                             str(args.paper_steps), "--out", f"{d}/run", "--no-progress"],
                            cwd=ROOT, check=True, capture_output=True)
             ours.append(time.perf_counter() - t0)
@@ -312,11 +312,11 @@ def main() -> None:
     tokens = cfg.train.batch_size * task.input_len
     print(f"plain eager HookedTransformer loop : {base * 1e3:6.1f} ms/step ({6 * n_params * tokens / base / 1e9:.0f} "
           "GFLOP/s, 6*N*tokens)")
-    print(f"training.train, --forward fused    : {fused * 1e3:6.1f} ms/step  {base / fused:.2f}x "
+    print(f"plateauscope.training.train, --forward fused    : {fused * 1e3:6.1f} ms/step  {base / fused:.2f}x "
           f"(target >= 1.4x: {met(base / fused >= 1.4)})")
-    print(f"training.train, --forward trimmed  : {trimmed * 1e3:6.1f} ms/step  {base / trimmed:.2f}x "
+    print(f"plateauscope.training.train, --forward trimmed  : {trimmed * 1e3:6.1f} ms/step  {base / trimmed:.2f}x "
           f"({fused / trimmed:.2f}x the fused forward)")
-    print(f"training.train, --forward hooked   : {hooked * 1e3:6.1f} ms/step  {base / hooked:.2f}x")
+    print(f"plateauscope.training.train, --forward hooked   : {hooked * 1e3:6.1f} ms/step  {base / hooked:.2f}x")
     print_optimizer_step(cfg, args.steps, args.rounds)
     bf16_plain = min(plain_loop(cfg, args.steps, bf16=True) for _ in range(args.rounds))
     bf16_fused = min(plain_loop(cfg, args.steps, fused=True, bf16=True) for _ in range(args.rounds))

@@ -9,8 +9,8 @@ from math import log
 import torch
 from torch import Tensor
 
-from training.config import JsonConfig, ModelConfig, TrainConfig
-from training.tasks.base import AttentionRule, ProgressMeasure, PromptPairs, Task
+from plateauscope.training.config import JsonConfig, ModelConfig, TrainConfig
+from plateauscope.tasks.base import AttentionRule, ProgressMeasure, PromptPairs, Task
 
 
 @dataclass(frozen=True)

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from interp.results import ANALYSIS_DIR
-from training import run as rd
-from training.presets import get_preset
-from training.train import train
+from plateauscope.analysis.results import ANALYSIS_DIR
+from plateauscope.training import run as rd
+from plateauscope.training.presets import get_preset
+from plateauscope.training.train import train
 
 
 def pytest_collection_modifyitems(config, items):
@@ -102,7 +102,7 @@ def tiny_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def ci_analysed(ci_run, tmp_path_factory):
     """A copy of the session's `ci` run with its analysis cache (every 10th checkpoint, 6 exact steps)."""
-    from interp.analyze import analyze_run
+    from plateauscope.analysis.analyze import analyze_run
 
     out = copy_run(ci_run, tmp_path_factory.mktemp("runs") / "ci_analysed")
     analyze_run(out, every=10, n_exact=6, progress=False)
@@ -113,7 +113,8 @@ def ci_analysed(ci_run, tmp_path_factory):
 def interventions_sweep(tmp_path_factory):
     """The `plateau-interventions-tiny` sweep (2 seeds, 14 runs) trained once per session in this
     process with one torch thread, and its outcomes (about 20 s)."""
-    from training.sweep import get_sweep, run_sweep
+    from plateauscope.sweeps.catalogue import get_sweep
+    from plateauscope.sweeps.executors import run_sweep
 
     out = tmp_path_factory.mktemp("sweeps") / "plateau-interventions-tiny"
     outcomes = run_sweep(get_sweep("plateau-interventions-tiny"), out, executor="serial", threads=1, progress=False)
@@ -124,7 +125,8 @@ def interventions_sweep(tmp_path_factory):
 def tiny_sweep(tmp_path_factory):
     """The `tiny` sweep (D = 80, 160, 320 x seeds 0, 1; every run past its tau), trained once per
     session in this process with one torch thread (about 5 s)."""
-    from training.sweep import get_sweep, run_sweep
+    from plateauscope.sweeps.catalogue import get_sweep
+    from plateauscope.sweeps.executors import run_sweep
 
     out = tmp_path_factory.mktemp("sweeps") / "tiny"
     outcomes = run_sweep(get_sweep("tiny"), out, executor="serial", threads=1, progress=False)

@@ -50,10 +50,10 @@ from __future__ import annotations
 import torch
 from transformer_lens import HookedTransformer
 
-from training.config import ModelConfig, TaskConfig
-from training.tasks.selector_layout import BOS, SPECIAL_TOKENS
-from training.model import build_hooked_transformer, hooked_config_dict
-from training.tasks.selector import SelectorTask
+from plateauscope.tasks.selector import SelectorTask
+from plateauscope.tasks.selector_layout import BOS, SPECIAL_TOKENS
+from plateauscope.training.config import ModelConfig, TaskConfig
+from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
 
 SELECTOR_HEAD: tuple[int, int] = (0, 1)
 """(layer, head) of the one head that routes the selector."""

@@ -21,9 +21,9 @@ from __future__ import annotations
 import torch
 from transformer_lens import HookedTransformer
 
-from training.config import ModelConfig
-from training.model import build_hooked_transformer, hooked_config_dict
-from training.tasks.induction import InductionConfig, InductionTask
+from plateauscope.tasks.induction import InductionConfig, InductionTask
+from plateauscope.training.config import ModelConfig
+from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
 
 PREVIOUS_TOKEN_HEAD = (0, 0)
 INDUCTION_HEAD = (1, 1)

@@ -5,13 +5,26 @@ import json
 import numpy as np
 import pytest
 
-from interp import selector as sel
-from interp.analyze import AnalysisSettings, analyze_run, exact_steps, load_analysis, main
-from interp.circuit import VERDICTS
-from interp.results import pick_steps
-from interp.results import ABLATION_FILE, ATTENTION_FILE, CIRCUIT_FILE, PATCH_FILE, SELECTOR_FILE, analysis_dir
+from plateauscope.analysis import selector as sel
+from plateauscope.analysis.analyze import (
+    AnalysisSettings,
+    analyze_run,
+    exact_steps,
+    load_analysis,
+)
+from plateauscope.analysis.circuit import VERDICTS
+from plateauscope.analysis.results import (
+    ABLATION_FILE,
+    ATTENTION_FILE,
+    CIRCUIT_FILE,
+    PATCH_FILE,
+    SELECTOR_FILE,
+    analysis_dir,
+    pick_steps,
+)
+from plateauscope.cli.analyze import main
+from plateauscope.training.run import Run, RunError
 from tests.conftest import copy_run
-from training.run import Run, RunError
 
 
 def test_pick_selector_head_rule():
@@ -157,7 +170,7 @@ def test_analyze_cli_errors(tmp_path, capsys, ci_run):
 
 
 def test_view_cli_errors(tmp_path, capsys, tiny_run):
-    from interp.view import main as view_main
+    from plateauscope.cli.view import main as view_main
 
     assert view_main(["--run", str(tmp_path / "nope")]) == 2
     assert "no such run directory" in capsys.readouterr().err
@@ -165,7 +178,7 @@ def test_view_cli_errors(tmp_path, capsys, tiny_run):
     analyze_run(path, settings=AnalysisSettings(n_examples=16, ablation_groups=2), progress=False, edges=False)
     assert view_main(["--run", str(path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert "no edge analysis; run python -m interp.analyze" in err and len(err.splitlines()) == 1
+    assert "no edge analysis; run plateauscope analyze" in err and len(err.splitlines()) == 1
     assert view_main(["--run", str(path), "--out", str(tmp_path)]) == 2
     assert "is a directory" in capsys.readouterr().err
     assert view_main(["--run", str(path), "--every", "0"]) == 2
@@ -178,8 +191,8 @@ def test_edge_cache_follows_its_settings(tiny_run, tmp_path):
     keeps both."""
     import dataclasses
 
-    from interp.results import EDGE_EXACT_FILE, EDGES_FILE, PATTERNS_FILE
-    from training.run import read_jsonl
+    from plateauscope.analysis.results import EDGE_EXACT_FILE, EDGES_FILE, PATTERNS_FILE
+    from plateauscope.training.run import read_jsonl
 
     run = Run(tiny_run)
     steps = [run.steps()[0], run.steps()[len(run.steps()) // 2], run.steps()[-1]]

@@ -7,14 +7,22 @@ import pytest
 import torch
 from transformer_lens.utilities import get_act_name
 
-from interp import ablate, attention
-from interp.ablate import KINDS, ablate_each_head, ablate_heads, build_evalset, falls_back_to_marginal
-from interp.attention import attention_stats, attention_to_z
+from plateauscope.analysis import ablate, attention
+from plateauscope.analysis.ablate import (
+    KINDS,
+    ablate_each_head,
+    ablate_heads,
+    build_evalset,
+    falls_back_to_marginal,
+)
+from plateauscope.analysis.attention import attention_stats, attention_to_z
+from plateauscope.cli import ablate as ablate_cli
+from plateauscope.cli import attention as attention_cli
+from plateauscope.tasks.selector import SelectorTask
+from plateauscope.tasks.selector_metrics import evaluate
+from plateauscope.training.config import TaskConfig
+from plateauscope.training.run import Run
 from tests.handbuilt import ALPHA, SELECTOR_HEAD, handbuilt_task, selector_copy_model
-from training.config import TaskConfig
-from training.tasks.selector_metrics import evaluate
-from training.run import Run
-from training.tasks.selector import SelectorTask
 
 
 @pytest.fixture(scope="module")
@@ -138,7 +146,7 @@ def test_cli_prints_table_and_writes_json(tiny, tmp_path, capsys, module):
     run, model, _ = tiny
     out = tmp_path / "res.json"
     extra = ["--n-examples", "16"] if module is attention else ["--kind", "mean", "--groups", "2"]
-    assert module.main(["--ckpt", str(run.path), "--json", str(out), *extra]) == 0
+    assert {attention: attention_cli, ablate: ablate_cli}[module].main(["--ckpt", str(run.path), "--json", str(out), *extra]) == 0
     text = capsys.readouterr().out
     assert "layer" in text and "L0" in text and f"H{model.cfg.n_heads - 1}" in text
     d = json.loads(out.read_text())
@@ -154,7 +162,7 @@ def test_cli_errors_are_one_line(tiny, tmp_path, capsys, module):
     fake.write_text("not a checkpoint\n")
     for argv in (["--ckpt", str(tmp_path / "missing")], ["--ckpt", str(fake)],
                  ["--ckpt", str(run.path), "--step", "999999"]):
-        assert module.main(argv) == 2
+        assert {attention: attention_cli, ablate: ablate_cli}[module].main(argv) == 2
         captured = capsys.readouterr()
         assert captured.out == ""
         assert captured.err.startswith("error: ") and captured.err.count("\n") == 1
@@ -164,7 +172,7 @@ def test_cli_errors_are_one_line(tiny, tmp_path, capsys, module):
 def test_ablation_scores_equal_full_forwards(tiny, kind):
     """Ablation scores each shared prefix once; they must equal scoring every candidate sequence
     in full with the head's output replaced at every position (brute force, here)."""
-    from training.model import build_hooked_transformer
+    from plateauscope.training.model import build_hooked_transformer
 
     run, _, task = tiny
     model = build_hooked_transformer({**run.hooked_config, "n_layers": 2}, seed=4).eval()
@@ -192,9 +200,9 @@ def test_ablation_scores_equal_full_forwards(tiny, kind):
 
 
 def test_each_head_ablation_read_from_the_set_ablations(tiny):
-    """interp.analyze takes the mean head ablation from the circuit's set ablations: the same numbers."""
-    from interp.circuit import ablate_sets, each_head_ablation
-    from training.model import build_hooked_transformer
+    """plateauscope.analysis.analyze takes the mean head ablation from the circuit's set ablations: the same numbers."""
+    from plateauscope.analysis.circuit import ablate_sets, each_head_ablation
+    from plateauscope.training.model import build_hooked_transformer
 
     run, _, task = tiny
     model = build_hooked_transformer({**run.hooked_config, "n_layers": 2}, seed=4).eval()

@@ -1,4 +1,4 @@
-"""The TransformerLens backend seam (``training.backend``): HookedTransformer (3.x) and TransformerBridge (4.x).
+"""The TransformerLens backend seam (``plateauscope.backend``): HookedTransformer (3.x) and TransformerBridge (4.x).
 
 Only one TransformerLens can be installed in an environment (both are the distribution
 ``transformer-lens``), so the two backends are never compared in one process. What the tests do
@@ -30,18 +30,24 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from interp.ablate import ablate_each_head
-from interp.attention import attention_to_z
-from interp.attribution import attribute_all
-from interp.inputs import prompt_pairs
-from interp.patch import patch
+from plateauscope.analysis.ablate import ablate_each_head
+from plateauscope.analysis.attention import attention_to_z
+from plateauscope.analysis.attribution import attribute_all
+from plateauscope.analysis.inputs import prompt_pairs
+from plateauscope.analysis.patch import patch
+from plateauscope.backend import (
+    BACKENDS,
+    available_backends,
+    default_backend,
+    hooked_parameters,
+    hooked_state_dict,
+    shares_prefixes,
+)
+from plateauscope.training.fused import fused_logits
+from plateauscope.training.presets import get_preset
+from plateauscope.training.run import Run, load_checkpoint
+from plateauscope.training.train import train
 from tests.reference_model import ReferenceModel
-from training.backend import (BACKENDS, available_backends, default_backend, hooked_parameters, hooked_state_dict,
-                              shares_prefixes)
-from training.fused import fused_logits
-from training.presets import get_preset
-from training.run import Run, load_checkpoint
-from training.train import train
 
 TOL = 1e-5
 INSTALLED = default_backend()
@@ -97,7 +103,7 @@ def test_only_hookedtransformer_shares_prefixes(tiny_run):
 
 
 def test_fused_training_forward_equals_the_installed_backend(ci):
-    """The training step's fused forward (``training.fused``) reads the installed backend's own
+    """The training step's fused forward (``plateauscope.training.fused``) reads the installed backend's own
     parameters (the bridge's through views in HookedTransformer's layout). Against the backend's
     own forward, after the drop: logits in float32 to 1e-5 of their scale (as the reference forward
     below), and logits and every parameter's gradient in float64 to 1e-5."""
@@ -198,7 +204,7 @@ def test_checkpoints_have_hookedtransformer_layout(tiny_run):
 _OPEN_IN_OTHER = """
 import sys, torch
 from safetensors.torch import save_file
-from training.run import Run
+from plateauscope.training.run import Run
 run = Run(sys.argv[1])
 tokens = run.task().tokens[:, : run.task().input_len]
 with torch.no_grad():
@@ -228,14 +234,14 @@ def test_series_opens_on_the_other_backend(tiny_run, tmp_path):
 
 
 @pytest.mark.skipif(not MISSING, reason="both backends are installed")
-@pytest.mark.parametrize("module", ["interp.patch", "interp.attention", "interp.ablate", "interp.analyze",
-                                    "training.train"])
+@pytest.mark.parametrize("module", ["plateauscope.cli.patch", "plateauscope.cli.attention", "plateauscope.cli.ablate", "plateauscope.cli.analyze",
+                                    "plateauscope.cli.train"])
 def test_missing_backend_is_one_line_and_exit_2(tiny_run, tmp_path, module, capsys):
     """Asking for the backend whose TransformerLens is not installed: one line naming it, exit 2."""
     missing = MISSING[0]
-    if module == "training.train":
+    if module == "plateauscope.cli.train":
         args = ["--preset", "tiny", "--out", str(tmp_path / "run"), "--backend", missing, "--no-progress"]
-    elif module == "interp.analyze":
+    elif module == "plateauscope.cli.analyze":
         copy = shutil.copytree(tiny_run, tmp_path / "copy")  # the analysis may create its cache folder
         args = ["--run", str(copy), "--backend", missing, "--no-progress"]
     else:
@@ -260,14 +266,16 @@ def test_kill_and_resume_is_bit_identical_on_the_installed_backend(tmp_path, tin
 
 
 def test_only_the_seam_imports_a_backend_class():
-    """No module of ``training`` or ``interp`` but ``training/backend.py`` imports HookedTransformer,
+    """No module of the package but ``plateauscope/backend.py`` imports HookedTransformer,
     TransformerBridge or their configs (scanned in the source: imports inside functions count too)."""
     import ast
 
     classes = {"HookedTransformer", "HookedTransformerConfig", "TransformerBridge", "TransformerBridgeConfig"}
     offenders = []
-    for path in sorted((REPO / "training").glob("*.py")) + sorted((REPO / "interp").glob("*.py")):
-        if path == REPO / "training" / "backend.py":
+    sources = sorted((REPO / "src").rglob("*.py"))
+    assert len(sources) > 50 and REPO / "src" / "plateauscope" / "backend.py" in sources
+    for path in sources:
+        if path == REPO / "src" / "plateauscope" / "backend.py":
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("transformer_lens"):

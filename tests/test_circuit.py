@@ -5,10 +5,28 @@ import math
 import numpy as np
 import pytest
 
-from interp.circuit import (SUFFICIENT_TOL, circuit_record, circuit_summary, format_circuit, head_set_mask, head_shares,
-                            reaches_log_k, reads_z_text, set_masks, verdict)
-from interp.inputs import prompt_pairs
-from tests.handbuilt import ALPHA, COUNTER_HEAD, K, SELECTOR_HEAD, SPLIT_HEADS, handbuilt_task, selector_copy_model
+from plateauscope.analysis.circuit import (
+    SUFFICIENT_TOL,
+    circuit_record,
+    circuit_summary,
+    format_circuit,
+    head_set_mask,
+    head_shares,
+    reaches_log_k,
+    reads_z_text,
+    set_masks,
+    verdict,
+)
+from plateauscope.analysis.inputs import prompt_pairs
+from tests.handbuilt import (
+    ALPHA,
+    COUNTER_HEAD,
+    SELECTOR_HEAD,
+    SPLIT_HEADS,
+    K,
+    handbuilt_task,
+    selector_copy_model,
+)
 
 LOG_K = math.log(K)
 

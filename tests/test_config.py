@@ -2,8 +2,14 @@ import json
 
 import pytest
 
-from training.config import ConfigError, ModelConfig, RunConfig, TaskConfig, TrainConfig
-from training.presets import PRESETS, get_preset
+from plateauscope.training.config import (
+    ConfigError,
+    ModelConfig,
+    RunConfig,
+    TaskConfig,
+    TrainConfig,
+)
+from plateauscope.training.presets import PRESETS, get_preset
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))
@@ -39,8 +45,8 @@ def test_unknown_preset():
 
 def test_paper_preset_size():
     """The paper's code: 4 layers, d_model 128, 4 heads of 32, d_mlp 512 -> about 0.8M parameters."""
-    from training.model import build_hooked_transformer, hooked_config_dict
-    from training.tasks.selector import SelectorTask
+    from plateauscope.tasks.selector import SelectorTask
+    from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
 
     cfg = PRESETS["paper"]
     task = SelectorTask.generate(cfg.task)

@@ -21,9 +21,12 @@ def _cli_reference():
     return module
 
 
+SRC = ROOT / "src"
+
+
 def _modules(package: str) -> set[str]:
     """Every module of a package, by file (package __init__ and __main__ files excluded)."""
-    return {".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / package).rglob("*.py")
+    return {".".join(p.relative_to(SRC).with_suffix("").parts) for p in (SRC / package.replace(".", "/")).rglob("*.py")
             if p.name not in ("__init__.py", "__main__.py")}
 
 
@@ -39,21 +42,22 @@ def test_relative_links_resolve(page):
 def test_cli_reference_covers_every_command_and_renders_its_parser():
     ref = _cli_reference()
     page = (PAGES / "reference" / "cli.md").read_text()
-    assert set(ref.MARKER.findall(page)) == set(ref.COMMANDS), "cli.md must have one marker per command"
-    # every module that builds a parser is a command of the reference
-    builders = {m for m in _modules("training") | _modules("interp")
-                if "def build_parser" in (ROOT / (m.replace(".", "/") + ".py")).read_text()}
-    assert builders == set(ref.COMMANDS.values())
+    # every module that builds a parser is a verb of the command, and every verb is on the page
+    builders = {m for m in _modules("plateauscope") if "def build_parser" in (SRC / (m.replace(".", "/") + ".py")).read_text()}
+    assert builders == {f"plateauscope.cli.{verb}" for verb in ref.VERBS}
+    assert set(ref.MARKER.findall(page)) == {"plateauscope", *ref.VERBS}, "cli.md must have one marker per verb"
     rendered = ref.render(page)
     assert "<!-- cli:" not in rendered
-    for command in ref.COMMANDS:
-        assert f"usage: python -m {command} " in rendered, command
-    with pytest.raises(KeyError, match="no command"):
-        ref.command_help("interp.nothing")
+    for verb in ref.VERBS:
+        assert f"usage: plateauscope {verb} " in rendered, verb
+        assert f"  {verb} " in ref.command_help("plateauscope"), verb
+    with pytest.raises(KeyError, match="no verb"):
+        ref.command_help("nothing")
 
 
 def test_api_reference_lists_every_module():
     page = (PAGES / "reference" / "api.md").read_text()
     documented = set(re.findall(r"^::: ([\w.]+)$", page, re.MULTILINE))
-    thin_wrappers = {"interp.report"}  # `python -m interp.report` runs interp.views.report
-    assert documented == (_modules("training") | _modules("interp")) - thin_wrappers | {"interp.dynamics"}
+    verbs = {m for m in _modules("plateauscope.cli") if m != "plateauscope.cli.common"}  # on the CLI page
+    packages_with_api = {"plateauscope", "plateauscope.dynamics", "plateauscope.cli"}
+    assert documented == (_modules("plateauscope") - verbs) | packages_with_api

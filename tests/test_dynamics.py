@@ -9,15 +9,27 @@ import shutil
 import numpy as np
 import pytest
 
-from interp import dynamics
-from interp.circuit import VERDICTS
-from interp.views import sweep_report
-from interp.results import SWEEP_REPORT_FILE, VARIANTS_CSV_FILE
-from interp.views.sweep_figures import sweep_figures
-from interp.dynamics import (analyze_sweep, batch_effect, bootstrap_median, direction_ratios, k_dependence, load_sweep,
-                             lr_effect, power_law, scaling_law, seed_lines, seed_summary, tau_key)
-from interp.selector import RULES
-from training.run import Run
+from plateauscope import dynamics
+from plateauscope.analysis.circuit import VERDICTS
+from plateauscope.analysis.results import SWEEP_REPORT_FILE, VARIANTS_CSV_FILE
+from plateauscope.analysis.selector import RULES
+from plateauscope.cli import dynamics as dynamics_cli
+from plateauscope.dynamics import (
+    analyze_sweep,
+    batch_effect,
+    bootstrap_median,
+    direction_ratios,
+    k_dependence,
+    load_sweep,
+    lr_effect,
+    power_law,
+    scaling_law,
+    seed_lines,
+    seed_summary,
+    tau_key,
+)
+from plateauscope.training.run import Run
+from plateauscope.views.sweep_figures import sweep_figures
 
 
 def _row(D=5000, K=10, lr=1e-3, batch_size=128, direction="backward", seed=0, tau=1000, **extra):
@@ -99,7 +111,7 @@ def test_seed_summary_medians_intervals_heads_and_verdicts():
 
 def test_analyze_every_run_then_the_seed_summary(tiny_sweep, tmp_path, capsys):
     sweep_dir = shutil.copytree(tiny_sweep, tmp_path / "sweep")
-    assert sweep_report.main(["--sweep", str(sweep_dir), "--analyze", "--every", "10", "--n-exact", "3",
+    assert dynamics_cli.main(["--sweep", str(sweep_dir), "--analyze", "--every", "10", "--n-exact", "3",
                               "--n-boot", "50"]) == 0
     out = capsys.readouterr().out
     assert "over 6 analysed runs" in out and "selector head in layer 0: 6 of 6" in out  # a 1-layer model
@@ -118,7 +130,7 @@ def test_table_fits_and_report_on_a_tiny_sweep(tiny_sweep, tmp_path, capsys):
     fit = analyze_sweep(sweep.rows, n_boot=200)["main"]["scaling"]
     assert fit["values"] == [80, 160, 320] and fit["slope"] > 0.5 and fit["ci"] is not None
     csv_path = tmp_path / "t.csv"
-    assert sweep_report.main(["--sweep", str(tiny_sweep), "--csv", str(csv_path), "--report", "--n-boot", "100"]) == 0
+    assert dynamics_cli.main(["--sweep", str(tiny_sweep), "--csv", str(csv_path), "--report", "--n-boot", "100"]) == 0
     printed = capsys.readouterr().out
     assert "scaling law alpha" in printed and "D160_seed1" in printed
     with open(csv_path) as f:
@@ -135,7 +147,7 @@ def test_cli_errors_are_one_line(tmp_path, capsys):
     for argv, message in [(["--sweep", str(tmp_path / "missing")], "no such sweep directory"),
                           (["--sweep", str(tmp_path / "empty")], "no runs with metrics"),
                           (["--sweep", str(tmp_path / "empty"), "--n-boot", "0"], "--n-boot must be")]:
-        assert sweep_report.main(argv) == 2
+        assert dynamics_cli.main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err
 
@@ -169,7 +181,8 @@ def test_marginal_stage_and_variant_table_known_answers():
 
 
 def test_variant_table_on_a_tiny_variant_sweep(tmp_path, capsys):
-    from training.sweep import SweepSpec, run_sweep
+    from plateauscope.sweeps.executors import run_sweep
+    from plateauscope.sweeps.spec import SweepSpec
 
     spec = SweepSpec("tiny-variants", "tiny", ({"a_len": (4,), "seed": (0, 1)},
                                                {"a_len": (1,), "target_uniqueness": ("group",), "order": ("zb",),
@@ -185,6 +198,6 @@ def test_variant_table_on_a_tiny_variant_sweep(tmp_path, capsys):
         runs = [Run(tmp_path / "s" / r["name"]) for r in sweep.rows if r["variant"] == name]
         verdicts = sorted((run.summary()["plateau"]["verdict"] or "none") for run in runs)
         assert row["verdict"] == "/".join(sorted(set(verdicts))) + f" ({len(runs)})"
-    assert sweep_report.main(["--sweep", str(tmp_path / "s")]) == 0
+    assert dynamics_cli.main(["--sweep", str(tmp_path / "s")]) == 0
     out = capsys.readouterr().out
     assert "plateau kind per task variant" in out and (tmp_path / "s" / VARIANTS_CSV_FILE).exists()

@@ -1,4 +1,4 @@
-"""Edges of the residual-stream graph (``interp.edges``), against independent computations.
+"""Edges of the residual-stream graph (``plateauscope.analysis.edges``), against independent computations.
 
 * The graph: edge counts of the demo and induction shapes counted by hand, no edge upstream.
 * Exact edge patching against a brute force written with TransformerLens hooks alone: the receiver's
@@ -20,12 +20,21 @@ import torch
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 from transformer_lens.utilities import get_act_name
 
-from interp.edges import (EdgeGraph, EdgeRuns, edge_attribution, faithful_circuit, faithfulness, patch_each_edge,
-                          jaccard_to_last, patch_edges, stable_from)
-from interp.inputs import prompt_pairs
+from plateauscope.analysis.edges import (
+    EdgeGraph,
+    EdgeRuns,
+    edge_attribution,
+    faithful_circuit,
+    faithfulness,
+    jaccard_to_last,
+    patch_each_edge,
+    patch_edges,
+    stable_from,
+)
+from plateauscope.analysis.inputs import prompt_pairs
+from plateauscope.tasks.base import PromptPairs
 from tests.handbuilt import handbuilt_task, selector_copy_model
 from tests.handbuilt_induction import handbuilt_induction_task, induction_model
-from training.tasks.base import PromptPairs
 
 
 def random_model(dtype: torch.dtype = torch.float32, attn_only: bool = False) -> HookedTransformer:
@@ -205,8 +214,8 @@ def test_stable_from():
 
 
 def test_edges_need_a_hooked_transformer():
-    from training.backend import backend_of
-    from interp.edges import split_inputs
+    from plateauscope.analysis.edges import split_inputs
+    from plateauscope.backend import backend_of
 
     class NotHooked(torch.nn.Module):
         original_model = None

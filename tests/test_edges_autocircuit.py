@@ -1,4 +1,4 @@
-"""Edge attribution (``interp.edges.edge_attribution(runs, on="clean")``) against auto-circuit's
+"""Edge attribution (``plateauscope.analysis.edges.edge_attribution(runs, on="clean")``) against auto-circuit's
 mask-gradient edge scores, an independent implementation of edge attribution patching.
 
 OPTIONAL: skipped unless ``auto_circuit`` is importable (``pip install -e '.[autocircuit]'``; CI
@@ -43,13 +43,13 @@ import types
 import pytest
 import torch
 
-from interp.edges import EdgeGraph, EdgeRuns, edge_attribution
-from interp.inputs import prompt_pairs
-from training.model import build_hooked_transformer, hooked_config_dict
-from training.presets import get_preset
-from training.run import Run
-from training.tasks.base import PromptPairs
-from training.tasks.induction import InductionTask
+from plateauscope.analysis.edges import EdgeGraph, EdgeRuns, edge_attribution
+from plateauscope.analysis.inputs import prompt_pairs
+from plateauscope.tasks.base import PromptPairs
+from plateauscope.tasks.induction import InductionTask
+from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.training.presets import get_preset
+from plateauscope.training.run import Run
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("auto_circuit") is None,
@@ -77,7 +77,9 @@ def _shim_transformer_lens() -> None:
         try:
             import transformer_lens.past_key_value_caching  # noqa: F401  (TransformerLens < 3)
         except ImportError:
-            from transformer_lens.cache.key_value_cache import TransformerLensKeyValueCache
+            from transformer_lens.cache.key_value_cache import (
+                TransformerLensKeyValueCache,
+            )
 
             shim = types.ModuleType("transformer_lens.past_key_value_caching")
             shim.HookedTransformerKeyValueCache = TransformerLensKeyValueCache

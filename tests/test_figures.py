@@ -7,10 +7,10 @@ import numpy as np
 import plotly.graph_objects as go
 import pytest
 
-from interp.views import figures as F
-from interp.snap import snap_statistics
-from interp.analyze import load_analysis
-from training.run import Run
+from plateauscope.analysis.analyze import load_analysis
+from plateauscope.analysis.snap import snap_statistics
+from plateauscope.training.run import Run
+from plateauscope.views import figures as F
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +153,7 @@ def test_all_figures(data):
 
 
 def test_head_share_lines_on_hand_made_records():
-    from interp.circuit import head_shares
+    from plateauscope.analysis.circuit import head_shares
 
     effects = [[[0.0, 0.0], [0.0, 0.0]], [[1.0, 3.0], [0.0, -2.0]], [[2.0, 6.0], [2.0, 0.0]]]
     recs = [{"step": s, "shares": head_shares(e)} for s, e in zip([0, 50, 100], effects)]

@@ -1,4 +1,4 @@
-"""The fused training forward (training.fused) against HookedTransformer's own forward: logits and
+"""The fused training forward (plateauscope.training.fused) against HookedTransformer's own forward: logits and
 every parameter's gradient at 1e-5, on the ci and paper models and on the other architectures a
 ModelConfig can build, in full and trimmed to the loss positions; a run records its forward, resumes
 only in it, and refuses what it cannot run."""
@@ -10,15 +10,21 @@ import json
 import pytest
 import torch
 
-from training import run as rd
-from training.config import ConfigError, ModelConfig, RunConfig, TrainConfig
-from training.ensemble import train_ensemble
-from training.fused import fused_logits, unsupported_reason
-from training.model import build_hooked_transformer, hooked_config_dict
-from training.presets import get_preset
-from training.tasks.loading import build_task
-from training.tasks.base import Task
-from training.train import check_forward, main, train
+from plateauscope.cli.train import main
+from plateauscope.tasks.base import Task
+from plateauscope.tasks.loading import build_task
+from plateauscope.training import run as rd
+from plateauscope.training.config import (
+    ConfigError,
+    ModelConfig,
+    RunConfig,
+    TrainConfig,
+)
+from plateauscope.training.ensemble import train_ensemble
+from plateauscope.training.fused import fused_logits, unsupported_reason
+from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.training.presets import get_preset
+from plateauscope.training.train import check_forward, train
 
 TOL = 1e-5
 

@@ -7,16 +7,16 @@ import pytest
 import torch
 from torch.func import grad, hessian
 
-from interp.views import figures as F
-from interp import hessian as H
-from interp import hessian_engine as E
-from interp.results import strict_json
+from plateauscope.analysis import hessian as H
+from plateauscope.analysis import hessian_engine as E
+from plateauscope.analysis.results import strict_json
+from plateauscope.cli import hessian as hessian_cli
+from plateauscope.tasks.selector import SelectorTask
+from plateauscope.training.config import ModelConfig, TaskConfig
+from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.training.run import Run
+from plateauscope.views import figures as F
 from tests.conftest import copy_run
-from training.config import ModelConfig, TaskConfig
-from training.model import build_hooked_transformer, hooked_config_dict
-from training.run import Run
-from training.tasks.selector import SelectorTask
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tiny models: one thread is fastest
 
@@ -217,16 +217,16 @@ def test_cli_series_cache_and_figures(tiny_run, tmp_path, capsys):
     s0, s1 = steps[1], steps[-1]
     argv = ["--run", str(tiny_run), "--steps", str(s0), str(s1), "--escape-from", str(s0), "--escape-to", str(s1),
             "--json", str(tmp_path / "h.json"), *FAST]
-    assert H.main(argv) == 0
+    assert hessian_cli.main(argv) == 0
     out = capsys.readouterr().out
     assert f"step {s0}:" in out and "lambda_max" in out and "escape displacement" in out
     recs = H.load_hessian(tiny_run)
     assert [r["step"] for r in recs] == [s0, s1]
     assert json.loads((tmp_path / "h.json").read_text())[0]["step"] == s0
     n_lines = len(H.hessian_path(tiny_run).read_text().splitlines())
-    assert H.main(argv) == 0  # cached: nothing appended
+    assert hessian_cli.main(argv) == 0  # cached: nothing appended
     assert len(H.hessian_path(tiny_run).read_text().splitlines()) == n_lines
-    assert H.main([*argv[:2], *argv[5:], "--steps", str(steps[2])]) == 0  # appends one step
+    assert hessian_cli.main([*argv[:2], *argv[5:], "--steps", str(steps[2])]) == 0  # appends one step
     assert len(H.hessian_path(tiny_run).read_text().splitlines()) == n_lines + 1
     recs = H.load_hessian(tiny_run)
     fig, caption = F.hessian_spectrum(recs, tau=s1)
@@ -244,7 +244,7 @@ def test_cli_series_cache_and_figures(tiny_run, tmp_path, capsys):
 def test_cli_single_checkpoint(tiny_run, tmp_path, capsys):
     run = Run(tiny_run)
     ckpt = run.checkpoint_path(run.steps()[-1])
-    assert H.main(["--ckpt", str(ckpt), "--escape-from", str(run.steps()[0]), "--json", str(tmp_path / "o.json"),
+    assert hessian_cli.main(["--ckpt", str(ckpt), "--escape-from", str(run.steps()[0]), "--json", str(tmp_path / "o.json"),
                    *FAST]) == 0
     rec = json.loads((tmp_path / "o.json").read_text())
     assert rec["step"] == run.steps()[-1] and rec["settings"]["escape_from"] == run.steps()[0]
@@ -265,14 +265,14 @@ def test_cli_single_checkpoint(tiny_run, tmp_path, capsys):
 ])
 def test_cli_errors(tiny_run, capsys, extra, message):
     argv = [a.replace("{run}", str(tiny_run)) for a in extra]
-    assert H.main([*argv, "--no-progress"]) == 2
+    assert hessian_cli.main([*argv, "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert message in err and len(err.strip().splitlines()) == 1
 
 
 def test_cli_requires_a_target(capsys):
     with pytest.raises(SystemExit) as e:
-        H.main(["--k", "3"])
+        hessian_cli.main(["--k", "3"])
     assert e.value.code == 2
 
 

@@ -10,18 +10,22 @@ import pytest
 import torch
 from transformer_lens.head_detector import detect_head
 
-from interp.ablate import ablate_each_head
-from interp.analyze import analyze_run
-from interp.attention import attention_stats, attention_to_z
-from interp.inputs import logit_diff, prompt_pairs
-from interp.patch import patch
-from tests.handbuilt_induction import INDUCTION_HEAD, PREVIOUS_TOKEN_HEAD, handbuilt_induction_task, induction_model
-from training.config import ConfigError
-from training.presets import get_preset
-from training.run import Run
-from training.tasks.induction import InductionConfig, InductionTask
-from training.train import train
-
+from plateauscope.analysis.ablate import ablate_each_head
+from plateauscope.analysis.analyze import analyze_run
+from plateauscope.analysis.attention import attention_stats, attention_to_z
+from plateauscope.analysis.inputs import logit_diff, prompt_pairs
+from plateauscope.analysis.patch import patch
+from plateauscope.tasks.induction import InductionConfig, InductionTask
+from plateauscope.training.config import ConfigError
+from plateauscope.training.presets import get_preset
+from plateauscope.training.run import Run
+from plateauscope.training.train import train
+from tests.handbuilt_induction import (
+    INDUCTION_HEAD,
+    PREVIOUS_TOKEN_HEAD,
+    handbuilt_induction_task,
+    induction_model,
+)
 
 # ---- the data -------------------------------------------------------------------------------
 

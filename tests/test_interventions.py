@@ -1,4 +1,4 @@
-"""Interventions during training (training.interventions): the hidden cue and the zeroed heads are
+"""Interventions during training (plateauscope.training.interventions): the hidden cue and the zeroed heads are
 checked by invariance (the outputs do not move when the hidden tokens or the zeroed heads' weights
 do), in both forwards and in evaluation; a transplant is the donor's part and the run's own init
 elsewhere, with both halves restored it is the donor at its logged loss; frozen weights stay put;
@@ -15,19 +15,26 @@ import statistics
 import pytest
 import torch
 
-from training import run as rd
-from interp.analyze import analyze_run
-from interp.dynamics.interventions import intervention_rows, intervention_table, lead_table_text, reading
-from interp.selector import RULES
-from training.config import ConfigError
-from training.ensemble import train_ensemble
-from training.fused import fused_logits
-from training.interventions import Interventions, in_part, transplanted
-from training.model import build_hooked_transformer, hooked_config_dict
-from training.presets import get_preset
-from training.sweep import SweepSpec, expand, run_sweep
-from training.tasks.loading import build_task
-from training.train import evaluation_record, main, train
+from plateauscope.analysis.analyze import analyze_run
+from plateauscope.analysis.selector import RULES
+from plateauscope.cli.train import main
+from plateauscope.dynamics.interventions import (
+    intervention_rows,
+    intervention_table,
+    lead_table_text,
+    reading,
+)
+from plateauscope.sweeps.executors import run_sweep
+from plateauscope.sweeps.spec import SweepSpec, expand
+from plateauscope.tasks.loading import build_task
+from plateauscope.training import run as rd
+from plateauscope.training.config import ConfigError
+from plateauscope.training.ensemble import train_ensemble
+from plateauscope.training.fused import fused_logits
+from plateauscope.training.interventions import Interventions, in_part, transplanted
+from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.training.presets import get_preset
+from plateauscope.training.train import evaluation_record, train
 
 TOL = 1e-5
 

@@ -1,101 +1,172 @@
-"""The seams of the house: analyses compute and draw nothing; training never imports interp; interp
-never imports a task-specific module (it asks the task protocol, ``training.tasks.base``).
+"""The seams of the house, read from the source of every module of the package (every ``import``
+statement at any depth, including those inside functions, except under ``if __name__ ==
+"__main__":`` and ``if TYPE_CHECKING:``):
 
-Read from the source (every ``import`` statement, at any depth, except under
-``if __name__ == "__main__":``), followed transitively through this project's own modules.
+* no import cycle anywhere;
+* the training side (``training``, ``tasks``, ``backend``, ``sweeps``) never imports the analyses,
+  the fits, the views or the command line;
+* analyses compute and draw nothing: no figure or page module, no plotting library;
+* only the task registry (by name, at run time) reaches a built-in task's module.
 """
 
 from __future__ import annotations
 
 import ast
+from functools import cache
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-ANALYSES = ("interp.inputs", "interp.results", "interp.attention", "interp.patch", "interp.attribution",
-            "interp.ablate", "interp.circuit", "interp.selector", "interp.snap", "interp.analyze", "interp.hessian",
-            "interp.dynamics", "interp.components", "interp.prefix", "interp.llc", "interp.summary", "interp.hessian_engine",
-            "interp.edges")
-"""Modules that compute: records in, data out."""
-VIEWS = ("plotly", "circuitsvis", "interp.views.figures", "interp.views.sweep_figures", "interp.views.pages", "interp.views.report",
-         "interp.views.sweep_report", "interp.views.time_view")
-"""Figure and page modules, and the drawing libraries."""
-TASK_SPECIFIC = ("training.tasks.selector", "training.tasks.selector_layout", "training.tasks.selector_metrics",
-                 "training.tasks.induction")
-"""The modules of the built-in tasks: only the task registry (by name, at run time) reaches them."""
+SRC = Path(__file__).resolve().parent.parent / "src"
+PACKAGES = ("plateauscope", "interp")
+
+
+def _name(path: Path) -> str:
+    parts = path.relative_to(SRC).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = sorted(_name(p) for package in PACKAGES for p in (SRC / package).rglob("*.py"))
+"""Every module of the package, ``__init__`` and ``__main__`` modules included."""
 
 
 def module_file(name: str) -> Path | None:
     """The source file of one of this project's modules (a package's ``__init__.py``), or None."""
-    path = ROOT / name.replace(".", "/")
+    path = SRC / name.replace(".", "/")
     for candidate in (path.with_suffix(".py"), path / "__init__.py"):
         if candidate.is_file():
             return candidate
     return None
 
 
-def direct_imports(module: str) -> set[str]:
-    """Modules named by the import statements of ``module`` (outside its ``__main__`` block)."""
+@cache
+def direct_imports(module: str) -> frozenset[str]:
+    """This project's modules named by ``module``'s import statements (``from a import b`` names ``a``,
+    and ``a.b`` when that is a module)."""
     tree = ast.parse(module_file(module).read_text())
-    main_blocks = [n for n in ast.walk(tree) if isinstance(n, ast.If) and "__main__" in ast.unparse(n.test)]
-    skip = {id(n) for block in main_blocks for n in ast.walk(block)}
+    skipped = [n for n in ast.walk(tree) if isinstance(n, ast.If)
+               and ("__main__" in ast.unparse(n.test) or "TYPE_CHECKING" in ast.unparse(n.test))]
+    skip = {id(n) for block in skipped for n in ast.walk(block)}
+    package = module if module_file(module).name == "__init__.py" else module.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):
         if id(node) in skip:
             continue
         if isinstance(node, ast.Import):
             found |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
-            found |= {f"{node.module}.{a.name}" for a in node.names}  # `from interp.views import figures`
-    return found
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative import
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found.add(base)
+            found |= {f"{base}.{a.name}" for a in node.names}
+    return frozenset(m for m in found if m.split(".")[0] in PACKAGES and module_file(m) is not None
+                     or m.split(".")[0] not in PACKAGES)
 
 
 def closure(module: str) -> set[str]:
-    """Everything ``module`` imports, following this project's modules (training.*, interp.*)."""
+    """Everything ``module`` imports, following this project's modules."""
     seen, todo = set(), [module]
     while todo:
         for name in direct_imports(todo.pop()):
-            if name in seen:
-                continue
-            seen.add(name)
-            if name.split(".")[0] in ("training", "interp") and module_file(name) is not None:
-                todo.append(name)
+            if name not in seen:
+                seen.add(name)
+                if name.split(".")[0] in PACKAGES:
+                    todo.append(name)
     return seen
 
 
-def test_the_checker_sees_imports():
-    assert "interp.views.figures" in closure("interp.views.report") and "plotly.graph_objects" in closure("interp.views.report")
-    assert "training.run" in closure("interp.analyze")
+def import_graph() -> dict[str, list[str]]:
+    """Module -> the project's modules it imports."""
+    return {m: sorted(d for d in direct_imports(m) if d in MODULES) for m in MODULES}
 
 
-@pytest.mark.parametrize("module", ANALYSES)
-def test_analyses_import_no_figure_or_page_module(module):
-    views = {m for m in closure(module) if m in VIEWS or m.split(".")[0] in VIEWS}
-    assert not views, f"{module} imports {sorted(views)}"
+def cycles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """The import cycles of a graph: strongly connected components (Tarjan) of more than one module, or
+    a module that imports itself."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1 or v in graph[v]:
+                found.append(sorted(component))
+
+    for m in graph:
+        if m not in index:
+            visit(m)
+    return found
 
 
-TRAINING = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "training").rglob("*.py"))
-INTERP = sorted(".".join(p.relative_to(ROOT).with_suffix("").parts) for p in (ROOT / "interp").rglob("*.py")
-                if p.name != "__init__.py")
+def test_the_checker_sees_every_module_and_its_imports():
+    assert "plateauscope.__main__" in MODULES and "plateauscope.cli.train" in MODULES and "interp.patch" in MODULES
+    assert "plateauscope.views.figures" in closure("plateauscope.views.report")
+    assert "plotly.graph_objects" in closure("plateauscope.views.report")
+    assert "plateauscope.training.run" in closure("plateauscope.analysis.analyze")
+    assert "plateauscope.cli.patch" in closure("interp.patch")
 
 
-@pytest.mark.parametrize("module", TRAINING)
-def test_training_never_imports_interp(module):
-    assert not {m for m in closure(module) if m.split(".")[0] == "interp"}
+def test_the_cycle_finder_finds_cycles():
+    graph = {"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a", "d"], "e": []}
+    assert sorted(cycles(graph)) == [["a", "b", "c"], ["d"]]
+    assert cycles({"a": ["b"], "b": [], "c": ["a", "b"]}) == []
 
 
-def test_the_checker_sees_task_modules():
-    assert "training.tasks.induction" in closure("training.presets")
-    assert "training.tasks.base" in closure("interp.attention")
+def test_no_import_cycle():
+    assert cycles(import_graph()) == []
 
 
-@pytest.mark.parametrize("module", INTERP)
-def test_interp_imports_no_task_specific_module(module):
-    found = sorted(m for m in closure(module) if m in TASK_SPECIFIC or m.rpartition(".")[0] in TASK_SPECIFIC)
+TRAINING_SIDE = ("plateauscope.training", "plateauscope.tasks", "plateauscope.backend", "plateauscope.sweeps")
+ANALYSIS_SIDE = ("plateauscope.analysis", "plateauscope.dynamics", "plateauscope.views", "plateauscope.cli",
+                 "plateauscope.api")
+ANALYSES_AND_VIEWS = ("plateauscope.analysis", "plateauscope.dynamics", "plateauscope.views")
+VIEWS = ("plotly", "circuitsvis", "plateauscope.views")
+TASK_SPECIFIC = ("plateauscope.tasks.selector", "plateauscope.tasks.selector_layout",
+                 "plateauscope.tasks.selector_metrics", "plateauscope.tasks.induction")
+
+
+def _under(module: str, prefixes: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if _under(m, TRAINING_SIDE)])
+def test_training_side_never_imports_the_analyses(module):
+    found = sorted(m for m in closure(module) if _under(m, ANALYSIS_SIDE))
     assert not found, f"{module} imports {found}"
 
 
-def test_no_import_cycle_between_patch_and_attribution():
-    assert "interp.patch" not in closure("interp.attribution") or "interp.attribution" not in closure("interp.patch")
+@pytest.mark.parametrize("module", [m for m in MODULES if _under(m, ("plateauscope.analysis", "plateauscope.dynamics"))])
+def test_analyses_import_no_figure_or_page_module(module):
+    found = sorted(m for m in closure(module) if _under(m, VIEWS))
+    assert not found, f"{module} imports {found}"
+
+
+def test_the_checker_sees_task_modules():
+    assert "plateauscope.tasks.induction" in closure("plateauscope.training.presets")
+    assert "plateauscope.tasks.base" in closure("plateauscope.analysis.attention")
+
+
+@pytest.mark.parametrize("module", [m for m in MODULES if _under(m, ANALYSES_AND_VIEWS)])
+def test_analyses_import_no_task_specific_module(module):
+    found = sorted(m for m in closure(module) if _under(m, TASK_SPECIFIC))
+    assert not found, f"{module} imports {found}"

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from interp import llc as L
+from plateauscope.analysis import llc as L
+from plateauscope.cli import llc as llc_cli
+from plateauscope.training.run import Run
 from tests.conftest import copy_run
-from training.run import Run
 
 needs_devinterp = pytest.mark.skipif(importlib.util.find_spec("devinterp") is None,
                                      reason="devinterp (the optional extra 'llc': pip install '.[llc]') is not installed")
@@ -160,12 +161,12 @@ def test_series_and_cli(tiny_run, capsys, tmp_path):
     assert json.loads((tiny_run / "analysis" / L.LLC_SUMMARY_FILE).read_text())["steps"] == s["steps"]
     argv = ["--run", str(tiny_run), "--every", "4", "--chains", "1", "--draws", "6", "--burnin", "2",
             "--batch-size", "8", "--no-progress"]
-    assert L.main(argv) == 0
+    assert llc_cli.main(argv) == 0
     assert "doubled draws" in capsys.readouterr().out
-    assert L.main(["--run", str(tiny_run / "nope")]) == 2
+    assert llc_cli.main(["--run", str(tiny_run / "nope")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error:") and "nope" in err and "\n" not in err
-    assert L.main(["--run", str(tiny_run), "--every", "0"]) == 2
+    assert llc_cli.main(["--run", str(tiny_run), "--every", "0"]) == 2
     assert "--every" in capsys.readouterr().err
 
 
@@ -176,13 +177,13 @@ def test_missing_extra_is_one_clear_line(monkeypatch, capsys, tmp_path):
         L.require_devinterp()
     with pytest.raises(L.MissingExtraError):
         L.llc_series(tmp_path)
-    assert L.main(["--run", str(tmp_path)]) == 2
+    assert llc_cli.main(["--run", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("skipped:") and err.count("\n") == 1
 
 
 def test_llc_figure_marks_t_form_and_tau():
-    from interp.views.figures import llc_figure
+    from plateauscope.views.figures import llc_figure
 
     summary = {"steps": [0, 100, 200, 300], "llc": [5.0, 6.0, 20.0, 40.0], "llc_std": [0.1, 0.2, 0.3, 0.4],
                "stationary": [True, False, True, True], "tau": 250, "t_form": 150,

@@ -1,4 +1,4 @@
-"""The LLC's departure from its plateau value over seeds (interp.dynamics.llc): known answers."""
+"""The LLC's departure from its plateau value over seeds (plateauscope.dynamics.llc): known answers."""
 
 from __future__ import annotations
 
@@ -8,11 +8,12 @@ import shutil
 import numpy as np
 import pytest
 
-from interp.dynamics import llc as LS, sweep_runs
-from interp.results import LLC_SUMMARY_FILE, analysis_dir
-from interp.views import sweep_report
+from plateauscope.analysis.results import LLC_SUMMARY_FILE, analysis_dir
+from plateauscope.cli import dynamics as dynamics_cli
+from plateauscope.dynamics import llc as LS
+from plateauscope.dynamics import sweep_runs
+from plateauscope.training.run import Run
 from tests.test_llc import TINY, needs_devinterp
-from training.run import Run
 
 STEPS = list(range(0, 1001, 20))
 
@@ -72,7 +73,7 @@ def test_summary_says_lead_or_follow_from_the_interval(rises, falls, want):
 
 
 def write_llc(run_dir, steps: list[int], llc: list[float]) -> None:
-    """An llc.json as interp.llc writes it (only the fields the sweep summary reads)."""
+    """An llc.json as plateauscope.analysis.llc writes it (only the fields the sweep summary reads)."""
     run = Run(run_dir)
     analysis_dir(run_dir).mkdir(exist_ok=True)
     tau = (run.summary() or {})["tau"]
@@ -110,10 +111,10 @@ def test_rows_of_a_sweep_read_each_runs_llc_and_plateau(tiny_sweep, tmp_path):
 @needs_devinterp
 def test_llc_over_a_sweep_from_the_command_line(tiny_sweep, tmp_path, capsys):
     sweep_dir = shutil.copytree(tiny_sweep, tmp_path / "sweep")
-    assert sweep_report.main(["--sweep", str(sweep_dir), "--llc", "0"]) == 2
+    assert dynamics_cli.main(["--sweep", str(sweep_dir), "--llc", "0"]) == 2
     assert "--llc must be at least 1" in capsys.readouterr().err
-    done = sweep_report.llc_all(sweep_dir, every=20, settings=TINY, progress=False)
+    done = dynamics_cli.llc_all(sweep_dir, every=20, settings=TINY, progress=False)
     assert len(done) == len(LS.llc_rows(sweep_dir)) == 6
-    assert sweep_report.main(["--sweep", str(sweep_dir)]) == 0
+    assert dynamics_cli.main(["--sweep", str(sweep_dir)]) == 0
     out = capsys.readouterr().out
     assert "the LLC against the training loss" in out and "(t_llc - t_loss) / tau" in out

@@ -7,12 +7,12 @@ import math
 import numpy as np
 import pytest
 
+from plateauscope.tasks.selector import SelectorTask
+from plateauscope.tasks.selector_metrics import global_marginal_reference
+from plateauscope.training.config import ConfigError, TaskConfig
+from plateauscope.training.metrics import summarize
 from tests.handbuilt import GlobalMarginal, UniformOverAlphabet, UniformOverCandidates
 from tests.test_plateau import records_of, small_task
-from training.config import ConfigError, TaskConfig
-from training.metrics import summarize
-from training.tasks.selector import SelectorTask
-from training.tasks.selector_metrics import global_marginal_reference
 
 POOL = {"target_pool": 6, "target_uniqueness": "group", "distinct_first_char": False}
 VARIANTS = [{}, POOL, {"first_char_zipf": 1.0}, {"tails": "by_first_char", "target_uniqueness": "group"},
@@ -114,7 +114,7 @@ def test_impossible_marginal_variants_are_one_line(options, message):
 
 
 def test_the_command_line_refuses_a_pool_without_its_options(capsys):
-    from training.train import main
+    from plateauscope.cli.train import main
 
     assert main(["--preset", "tiny", "--target-pool", "20", "--no-progress"]) == 2
     err = capsys.readouterr().err

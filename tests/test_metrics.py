@@ -6,11 +6,11 @@ import pytest
 import torch
 from torch import nn
 
-from training.config import TaskConfig
-from training.metrics import compute_tau, plateau_span
-from training.tasks.selector_metrics import EvalSet, candidate_metrics, evaluate
-from training.tasks.base import ProgressMeasure
-from training.tasks.selector import SelectorTask
+from plateauscope.tasks.base import ProgressMeasure
+from plateauscope.tasks.selector import SelectorTask
+from plateauscope.tasks.selector_metrics import EvalSet, candidate_metrics, evaluate
+from plateauscope.training.config import TaskConfig
+from plateauscope.training.metrics import compute_tau, plateau_span
 
 NEG = -1e4
 
@@ -144,8 +144,8 @@ def _brute_force_evaluate(model, task, evalset):
 @pytest.mark.parametrize("kind", ["trained", "random_2layer"])
 def test_shared_prefix_evaluation_equals_scoring_every_sequence(tiny_run, kind):
     """evaluate scores each shared prefix once; it must give the numbers of the plain computation."""
-    from training.model import build_hooked_transformer
-    from training.run import Run
+    from plateauscope.training.model import build_hooked_transformer
+    from plateauscope.training.run import Run
 
     run = Run(tiny_run)
     task = run.task()
@@ -166,10 +166,10 @@ def test_shared_prefix_evaluation_equals_scoring_every_sequence(tiny_run, kind):
 def test_pruned_prefixes_give_the_same_exact_match(tiny_run, kind):
     """prune=True stops prefixes whose sequences have all missed a target token: exact match unchanged,
     log-probabilities unchanged wherever they are still computed."""
+    from plateauscope.training.model import build_hooked_transformer
+    from plateauscope.training.run import Run
+    from plateauscope.training.scoring import shared_prefix_logprobs
     from tests.handbuilt import handbuilt_task, selector_copy_model
-    from training.scoring import shared_prefix_logprobs
-    from training.model import build_hooked_transformer
-    from training.run import Run
 
     if kind == "random_2layer":
         run = Run(tiny_run)
@@ -200,8 +200,8 @@ def test_pruned_prefixes_give_the_same_exact_match(tiny_run, kind):
 def test_hooks_added_fire_inside_and_are_gone_after(tiny_run):
     """The prefix-sharing paths add hooks with hooks_added instead of run_with_hooks: they must fire
     inside, replace activations like run_with_hooks's, and be removed, even after an error."""
-    from training.backend import hooks_added
-    from training.run import Run
+    from plateauscope.backend import hooks_added
+    from plateauscope.training.run import Run
 
     run = Run(tiny_run)
     model, task = run.load_model(run.steps()[-1]), run.task()

@@ -1,19 +1,26 @@
 """The noise grid (issue 20, part 1): bootstrap intervals of the batch and learning-rate effects against
 the delta method, each reading of the paper's two claims on synthetic runs with a known answer, the
-grid's order, and ``python -m interp.dynamics --compare`` end to end on the tiny machinery sweep."""
+grid's order, and ``plateauscope dynamics --compare`` end to end on the tiny machinery sweep."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from interp.dynamics import analyze_sweep, batch_effect, factor_effect, load_sweep, lr_effect
-from interp.dynamics.noise import claim_reading, noise_claims, noise_lines
-from interp.views import sweep_report
-from interp.results import SWEEP_REPORT_FILE
-from training.run import Run
-from training.sweep import expand, get_sweep, run_sweep
-
+from plateauscope.analysis.results import SWEEP_REPORT_FILE
+from plateauscope.cli import dynamics as dynamics_cli
+from plateauscope.dynamics import (
+    analyze_sweep,
+    batch_effect,
+    factor_effect,
+    load_sweep,
+    lr_effect,
+)
+from plateauscope.dynamics.noise import claim_reading, noise_claims, noise_lines
+from plateauscope.sweeps.catalogue import get_sweep
+from plateauscope.sweeps.executors import run_sweep
+from plateauscope.sweeps.spec import expand
+from plateauscope.training.run import Run
 from tests.test_dynamics import _row as dynamics_row
 
 
@@ -114,7 +121,7 @@ def tiny_noise_sweep(tmp_path_factory):
 
 
 def test_compare_end_to_end(tiny_noise_sweep, tiny_sweep, capsys):
-    assert sweep_report.main(["--sweep", str(tiny_noise_sweep), "--compare", str(tiny_sweep), "--n-boot", "200",
+    assert dynamics_cli.main(["--sweep", str(tiny_noise_sweep), "--compare", str(tiny_sweep), "--n-boot", "200",
                               "--report"]) == 0
     out = capsys.readouterr().out
     # The table's means are the runs' own summary taus, averaged over the two seeds.
@@ -132,7 +139,7 @@ def test_compare_end_to_end(tiny_noise_sweep, tiny_sweep, capsys):
 
 
 def test_compare_needs_a_sweep(tiny_sweep, tmp_path, capsys):
-    assert sweep_report.main(["--sweep", str(tiny_sweep), "--compare", str(tmp_path / "missing")]) == 2
+    assert dynamics_cli.main(["--sweep", str(tiny_sweep), "--compare", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "missing: no such sweep directory" in err, err
     rows = load_sweep(tiny_sweep).rows

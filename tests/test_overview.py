@@ -1,4 +1,4 @@
-"""The run at a glance (``interp.views.overview``): the drawn values read back from the SVG's own axis
+"""The run at a glance (``plateauscope.views.overview``): the drawn values read back from the SVG's own axis
 ticks equal the data, its caption equals the data's landmarks, and the committed demo figure agrees
 with itself and with the README caption under it."""
 
@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from interp.results import OVERVIEW_FILE
-from interp.views.overview import overview_svg
-from interp.views.report import build_overview, write_report
-from training.metrics import compute_tau
-from training.run import Run
-from training.tasks.base import ProgressMeasure
+from plateauscope.analysis.results import OVERVIEW_FILE
+from plateauscope.tasks.base import ProgressMeasure
+from plateauscope.training.metrics import compute_tau
+from plateauscope.training.run import Run
+from plateauscope.views.overview import overview_svg
+from plateauscope.views.report import build_overview, write_report
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_FIGURE = ROOT / "docs" / "pages" / "images" / "demo.svg"

@@ -1,5 +1,5 @@
 """Activation patching (exact, batched) against TransformerLens's reference; attribution patching
-against exact patching; the ``python -m interp.patch`` CLI and its one-line errors."""
+against exact patching; the ``plateauscope patch`` CLI and its one-line errors."""
 
 import dataclasses
 import json
@@ -9,11 +9,13 @@ import pytest
 import torch
 import transformer_lens.patching as tl_patching
 
-from interp import attribution as attr
-from interp import patch as P
-from interp.inputs import logit_diff, prompt_pairs
-from training.model import build_hooked_transformer
-from training.run import Run
+from plateauscope.analysis import attribution as attr
+from plateauscope.analysis import patch as P
+from plateauscope.analysis.components import TARGETS
+from plateauscope.analysis.inputs import logit_diff, prompt_pairs
+from plateauscope.cli import patch as patch_cli
+from plateauscope.training.model import build_hooked_transformer
+from plateauscope.training.run import Run
 
 N_PAIRS = 32
 
@@ -91,7 +93,7 @@ def test_unknown_target_is_a_value_error(tiny):
         P.patch(_model(run, "trained"), pairs, "embed")
 
 
-@pytest.mark.parametrize("target", P.TARGETS)
+@pytest.mark.parametrize("target", TARGETS)
 def test_attribution_shapes_and_agreement_on_trained_model(tiny, target):
     run, pairs = tiny
     model = _model(run, "trained")
@@ -124,7 +126,7 @@ def test_attribution_is_exact_where_the_metric_is_linear(tiny):
 
 def test_cli_prints_table_and_writes_json(tiny_run, tmp_path, capsys):
     out = tmp_path / "patch.json"
-    rc = P.main(["--ckpt", str(tiny_run), "--n-examples", "16", "--target", "heads", "--json", str(out),
+    rc = patch_cli.main(["--ckpt", str(tiny_run), "--n-examples", "16", "--target", "heads", "--json", str(out),
                  "--top", "3", "--no-progress", "--method", "both"])
     assert rc == 0
     text = capsys.readouterr().out
@@ -136,14 +138,14 @@ def test_cli_prints_table_and_writes_json(tiny_run, tmp_path, capsys):
 
 
 def test_cli_by_position_target_at_a_step(tiny_run, capsys):
-    rc = P.main(["--ckpt", str(tiny_run), "--step", "20", "--n-examples", "8", "--target", "resid", "--top", "2"])
+    rc = patch_cli.main(["--ckpt", str(tiny_run), "--step", "20", "--n-examples", "8", "--target", "resid", "--top", "2"])
     assert rc == 0
     text = capsys.readouterr().out
     assert "step 20" in text and "z1" in text and "resid_pre L0@" in text
 
 
 def _error(capsys, argv):
-    rc = P.main(argv)
+    rc = patch_cli.main(argv)
     err = capsys.readouterr().err.strip()
     assert rc == 2
     assert err.startswith("error: ") and "\n" not in err

@@ -5,12 +5,16 @@ import math
 
 import pytest
 
+from plateauscope.tasks.selector import SelectorTask
+from plateauscope.tasks.selector_layout import SPECIAL_TOKENS
+from plateauscope.tasks.selector_metrics import (
+    EvalSet,
+    evaluate,
+    know_nothing_reference,
+)
+from plateauscope.training.config import TaskConfig
+from plateauscope.training.metrics import summarize
 from tests.handbuilt import UniformOverAlphabet, UniformOverCandidates
-from training.config import TaskConfig
-from training.tasks.selector_layout import SPECIAL_TOKENS
-from training.metrics import summarize
-from training.tasks.selector_metrics import EvalSet, evaluate, know_nothing_reference
-from training.tasks.selector import SelectorTask
 
 VARIANTS = [
     {},

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import shutil
 
-from interp.views import report
-from interp.views.report import moment_steps, nearest
+from plateauscope.cli import report as report_cli
+from plateauscope.views import report
+from plateauscope.views.report import moment_steps, nearest
 
 
 def test_moments_are_nearest_checkpoints():
@@ -20,7 +21,7 @@ def test_moments_are_nearest_checkpoints():
 
 def test_report_cli_writes_one_file(ci_analysed, tmp_path, capsys):
     out = tmp_path / "r.html"
-    assert report.main(["--run", str(ci_analysed), "--out", str(out), "--examples", "1"]) == 0
+    assert report_cli.main(["--run", str(ci_analysed), "--out", str(out), "--examples", "1"]) == 0
     assert str(out) in capsys.readouterr().out
     text = out.read_text(encoding="utf-8")
     assert text.startswith("<!DOCTYPE html>") and "Summary" in text and "cv-view" in text
@@ -30,14 +31,14 @@ def test_report_cli_writes_one_file(ci_analysed, tmp_path, capsys):
 
 
 def test_report_cli_errors_are_one_line(ci_analysed, tmp_path, capsys):
-    assert report.main(["--run", str(tmp_path / "missing")]) == 2
+    assert report_cli.main(["--run", str(tmp_path / "missing")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and err.count("\n") == 1
     bare = tmp_path / "bare"
     bare.mkdir()
     for name in ("config.json", "dataset.jsonl", "metrics.jsonl"):
         shutil.copy(ci_analysed / name, bare / name)
-    assert report.main(["--run", str(bare)]) == 2
+    assert report_cli.main(["--run", str(bare)]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "python -m interp.analyze --run" in err and "--analyze" in err
+    assert err.count("\n") == 1 and "plateauscope analyze --run" in err and "--analyze" in err
     assert not (bare / report.REPORT_FILE).exists()

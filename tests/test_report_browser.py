@@ -4,7 +4,7 @@ Chromium is driven over the DevTools protocol through ``--remote-debugging-pipe`
 descriptors 3 and 4, NUL-terminated JSON: no websocket library needed). Checked:
 
 * every plotly figure div rendered (a ``.main-svg`` inside each ``.plotly-graph-div``), and the
-  number of figures is the number of ``interp.views.figures.all_figures``;
+  number of figures is the number of ``plateauscope.views.figures.all_figures``;
 * every CircuitsVis view rendered (its element has child elements and text);
 * no request leaves the machine: every ``Network.requestWillBeSent`` URL is ``file:``, ``data:``,
   ``blob:`` or ``about:``; and no ``<script src>`` / ``<link href>`` / ``<img src>`` in the HTML
@@ -30,10 +30,10 @@ from pathlib import Path
 
 import pytest
 
-from interp.analyze import load_analysis
-from interp.views.figures import all_figures
-from interp.views.report import write_report
-from training.run import Run
+from plateauscope.analysis.analyze import load_analysis
+from plateauscope.training.run import Run
+from plateauscope.views.figures import all_figures
+from plateauscope.views.report import write_report
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:")

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from interp import selector as sel
+from plateauscope.analysis import selector as sel
 
 LOG_K = math.log(10)
 STEPS = list(range(0, 1000, 25))  # 40 evaluations

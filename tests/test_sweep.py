@@ -12,12 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from training import run as rd
-from training.config import ConfigError
-from training.ensemble import train_ensemble
-from training.run import Run
-from training.sweep import SWEEPS, SweepSpec, expand, get_sweep, main, run_name, run_sweep
-from training.train import train
+from plateauscope.cli.sweep import main
+from plateauscope.sweeps.catalogue import SWEEPS, get_sweep
+from plateauscope.sweeps.executors import run_sweep
+from plateauscope.sweeps.spec import SweepSpec, expand, run_name
+from plateauscope.training import run as rd
+from plateauscope.training.config import ConfigError
+from plateauscope.training.ensemble import train_ensemble
+from plateauscope.training.run import Run
+from plateauscope.training.train import train
 
 ENSEMBLE_TOL = 1e-5
 """Ensemble members against solo runs with the hooked forward: vmap's batched matmuls may round
@@ -175,7 +178,7 @@ def test_cli(tmp_path, capsys, monkeypatch):
 
 
 def test_marginal_search_grid():
-    from training.sweep import plan_jobs
+    from plateauscope.sweeps.executors import plan_jobs
 
     points = expand(get_sweep("marginal-search"))
     variants = {p.cfg.task.variant_label() for p in points}
@@ -192,19 +195,19 @@ def test_marginal_search_grid():
 
 
 def get_sweep_model(preset):
-    from training.presets import get_preset
+    from plateauscope.training.presets import get_preset
 
     return get_preset(preset).model
 
 
 def test_a_killed_sweep_stops_its_workers(tmp_path):
-    """SIGTERM to `python -m training.sweep` stops the spawned workers too: none goes on writing its run."""
+    """SIGTERM to `plateauscope sweep` stops the spawned workers too: none goes on writing its run."""
     import signal
     import subprocess
     import time
 
     out = tmp_path / "s"
-    proc = subprocess.Popen([sys.executable, "-m", "training.sweep", "--base", "tiny", "--grid", "seed=0,1",
+    proc = subprocess.Popen([sys.executable, "-m", "plateauscope", "sweep", "--base", "tiny", "--grid", "seed=0,1",
                              "--set", "max_steps=1000000", "--set", "eval_every=5", "--out", str(out),
                              "--workers", "2", "--no-progress"],
                             cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

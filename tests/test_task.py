@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 import torch
 
-from training.config import ConfigError, TaskConfig
-from training.tasks.selector_layout import BOS, SEP, Layout
-from training.tasks.selector import SelectorTask
+from plateauscope.tasks.selector import SelectorTask
+from plateauscope.tasks.selector_layout import BOS, SEP, Layout
+from plateauscope.training.config import ConfigError, TaskConfig
 
 
 def test_strings_are_unique_and_shaped():

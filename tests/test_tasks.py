@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from training.config import RunConfig
-from training.run import Run
-from training.tasks.base import TaskError
-from training.tasks.induction import InductionTask
-from training.tasks.loading import build_task, task_class
-from training.tasks.selector import SelectorTask
-from training.train import main as train_main
+from plateauscope.cli.train import main as train_main
+from plateauscope.tasks.base import TaskError
+from plateauscope.tasks.induction import InductionTask
+from plateauscope.tasks.loading import build_task, task_class
+from plateauscope.tasks.selector import SelectorTask
+from plateauscope.training.config import RunConfig
+from plateauscope.training.run import Run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from training.config import JsonConfig
-from training.tasks.base import ProgressMeasure, Task
+from plateauscope.training.config import JsonConfig
+from plateauscope.tasks.base import ProgressMeasure, Task
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,7 @@ def task_file(tmp_path: Path, text: str = GOOD, name: str = "copy_task.py") -> P
 
 
 @pytest.mark.parametrize("spec, cls", [("selector", SelectorTask), ("induction", InductionTask),
-                                       ("training.tasks.induction:InductionTask", InductionTask)])
+                                       ("plateauscope.tasks.induction:InductionTask", InductionTask)])
 def test_builtin_and_module_specs(spec, cls):
     assert task_class(spec) is cls
 
@@ -96,7 +96,7 @@ def test_a_task_file_trains_from_the_command_line(tmp_path, capsys):
 
 @pytest.mark.parametrize("body, expected", [
     (GOOD.replace("class Copy(Task):", "class Other(Task):"), "no class 'Copy'"),
-    (GOOD.replace("class Copy(Task):", "class Copy:"), "must subclass training.tasks.base.Task"),
+    (GOOD.replace("class Copy(Task):", "class Copy:"), "must subclass plateauscope.tasks.base.Task"),
     (GOOD.replace("    @property\n    def loss_positions", "    @property\n    def loss_positions_"),
      "missing loss_positions"),
     (GOOD.replace("    Config = CopyConfig\n", ""), "missing Config"),
@@ -123,7 +123,7 @@ def test_evaluate_without_the_progress_measure_is_one_line(tmp_path, capsys):
 
 
 def test_bad_task_flag_is_one_line_exit_2_from_the_command_line():
-    done = subprocess.run([sys.executable, "-m", "training.train", "--task", "nosuch", "--out", "/tmp/unused-run"],
+    done = subprocess.run([sys.executable, "-m", "plateauscope", "train", "--task", "nosuch", "--out", "/tmp/unused-run"],
                           cwd=ROOT, capture_output=True, text=True)
     assert done.returncode == 2 and done.stderr.count("\n") == 1 and "not a built-in task" in done.stderr, done.stderr
 

@@ -1,4 +1,4 @@
-"""The circuit-over-time page (``interp.views.time_view``) on synthetic data, in real headless Chromium.
+"""The circuit-over-time page (``plateauscope.views.time_view``) on synthetic data, in real headless Chromium.
 
 The data is built here (a 2-layer, 2-head model with MLPs over 5 analysed steps, with a step
 without edge scores, one without a circuit, one without patterns and a heatmap computed at two
@@ -27,7 +27,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from interp.views.time_view import MAX_EDGE_WIDTH, MIN_EDGE_WIDTH, render_time_view, validate_view_data
+from plateauscope.views.time_view import (
+    MAX_EDGE_WIDTH,
+    MIN_EDGE_WIDTH,
+    render_time_view,
+    validate_view_data,
+)
 from tests.test_report_browser import Chromium, problems
 
 PAGE_LIMIT_BYTES = 15_000_000
@@ -67,7 +72,7 @@ def causal_patterns(rng: np.random.Generator, shape: tuple[int, ...]) -> str:
 
 def synthetic_view_data(n_steps: int = 5, n_layers: int = 2, n_heads: int = 2, n_examples: int = 2, n_pos: int = 6,
                         mlp: bool = True, seed: int = 0) -> dict[str, Any]:
-    """A view-data dict of the contract of ``interp.views.time_view`` with known contents."""
+    """A view-data dict of the contract of ``plateauscope.views.time_view`` with known contents."""
     rng = np.random.default_rng(seed)
     nodes, edges = model_graph(n_layers, n_heads, mlp)
     steps = [100 * i for i in range(n_steps)]
@@ -370,15 +375,15 @@ class TestInChromium:
 @pytest.fixture(scope="module")
 def ci_view(ci_analysed, tmp_path_factory) -> tuple[Path, dict[str, Any]]:
     """The session `ci` run's view (written outside the read-only run) and its data."""
-    from interp.view import write_view
-    from interp.views.time_data import time_view_data
+    from plateauscope.views.time_data import time_view_data
+    from plateauscope.views.view import write_view
 
     path = write_view(ci_analysed, tmp_path_factory.mktemp("ci_view") / "view.html")
     return path, time_view_data(ci_analysed)
 
 
 def test_the_view_of_a_real_run_holds_its_analysis_files(ci_analysed, ci_view):
-    from interp.analyze import load_analysis
+    from plateauscope.analysis.analyze import load_analysis
 
     path, data = ci_view
     cache = load_analysis(ci_analysed)
@@ -392,7 +397,7 @@ def test_the_view_of_a_real_run_holds_its_analysis_files(ci_analysed, ci_view):
 def test_the_view_of_a_real_run_in_chromium(chromium_binary, ci_analysed, ci_view, tmp_path):
     """Open at the step nearest tau (``#step=TAU``), slide away and back: the edge scores, the attention-to-cue heatmap and the marker are
     those of the analysis files at that step; a click on a head shows its cached pattern."""
-    from interp.analyze import load_analysis
+    from plateauscope.analysis.analyze import load_analysis
 
     path, data = ci_view
     cache = load_analysis(ci_analysed)

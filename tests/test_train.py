@@ -9,16 +9,17 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from training import run as rd
-from training.backend import build_model, hooked_parameters
-from training.fused import fused_logits
-from training.model import hooked_config_dict
-from training.presets import get_preset
-from training.tasks.loading import build_task
-from training.machine import machine_record
-from training.run import Run, RunError
-from training.schedule import resume_steps, scheduled_steps
-from training.train import main, train
+from plateauscope.backend import build_model, hooked_parameters
+from plateauscope.cli.train import main
+from plateauscope.tasks.loading import build_task
+from plateauscope.training import run as rd
+from plateauscope.training.fused import fused_logits
+from plateauscope.training.machine import machine_record
+from plateauscope.training.model import hooked_config_dict
+from plateauscope.training.presets import get_preset
+from plateauscope.training.run import Run, RunError
+from plateauscope.training.schedule import resume_steps, scheduled_steps
+from plateauscope.training.train import train
 
 
 def _strip_wall(records):

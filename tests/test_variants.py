@@ -6,13 +6,14 @@ import json
 import pytest
 import torch
 
-from training import run as rd
-from training.config import ConfigError, RunConfig, TaskConfig
-from training.tasks.selector_layout import SEP, Layout
-from training.presets import get_preset
-from training.run import Run
-from training.tasks.selector import SelectorTask
-from training.train import main, train
+from plateauscope.cli.train import main
+from plateauscope.tasks.selector import SelectorTask
+from plateauscope.tasks.selector_layout import SEP, Layout
+from plateauscope.training import run as rd
+from plateauscope.training.config import ConfigError, RunConfig, TaskConfig
+from plateauscope.training.presets import get_preset
+from plateauscope.training.run import Run
+from plateauscope.training.train import train
 
 VARIANTS = {
     "a_len1_group": {"a_len": 1, "target_uniqueness": "group"},

@@ -1,0 +1,111 @@
+"""plateauscope: watch a transformer learn through a plateau, and explain why it waits.
+
+    import plateauscope as ps
+
+    summary = ps.train("ci", out="runs/ci")          # a preset name or a RunConfig
+    ps.analyze("runs/ci", every=2)                   # the analysis cache beside the checkpoints
+    run = ps.Run("runs/ci")
+    model = run.load_model(run.steps()[-1])          # a TransformerLens model
+    ps.write_report(run.path); ps.write_view(run.path)
+
+The names below are the public API; each is imported on first use, so ``import plateauscope``
+(and the ``plateauscope`` command's ``--help``) stays fast.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.2.0"
+
+_API: dict[str, str] = {
+    # training and runs
+    "train": "plateauscope.api:train",
+    "train_seeds": "plateauscope.api:train_seeds",
+    "Run": "plateauscope.training.run:Run",
+    "RunError": "plateauscope.training.run:RunError",
+    "RunConfig": "plateauscope.training.config:RunConfig",
+    "ModelConfig": "plateauscope.training.config:ModelConfig",
+    "TrainConfig": "plateauscope.training.config:TrainConfig",
+    "ConfigError": "plateauscope.errors:ConfigError",
+    "PRESETS": "plateauscope.training.presets:PRESETS",
+    "get_preset": "plateauscope.training.presets:get_preset",
+    # tasks
+    "load_task": "plateauscope.api:load_task",
+    "Task": "plateauscope.tasks.base:Task",
+    # sweeps
+    "SweepSpec": "plateauscope.sweeps.spec:SweepSpec",
+    "SWEEPS": "plateauscope.sweeps.catalogue:SWEEPS",
+    "get_sweep": "plateauscope.sweeps.catalogue:get_sweep",
+    "run_sweep": "plateauscope.sweeps.executors:run_sweep",
+    # analyses
+    "analyze": "plateauscope.api:analyze",
+    "load_analysis": "plateauscope.analysis.analyze:load_analysis",
+    "AnalysisSettings": "plateauscope.analysis.analyze:AnalysisSettings",
+    "patch_sweep": "plateauscope.analysis.patch:patch_sweep",
+    "patch": "plateauscope.analysis.patch:patch",
+    "attention_to_z": "plateauscope.analysis.attention:attention_to_z",
+    "ablate_each_head": "plateauscope.analysis.ablate:ablate_each_head",
+    "ablate_heads": "plateauscope.analysis.ablate:ablate_heads",
+    "edge_record": "plateauscope.analysis.edges:edge_record",
+    "geometry": "plateauscope.analysis.hessian:geometry",
+    "llc_series": "plateauscope.analysis.llc:llc_series",
+    # fits over runs
+    "load_sweep": "plateauscope.dynamics:load_sweep",
+    "analyze_sweep": "plateauscope.dynamics:analyze_sweep",
+    "bootstrap_median": "plateauscope.dynamics:bootstrap_median",
+    # pages
+    "write_report": "plateauscope.views.report:write_report",
+    "write_view": "plateauscope.views.view:write_view",
+    "prompt_pairs": "plateauscope.analysis.inputs:prompt_pairs",
+    "format_patch": "plateauscope.analysis.patch:format_result",
+    "figures": "plateauscope.views.figures",
+}
+"""Public name -> ``module:attribute`` that defines it, or a module (``figures``: the figure functions,
+each results in, ``(figure, caption)`` out)."""
+
+__all__ = ["__version__", *_API]
+
+
+def __getattr__(name: str) -> Any:
+    if name in _API:
+        module, _, attribute = _API[name].partition(":")
+        value = importlib.import_module(module)
+        value = getattr(value, attribute) if attribute else value
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'plateauscope' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
+
+if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from plateauscope.analysis.ablate import ablate_each_head, ablate_heads
+    from plateauscope.analysis.analyze import AnalysisSettings, load_analysis
+    from plateauscope.analysis.attention import attention_to_z
+    from plateauscope.analysis.edges import edge_record
+    from plateauscope.analysis.hessian import geometry
+    from plateauscope.analysis.inputs import prompt_pairs
+    from plateauscope.analysis.llc import llc_series
+    from plateauscope.analysis.patch import format_result as format_patch
+    from plateauscope.analysis.patch import patch, patch_sweep
+    from plateauscope.api import analyze, load_task, train, train_seeds
+    from plateauscope.dynamics import analyze_sweep, bootstrap_median, load_sweep
+    from plateauscope.sweeps.catalogue import SWEEPS, get_sweep
+    from plateauscope.sweeps.executors import run_sweep
+    from plateauscope.sweeps.spec import SweepSpec
+    from plateauscope.tasks.base import Task
+    from plateauscope.training.config import (
+        ConfigError,
+        ModelConfig,
+        RunConfig,
+        TrainConfig,
+    )
+    from plateauscope.training.presets import PRESETS, get_preset
+    from plateauscope.training.run import Run, RunError
+    from plateauscope.views.report import write_report
+    from plateauscope.views import figures
+    from plateauscope.views.view import write_view

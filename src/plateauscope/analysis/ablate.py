@@ -1,0 +1,290 @@
+"""Head ablation: which heads the model needs to use z.
+
+Method: replace one head's output (``hook_z`` of its layer, ``[batch, pos, head, d_head]``,
+i.e. the head's contribution before ``W_O``) on every position, and score the eval set again:
+
+* ``zero`` ablation sets it to 0;
+* ``mean`` ablation sets it to its mean over the evaluation examples (the true sequences of the
+  eval groups, under the unablated model), separately at each position.
+
+The heads are ablated one at a time (:func:`ablate_each_head`) or as a given set at once
+(:func:`ablate_heads`). All ablated copies are scored in shared, vectorised forward passes: the
+candidate sequences are repeated once per ablation and a per-row mask says which heads each
+row ablates.
+
+Metric: candidate loss and delta_z exactly as ``plateauscope.training.metrics`` defines them (the same
+``EvalSet``, ``target_logprobs`` and ``candidate_metrics``). Sign: ``d_candidate_loss`` =
+ablated minus unablated; positive means the head helped pick the right candidate. A head the
+model needs to read z pushes the candidate loss back up to log K when ablated (the model falls
+back to the marginal: :func:`falls_back_to_marginal`), and ``d_delta_z`` goes negative.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from transformer_lens.hook_points import HookPoint
+from transformer_lens.utilities import get_act_name
+
+from plateauscope.backend import Model, hooks_added, shares_prefixes
+from plateauscope.tasks.base import Task
+from plateauscope.training.scoring import shared_prefix_logprobs
+
+KINDS: tuple[str, ...] = ("zero", "mean")
+DEFAULT_GROUPS = 8
+"""Eval groups scored by default (each contributes K x K candidate sequences per ablation)."""
+
+
+@dataclass
+class HeadAblation:
+    """Each head ablated on its own: metrics of the ablated model, ``[n_layers, n_heads]``."""
+
+    kind: str
+    n_groups: int
+    base: dict[str, float]
+    """``candidate_metrics`` of the unablated model on the same eval set."""
+    candidate_loss: Float[Tensor, "n_layers n_heads"]
+    delta_z: Float[Tensor, "n_layers n_heads"]
+    d_candidate_loss: Float[Tensor, "n_layers n_heads"]
+    """Ablated minus unablated candidate loss (positive: the head helped)."""
+    d_delta_z: Float[Tensor, "n_layers n_heads"]
+    """Ablated minus unablated delta_z (negative: the model uses z less without the head)."""
+
+    @classmethod
+    def from_metrics(cls, kind: str, n_groups: int, base: dict[str, float], candidate_loss: list | Tensor,
+                     delta_z: list | Tensor) -> HeadAblation:
+        """From the unablated metrics and each head's ablated candidate loss and delta_z (``[layer][head]``)."""
+        cl, dz = torch.as_tensor(candidate_loss, dtype=torch.float32), torch.as_tensor(delta_z, dtype=torch.float32)
+        return cls(kind, n_groups, base, cl, dz, cl - base["candidate_loss"], dz - base["delta_z"])
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types: every per-head tensor as nested lists."""
+        return {"kind": self.kind, "n_groups": self.n_groups, "base": self.base,
+                **{k: getattr(self, k).tolist() for k in ("candidate_loss", "delta_z", "d_candidate_loss", "d_delta_z")}}
+
+
+@dataclass
+class SetAblation:
+    """A set of heads ablated together."""
+
+    kind: str
+    n_groups: int
+    heads: list[tuple[int, int]]
+    base: dict[str, float]
+    ablated: dict[str, float]
+    """``candidate_metrics`` with all of ``heads`` ablated."""
+
+    @property
+    def candidate_loss(self) -> float:
+        """Candidate loss with the set ablated."""
+        return self.ablated["candidate_loss"]
+
+    @property
+    def delta_z(self) -> float:
+        """delta_z with the set ablated."""
+        return self.ablated["delta_z"]
+
+    @property
+    def d_candidate_loss(self) -> float:
+        """Change in candidate loss: ablated minus unablated (positive = the set helped)."""
+        return self.ablated["candidate_loss"] - self.base["candidate_loss"]
+
+    @property
+    def d_delta_z(self) -> float:
+        """Change in delta_z: ablated minus unablated (negative = the set carried z)."""
+        return self.ablated["delta_z"] - self.base["delta_z"]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types."""
+        return {"kind": self.kind, "n_groups": self.n_groups, "heads": [list(h) for h in self.heads],
+                "base": self.base, "ablated": self.ablated,
+                "d_candidate_loss": self.d_candidate_loss, "d_delta_z": self.d_delta_z}
+
+
+SEQUENCES_PER_GROUP = 32
+"""A task without candidates is scored on this many evaluation sequences per requested group."""
+
+
+def build_evalset(task: Task, n_groups: int = DEFAULT_GROUPS, seed: int = 0) -> Any:
+    """The eval set the ablations are scored on (the task's ``build_evalset``, seeded): ``n_groups``
+    groups of candidates, or ``SEQUENCES_PER_GROUP`` times as many sequences for a task without them."""
+    if n_groups < 1:
+        raise ValueError(f"the number of eval groups must be at least 1, got {n_groups}")
+    if "candidates" not in task.capabilities:
+        task.require("cue", "head ablation (does the model still read the cue?)")
+    n = n_groups if "candidates" in task.capabilities else n_groups * SEQUENCES_PER_GROUP
+    return task.build_evalset(n, 1, seed)
+
+
+def n_scored_groups(task: Task, evalset: Any) -> int:
+    """How many groups of candidates (or, without candidates, sequences) an eval set scores."""
+    if "candidates" in task.capabilities:
+        return int(task.candidate_tree(evalset)[0].shape[0])
+    return len(task.eval_sequences(evalset))
+
+
+@torch.inference_mode()
+def mean_head_outputs(
+    model: Model, seqs: Int[Tensor, "N seq"], input_len: int, batch_size: int = 2048
+) -> Float[Tensor, "n_layers pos n_heads d_head"]:
+    """Mean of every head's ``hook_z`` over the sequences, at each input position."""
+    names = [get_act_name("z", layer) for layer in range(model.cfg.n_layers)]
+    wanted = set(names)
+    device = next(model.parameters()).device
+    total: Tensor | None = None
+    for chunk in seqs.split(batch_size):
+        _, cache = model.run_with_cache(chunk[:, :input_len].to(device), names_filter=lambda n: n in wanted)
+        part = torch.stack([cache[n].float().sum(0) for n in names])
+        total = part if total is None else total + part
+    assert total is not None
+    return total / len(seqs)
+
+
+def _ablation_hooks(
+    row_mask: Bool[Tensor, "B n_layers n_heads"], replacement: Float[Tensor, "n_layers pos n_heads d_head"] | None,
+    offset: int = 0,
+) -> list[tuple[str, Callable]]:
+    """One ``hook_z`` hook per layer replacing the masked (row, head) outputs (``None``: by zero);
+    the hooked activations start at position ``offset``."""
+
+    def make(layer: int) -> Callable:
+        def hook(z: Float[Tensor, "B pos n_heads d_head"], hook: HookPoint) -> Float[Tensor, "B pos n_heads d_head"]:
+            mask = row_mask[:, layer, None, :, None].to(z.device)  # [B, 1, H, 1]
+            if replacement is None:
+                return z.masked_fill(mask, 0.0)
+            return torch.where(mask, replacement[layer, offset: offset + z.shape[1]].to(z), z)
+
+        return hook
+
+    return [(get_act_name("z", layer), make(layer)) for layer in range(row_mask.shape[1]) if row_mask[:, layer].any()]
+
+
+def ablation_scores(
+    model: Model,
+    task: Task,
+    evalset: Any,
+    masks: Bool[Tensor, "C n_layers n_heads"],
+    kind: str = "zero",
+    max_rows: int = 4096,
+) -> Float[Tensor, "C G K K"]:
+    """Candidate scores ``[ablation, group, prefix j, candidate k]`` (the task's ``candidate_tree``,
+    as its evaluation builds them) for each ablation mask, all copies scored in shared batches of
+    ``max_rows``."""
+    if kind not in KINDS:
+        raise ValueError(f"ablation kind must be one of {KINDS}, got {kind!r}")
+    trees, splits = task.candidate_tree(evalset)
+    G, K = trees.shape[:2]
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    if tuple(masks.shape[1:]) != (L, H):
+        raise ValueError(f"ablation masks have shape {tuple(masks.shape)}, the model has {L} layers x {H} heads")
+    replacement = mean_head_outputs(model, task.eval_sequences(evalset), task.input_len) if kind == "mean" else None
+    C = masks.shape[0]
+
+    def score(sub: Bool[Tensor, "c n_layers n_heads"], **start) -> Float[Tensor, "c G K K"]:
+        # Every (ablation copy, group) is a tree of K x K candidates whose prefixes are scored once:
+        # its <BOS> B <SEP>, then each z_j <SEP>, then the candidates (plateauscope.training.scoring.shared_prefix_logprobs).
+        logp, _ = shared_prefix_logprobs(
+            model, trees.expand(len(sub), -1, -1, -1, -1).reshape(len(sub) * G, K, K, -1), splits, task,
+            batch_size=max_rows, hooks_for=lambda roots, offset: _ablation_hooks(sub[roots // G], replacement, offset),
+            **start)
+        return logp.sum(-1).view(len(sub), G, K, K)
+
+    if not shares_prefixes(model):
+        return score(masks)
+    # A copy that ablates nothing below layer l equals the unablated model there, keys and values
+    # included: it starts at l on the unablated run's residual stream (first ablated layer; L: none).
+    ablated = masks.any(-1)  # [C, L]
+    first = torch.where(ablated.any(-1), ablated.float().argmax(-1), L)  # [C]
+    skip = sorted({int(x) for x in first} - {0, L})
+    resid: dict[tuple[int, int], Tensor] = {(lvl, layer): torch.empty(0) for lvl in range(len(splits) + 1)
+                                            for layer in skip}
+    out = torch.empty(C, G, K, K)
+    if skip or (first == L).any():  # the unablated run
+        out[first == L] = score(torch.zeros(1, L, H, dtype=torch.bool), save_resid=resid)
+    if (first == 0).any():
+        out[first == 0] = score(masks[first == 0])
+    for layer in skip:
+        def base(lvl: int, rows: Tensor, layer: int = layer) -> Tensor:
+            at = resid[(lvl, layer)]
+            return at[rows % len(at)]  # copy-major: row r of a copy is row r mod (rows per copy) of the base
+
+        out[first == layer] = score(masks[first == layer], start_layer=layer, start_resid=base)
+    return out
+
+
+def ablation_metrics(
+    model: Model,
+    task: Task,
+    evalset: Any,
+    masks: Bool[Tensor, "C n_layers n_heads"],
+    kind: str = "zero",
+) -> list[dict[str, float]]:
+    """For each ablation mask (an all-False mask: unablated), the task's progress measure as
+    ``candidate_loss`` and its cue effect as ``delta_z`` (the selector task's names): from its
+    ``candidate_metrics`` when it has candidates, else from its ``evaluate`` with the heads ablated."""
+    if "candidates" in task.capabilities:
+        return [task.candidate_metrics(s, evalset) for s in ablation_scores(model, task, evalset, masks, kind)]
+    if kind not in KINDS:
+        raise ValueError(f"ablation kind must be one of {KINDS}, got {kind!r}")
+    progress = task.progress
+    replacement = mean_head_outputs(model, task.eval_sequences(evalset), task.input_len) if kind == "mean" else None
+    out = []
+    for mask in masks:
+        with hooks_added(model, _ablation_hooks(mask[None], replacement)):
+            m = task.evaluate(model, evalset)
+        out.append({"candidate_loss": m[progress.key],  # no cue effect logged: NaN (null in the cache)
+                    "delta_z": m.get(progress.cue_effect_key, math.nan) if progress.cue_effect_key else math.nan})
+    return out
+
+
+def ablate_each_head(
+    model: Model, task: Task, kind: str = "zero", n_groups: int = DEFAULT_GROUPS, seed: int = 0
+) -> HeadAblation:
+    """Every head ablated on its own; candidate loss and delta_z of each ablated model."""
+    evalset = build_evalset(task, n_groups, seed)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    masks = torch.cat([torch.zeros(1, L * H, dtype=torch.bool), torch.eye(L * H, dtype=torch.bool)]).view(-1, L, H)
+    base, *each = ablation_metrics(model, task, evalset, masks, kind)
+    return HeadAblation.from_metrics(kind, n_scored_groups(task, evalset), base,
+                                     torch.tensor([m["candidate_loss"] for m in each]).view(L, H),
+                                     torch.tensor([m["delta_z"] for m in each]).view(L, H))
+
+
+def ablate_heads(
+    model: Model,
+    task: Task,
+    heads: list[tuple[int, int]],
+    kind: str = "zero",
+    n_groups: int = DEFAULT_GROUPS,
+    seed: int = 0,
+) -> SetAblation:
+    """The given (layer, head) pairs ablated all at once."""
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    mask = torch.zeros(2, L, H, dtype=torch.bool)
+    for layer, head in heads:
+        if not (0 <= layer < L and 0 <= head < H):
+            raise ValueError(f"no head L{layer}H{head}: the model has {L} layers x {H} heads")
+        mask[1, layer, head] = True
+    evalset = build_evalset(task, n_groups, seed)
+    base, ablated = ablation_metrics(model, task, evalset, mask, kind)
+    return SetAblation(kind, n_scored_groups(task, evalset), [(int(a), int(b)) for a, b in heads], base, ablated)
+
+
+MARGINAL_TOL = 0.25
+"""A candidate loss within this fraction of log K of log K counts as back at the plateau."""
+
+
+def near_log_k(candidate_loss: float, log_k: float, tol: float = MARGINAL_TOL) -> bool:
+    """Whether ``candidate_loss`` is within ``tol * log K`` of log K: z no longer picks the target."""
+    return abs(float(candidate_loss) - log_k) <= tol * log_k
+
+
+def falls_back_to_marginal(result: HeadAblation, layer: int, head: int, log_k: float, tol: float = MARGINAL_TOL) -> bool:
+    """Whether ablating (layer, head) leaves the candidate loss within ``tol * log K`` of log K."""
+    return near_log_k(float(result.candidate_loss[layer, head]), log_k, tol)

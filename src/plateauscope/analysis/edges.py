@@ -1,0 +1,546 @@
+"""Edges of the residual-stream graph: attribution of every edge, exact patching of single edges,
+and the smallest faithful circuit.
+
+Graph (:class:`EdgeGraph`). *Senders* write into the residual stream: the embeddings (token plus
+position, one node), every attention head (its output ``z @ W_O``; the attention output bias is
+the same in every run and belongs to no edge) and every MLP. *Receivers* read it: each head's
+query, key and value inputs (three receivers), each MLP's input and the logits (the final
+residual stream). An edge joins a sender to every receiver downstream of it: a head of layer l
+reads the embeddings and every head and MLP of the layers before l; the MLP of layer l also reads
+the heads of layer l; the logits read every sender. An attention-only model has no MLP nodes.
+
+Patching edges (:func:`patch_edges`, the one generic function). Run a *base* prompt set; at each
+receiver, for every sender whose edge to it is patched, replace what the receiver reads from
+that sender (its output in this run) by its output in a *source* run. Nothing else changes, so
+downstream senders see the consequences. Two uses, both thin wrappers:
+
+* exact patching of one edge (:func:`patch_each_edge`): base = the corrupted prompts, source = the
+  clean run, one edge patched. The receiver sees the sender as in the clean run and every other
+  path stays corrupted (path patching of that edge alone);
+* faithfulness of a circuit C (:func:`faithfulness`): base = the clean prompts, source = the
+  corrupted run, every edge outside C patched. All edges in C give 1, no edge gives 0.
+
+Metric and sign: as in :mod:`plateauscope.analysis.patch`, the task's logit difference (clean answer minus
+corrupted answer) at the prediction position, averaged over pairs; normalised as
+``(patched - corrupt) / (clean - corrupt)`` (1 = clean, 0 = corrupted; NaN when the two differ by
+less than 1e-6).
+
+Attribution (:func:`edge_attribution`; edge attribution patching, Syed et al. 2023). The first-order
+term of the exact single-edge patch: ``(clean - corrupted sender output) . d metric / d receiver
+input`` on the corrupted run, summed over positions and pairs (the metric is the pair mean). One
+clean forward and one corrupted forward and backward give every edge. Exact where the metric is
+linear in the receiver's input; otherwise its error is second order (through LayerNorm, softmax
+attention and the MLP), so the strongest edges are also patched exactly and the agreement reported.
+
+The circuit at a checkpoint (:func:`faithful_circuit`): the k edges of largest |attribution|, with
+k the smallest found whose faithfulness reaches the target (0.8 by default). The search doubles k
+until the target is met, then bisects between the last miss and the first hit, so it assumes that
+faithfulness does not fall back below the target between those two; the faithfulness of the
+returned set is always measured, never assumed.
+
+Only a HookedTransformer (``use_split_qkv_input`` gives each head its own query, key and value
+input; ``use_hook_mlp_in`` the MLP's); both flags are set for the call and restored after it.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float, Int
+from torch import Tensor
+from transformer_lens.utilities import get_act_name
+
+from plateauscope.analysis.attribution import _spearman
+from plateauscope.analysis.inputs import PromptPairs, last_logit_diff
+from plateauscope.analysis.prefix import (
+    RunCache,
+    cached_run,
+    first_difference,
+    forward_from,
+)
+from plateauscope.analysis.results import median, na
+from plateauscope.backend import Model, backend_of, shares_prefixes
+
+HEAD_INPUTS = ("q", "k", "v")
+"""The three receivers of a head, in the order of :attr:`EdgeGraph.receivers`."""
+FAITHFULNESS_TARGET = 0.8
+"""Default share of the clean-corrupted metric gap a circuit must recover."""
+CIRCUIT_PAIRS = 64
+"""Default number of pairs the circuit search measures faithfulness on (each of its ~15 patched
+runs costs a forward of these; the ranking it searches comes from all the pairs)."""
+MAX_BATCH = 4096
+"""Sequences per forward pass when several patches run side by side (copies of the prompt set)."""
+
+
+def head_node(layer: int, head: int) -> str:
+    """The node id of a head, e.g. ``L0H1`` (as in the rest of the toolkit's head labels)."""
+    return f"L{layer}H{head}"
+
+
+def first_pairs(pairs: PromptPairs, n: int) -> PromptPairs:
+    """The first ``n`` pairs (all of them when there are fewer)."""
+    return replace(pairs, clean=pairs.clean[:n], corrupt=pairs.corrupt[:n], clean_answer=pairs.clean_answer[:n],
+                   corrupt_answer=pairs.corrupt_answer[:n], examples=pairs.examples[:n])
+
+
+@dataclass(frozen=True)
+class EdgeGraph:
+    """The nodes and edges of a model's residual-stream graph (module docstring)."""
+
+    n_layers: int
+    n_heads: int
+    has_mlp: bool
+
+    @classmethod
+    def of(cls, model: Model) -> EdgeGraph:
+        """The graph of ``model``."""
+        return cls(model.cfg.n_layers, model.cfg.n_heads, not model.cfg.attn_only)
+
+    @cached_property
+    def senders(self) -> list[tuple[str, int]]:
+        """``(node id, rank)`` in forward order; a sender is upstream of a receiver of lower rank."""
+        out = [("embed", -1)]
+        for layer in range(self.n_layers):
+            out += [(head_node(layer, h), 2 * layer) for h in range(self.n_heads)]
+            out += [(f"MLP{layer}", 2 * layer + 1)] if self.has_mlp else []
+        return out
+
+    @cached_property
+    def receivers(self) -> list[tuple[str, str, int]]:
+        """``(node id, input, rank)``: input ``q`` / ``k`` / ``v`` of a head, ``mlp`` or ``logits``."""
+        out = []
+        for layer in range(self.n_layers):
+            out += [(head_node(layer, h), x, 2 * layer) for h in range(self.n_heads) for x in HEAD_INPUTS]
+            out += [(f"MLP{layer}", "mlp", 2 * layer + 1)] if self.has_mlp else []
+        return out + [("logits", "logits", 2 * self.n_layers)]
+
+    @cached_property
+    def edges(self) -> list[tuple[int, int]]:
+        """``(sender index, receiver index)`` of every edge, receivers in forward order."""
+        return [(s, r) for r, (_, _, r_rank) in enumerate(self.receivers)
+                for s, (_, s_rank) in enumerate(self.senders) if s_rank < r_rank]
+
+    def edge_names(self) -> list[dict[str, str]]:
+        """``{"sender", "receiver", "input"}`` of every edge, in order."""
+        return [{"sender": self.senders[s][0], "receiver": self.receivers[r][0], "input": self.receivers[r][1]}
+                for s, r in self.edges]
+
+    def nodes(self) -> list[dict[str, Any]]:
+        """Every node with its kind, layer (embeddings -1, logits ``n_layers``) and head (or None)."""
+        out: list[dict[str, Any]] = [{"id": "embed", "kind": "embed", "layer": -1, "head": None}]
+        for layer in range(self.n_layers):
+            out += [{"id": head_node(layer, h), "kind": "head", "layer": layer, "head": h} for h in range(self.n_heads)]
+            out += [{"id": f"MLP{layer}", "kind": "mlp", "layer": layer, "head": None}] if self.has_mlp else []
+        return out + [{"id": "logits", "kind": "logits", "layer": self.n_layers, "head": None}]
+
+    def upstream(self, rank: int) -> list[int]:
+        """Indices of the senders a receiver of ``rank`` reads."""
+        return [s for s, (_, s_rank) in enumerate(self.senders) if s_rank < rank]
+
+    def dense(self, patched: Bool[Tensor, "M E"]) -> Bool[Tensor, "M S R"]:
+        """Edge masks as sender x receiver matrices."""
+        out = torch.zeros(patched.shape[0], len(self.senders), len(self.receivers), dtype=torch.bool)
+        s, r = torch.tensor(self.edges).T
+        out[:, s, r] = patched.cpu()
+        return out
+
+
+def require_hooked(model: Model) -> None:
+    """A one-line ValueError unless ``model`` is a HookedTransformer."""
+    if backend_of(model) != "hooked":
+        raise ValueError("edge analyses need a HookedTransformer (TransformerLens 3.x backend 'hooked')")
+
+
+@contextmanager
+def split_inputs(model: Model) -> Iterator[None]:
+    """Give each head its own q / k / v input hook and the MLP its input hook, for the duration."""
+    require_hooked(model)
+    old = (model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in)
+    mlp = not model.cfg.attn_only  # TransformerLens refuses the MLP input hook without MLPs
+    model.set_use_split_qkv_input(True)
+    if mlp:
+        model.set_use_hook_mlp_in(True)
+    try:
+        yield
+    finally:
+        model.set_use_split_qkv_input(old[0])
+        if mlp:
+            model.set_use_hook_mlp_in(old[1])
+
+
+def _sender_hooks(model: Model, graph: EdgeGraph, out: dict[int, Tensor]) -> list[tuple[str, Callable]]:
+    """Hooks that store each sender's output ``[batch, pos, d_model]`` in ``out`` by sender index."""
+    index = {name: i for i, (name, _) in enumerate(graph.senders)}
+
+    def embed(act: Tensor, hook) -> None:
+        out[0] = act
+
+    def heads(layer: int) -> Callable:
+        def save(z: Tensor, hook) -> None:  # [batch, pos, head, d_head] -> each head's output
+            result = torch.einsum("bphd,hdm->hbpm", z, model.blocks[layer].attn.W_O)
+            for h in range(graph.n_heads):
+                out[index[head_node(layer, h)]] = result[h]
+        return save
+
+    def mlp(layer: int) -> Callable:
+        def save(act: Tensor, hook) -> None:
+            out[index[f"MLP{layer}"]] = act
+        return save
+
+    hooks = [(get_act_name("resid_pre", 0), embed)]
+    for layer in range(graph.n_layers):
+        hooks.append((get_act_name("z", layer), heads(layer)))
+        if graph.has_mlp:
+            hooks.append((get_act_name("mlp_out", layer), mlp(layer)))
+    return hooks
+
+
+def _receiver_hook_names(graph: EdgeGraph) -> list[tuple[str, list[int]]]:
+    """``(hook name, receiver indices)`` for every receiver input: per layer q, k, v (one index per
+    head), the MLP input, and the final residual stream (the logits)."""
+    index = {(name, x): i for i, (name, x, _) in enumerate(graph.receivers)}
+    out = []
+    for layer in range(graph.n_layers):
+        for x in HEAD_INPUTS:
+            out.append((get_act_name(f"{x}_input", layer),
+                        [index[(head_node(layer, h), x)] for h in range(graph.n_heads)]))
+        if graph.has_mlp:
+            out.append((get_act_name("mlp_in", layer), [index[(f"MLP{layer}", "mlp")]]))
+    return out + [(get_act_name("resid_post", graph.n_layers - 1), [index[("logits", "logits")]])]
+
+
+@dataclass
+class EdgeRuns:
+    """What every edge computation on one prompt set shares: the graph, the clean run's cache (for
+    prefix sharing: positions before ``start`` are the same in every run and are never recomputed,
+    :mod:`plateauscope.analysis.prefix`), and the clean and corrupted senders' outputs from ``start`` on."""
+
+    model: Model
+    pairs: PromptPairs
+    graph: EdgeGraph
+    start: int
+    base: RunCache
+    clean_out: Float[Tensor, "S N new_pos d_model"]
+    corrupt_out: Float[Tensor, "S N new_pos d_model"]
+    clean: float
+    corrupt: float
+
+    @classmethod
+    def of(cls, model: Model, pairs: PromptPairs) -> EdgeRuns:
+        """Two forwards (clean, with its cache, and corrupted) of the pairs."""
+        require_hooked(model)
+        graph = EdgeGraph.of(model)
+        pairs = replace(pairs, clean=pairs.clean.to(model.cfg.device), corrupt=pairs.corrupt.to(model.cfg.device))
+        start = min(first_difference(pairs.clean, pairs.corrupt), pairs.pred_pos) if shares_prefixes(model) else 0
+        clean: dict[int, Tensor] = {}
+        corrupt: dict[int, Tensor] = {}  # no receiver is hooked in these two: plain forwards
+        with torch.no_grad():
+            base = cached_run(model, pairs.clean, pairs.pred_pos, hooks=_sender_hooks(model, graph, clean))
+            last = forward_from(model, pairs.corrupt, base, pairs.pred_pos, _sender_hooks(model, graph, corrupt), start)
+        clean_out, corrupt_out = (torch.stack([outs[i] for i in range(len(graph.senders))]) for outs in (clean, corrupt))
+        return cls(model, pairs, graph, start, base, clean_out[:, :, start:], corrupt_out,
+                   last_logit_diff(base.last_logits, pairs).item(), last_logit_diff(last, pairs).item())
+
+    def forward(self, tokens: Int[Tensor, "N pos"], hooks: list[tuple[str, Callable]], repeat: int = 1
+                ) -> Float[Tensor, "R vocab"]:
+        """Logits at the prediction position of ``tokens`` (repeated) with ``hooks``, each head and
+        MLP with its own input hooks; the hooks see the positions from ``start``."""
+        with split_inputs(self.model):
+            return forward_from(self.model, tokens, self.base, self.pairs.pred_pos, hooks, self.start, repeat=repeat)
+
+    def metric(self, last: Float[Tensor, "MN vocab"]) -> Float[Tensor, " M"]:
+        """The logit difference of each copy of the pairs in ``last`` (copy-major)."""
+        return torch.stack([last_logit_diff(chunk, self.pairs) for chunk in last.split(self.pairs.clean.shape[0])])
+
+    def normalise(self, effect: Float[Tensor, "..."]) -> Float[Tensor, "..."]:
+        """``effect / (clean - corrupt)`` (an effect is a metric minus the corrupted one); NaN when
+        the gap is under 1e-6."""
+        gap = self.clean - self.corrupt
+        return effect / gap if abs(gap) >= 1e-6 else torch.full_like(effect, math.nan)
+
+
+def patch_edges(runs: EdgeRuns, tokens: Int[Tensor, "N pos"], source: Float[Tensor, "S N new_pos d_model"],
+                patched: Bool[Tensor, "M E"]) -> Float[Tensor, " M"]:
+    """The metric of ``M`` runs of ``tokens``, each with its own set of patched edges: at every
+    receiver, the patched senders are read from ``source`` instead of this run. The M runs go side
+    by side as copies of the prompt set (at most ``MAX_BATCH`` sequences a pass)."""
+    graph = runs.graph
+    n = tokens.shape[0]
+    per_pass = max(1, MAX_BATCH // n)
+    if patched.shape[0] > per_pass:
+        return torch.cat([patch_edges(runs, tokens, source, chunk) for chunk in patched.split(per_pass)])
+    m = patched.shape[0]
+    mask = graph.dense(patched).to(source.device, source.dtype)  # [M, S, R]
+    current: dict[int, Tensor] = {}
+
+    def receiver(indices: list[int], rank: int) -> Callable:
+        up = graph.upstream(rank)
+        sub = mask[:, up][:, :, indices]  # [M, S_up, R_here]
+        active = sub.any(2).any(0).nonzero()[:, 0].tolist()  # senders patched into these receivers somewhere
+        if not active:
+            return lambda act, hook: None
+        sub = sub[:, active]
+        senders = [up[i] for i in active]
+        src = source[senders][:, None]  # [S_act, 1, N, pos, d]
+
+        def patch(act: Tensor, hook) -> Tensor:
+            diff = src - torch.stack([current[s] for s in senders]).unflatten(1, (m, n))
+            corr = torch.einsum("smnpd,msr->mnprd", diff, sub).flatten(0, 1)  # [M*N, pos, R_here, d]
+            return act + (corr if act.ndim == 4 else corr[:, :, 0])
+        return patch
+
+    hooks = _sender_hooks(runs.model, graph, current)
+    hooks += [(name, receiver(indices, graph.receivers[indices[0]][2])) for name, indices in _receiver_hook_names(graph)]
+    with torch.no_grad():
+        return runs.metric(runs.forward(tokens, hooks, repeat=m))
+
+
+@dataclass
+class EdgeScores:
+    """Scores of every edge of a graph, from one method, on one prompt set."""
+
+    effect: Float[Tensor, " E"]
+    """Patched minus corrupted metric (logits), per edge (NaN: not computed)."""
+    normalised: Float[Tensor, " E"]
+    """``effect / (clean - corrupt)``: 1 = the whole gap (NaN when the gap is under 1e-6)."""
+    method: str
+    """``attribution`` or ``exact``."""
+
+    def ranking(self) -> list[int]:
+        """Edge indices by decreasing |effect| (ties in edge order)."""
+        return self.effect.nan_to_num(0.0).abs().argsort(descending=True, stable=True).tolist()
+
+
+def edge_attribution(runs: EdgeRuns, on: str = "corrupt") -> EdgeScores:
+    """Attribution scores of every edge (module docstring): one forward and backward.
+
+    ``on="corrupt"`` (the default) takes the gradient on the corrupted run: the first-order term of
+    patching the edge into it from the clean run. ``on="clean"`` takes it on the clean run: the
+    first-order term of corrupting the edge alone, negated (the convention of ``auto-circuit``'s
+    mask-gradient scores). Both are exact for a linear metric; where they differ, the exact patch
+    of :func:`patch_each_edge` is the one the default approximates."""
+    if on not in ("corrupt", "clean"):
+        raise ValueError(f"on must be 'corrupt' or 'clean', got {on!r}")
+    graph, pairs = runs.graph, runs.pairs
+    inputs: dict[str, Tensor] = {}
+    names = _receiver_hook_names(graph)
+
+    def keep(name: str) -> Callable:
+        def save(act: Tensor, hook) -> Tensor:
+            inputs[name] = act
+            return act
+        return save
+
+    with torch.enable_grad():
+        last = runs.forward(pairs.corrupt if on == "corrupt" else pairs.clean, [(name, keep(name)) for name, _ in names])
+        grads = torch.autograd.grad(last_logit_diff(last, pairs), [inputs[name] for name, _ in names],
+                                    allow_unused=True)
+    delta = runs.clean_out - runs.corrupt_out
+    score = torch.zeros(len(graph.senders), len(graph.receivers))
+    for (name, indices), g in zip(names, grads):
+        if g is None:
+            continue
+        up = graph.upstream(graph.receivers[indices[0]][2])
+        g = g if g.ndim == 4 else g[:, :, None]  # [N, pos, R_here, d]
+        score[torch.tensor(up)[:, None], torch.tensor(indices)[None]] = torch.einsum(
+            "snpd,nprd->sr", delta[up], g).float().cpu()
+    s, r = torch.tensor(graph.edges).T
+    effect = score[s, r]
+    return EdgeScores(effect, runs.normalise(effect), "attribution")
+
+
+def patch_each_edge(runs: EdgeRuns, edges: list[int]) -> EdgeScores:
+    """Exact patching of each of ``edges`` alone (corrupted run, that edge from the clean run); the
+    other edges' effects are NaN."""
+    effect = torch.full((len(runs.graph.edges),), math.nan)
+    if edges:
+        patched = torch.zeros(len(edges), len(runs.graph.edges), dtype=torch.bool)
+        patched[torch.arange(len(edges)), torch.tensor(edges)] = True
+        effect[edges] = (patch_edges(runs, runs.pairs.corrupt, runs.clean_out, patched) - runs.corrupt).float().cpu()
+    return EdgeScores(effect, runs.normalise(effect), "exact")
+
+
+def faithfulness(runs: EdgeRuns, circuits: Bool[Tensor, "M E"]) -> Float[Tensor, " M"]:
+    """Normalised metric of the clean run with every edge outside each circuit patched to the
+    corrupted run (1 = clean, 0 = corrupted; NaN when the two differ by less than 1e-6)."""
+    return runs.normalise(patch_edges(runs, runs.pairs.clean, runs.corrupt_out, ~circuits) - runs.corrupt).float().cpu()
+
+
+@dataclass
+class Circuit:
+    """The smallest faithful set of top-attribution edges found at one checkpoint."""
+
+    edges: list[int]
+    """Edge indices, by decreasing |attribution|."""
+    faithfulness: float
+    target: float
+    evaluated: dict[int, float]
+    """Faithfulness of the top-k edges for every k the search measured."""
+    pairs: int
+    """Pairs the faithfulness was measured on."""
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON types."""
+        return {"edges": self.edges, "size": len(self.edges), "faithfulness": self.faithfulness,
+                "target": self.target, "pairs": self.pairs,
+                "evaluated": {str(k): v for k, v in sorted(self.evaluated.items())}}
+
+
+def faithful_circuit(runs: EdgeRuns, scores: EdgeScores, target: float = FAITHFULNESS_TARGET,
+                     n_pairs: int | None = None) -> Circuit | None:
+    """The top-k edges of ``scores`` with the smallest k found (module docstring) whose faithfulness
+    reaches ``target``, measured on the first ``n_pairs`` pairs (None: all); None when faithfulness
+    is undefined (clean and corrupted metrics equal)."""
+    if n_pairs is not None and n_pairs < len(runs.pairs.clean):
+        runs = EdgeRuns.of(runs.model, first_pairs(runs.pairs, n_pairs))
+    if abs(runs.clean - runs.corrupt) < 1e-6:
+        return None
+    order = scores.ranking()
+    n_edges = len(order)
+    seen: dict[int, float] = {}
+
+    def measure(ks: list[int]) -> None:
+        masks = torch.zeros(len(ks), n_edges, dtype=torch.bool)
+        for i, k in enumerate(ks):
+            masks[i, order[:k]] = True
+        seen.update(zip(ks, faithfulness(runs, masks).tolist()))
+
+    grid = sorted({min(2 ** i, n_edges) for i in range(int(math.log2(n_edges)) + 2)})
+    measure(grid)
+    hi = next((k for k in grid if seen[k] >= target), n_edges)
+    lo = max([k for k in grid if k < hi], default=0)
+    while hi - lo > 1:  # invariant: the top hi edges reach the target, the top lo do not
+        mid = (lo + hi) // 2
+        measure([mid])
+        lo, hi = (lo, mid) if seen[mid] >= target else (mid, hi)
+    return Circuit(order[:hi], seen[hi], target, seen, len(runs.pairs.clean))
+
+
+def agreement_top(runs: EdgeRuns, scores: EdgeScores, n: int) -> dict[str, Any]:
+    """Exact patching of the ``n`` edges of largest |attribution| and how well attribution agrees
+    there: rank correlation of the effects and the largest error (logits and normalised)."""
+    top = scores.ranking()[:n]
+    exact = patch_each_edge(runs, top)
+    a, e = scores.effect[top].double().numpy(), exact.effect[top].double().numpy()
+    gap = runs.clean - runs.corrupt
+    err = float(np.abs(a - e).max()) if top else 0.0
+    return {"edges": top, "effect": e.tolist(), "spearman": _spearman(e, a), "max_abs_err": err,
+            "max_abs_err_normalised": err / abs(gap) if abs(gap) >= 1e-6 else None}
+
+
+STABLE_JACCARD = 0.8
+"""A circuit is stable from the first step after which every circuit shares at least this Jaccard
+similarity with the last step's."""
+
+
+def jaccard_to_last(circuits: list[list[int] | None]) -> list[float | None]:
+    """Each circuit's Jaccard similarity with the last one (None where a step, or the last, has none)."""
+    last = set(circuits[-1]) if circuits and circuits[-1] else None
+    return [None if c is None or last is None else len(last & set(c)) / len(last | set(c)) for c in circuits]
+
+
+def stable_from(steps: list[int], circuits: list[list[int] | None], min_jaccard: float = STABLE_JACCARD) -> int | None:
+    """The first step from which every circuit has Jaccard similarity at least ``min_jaccard`` with the
+    last step's circuit; None when the last has none, or when only the last step itself qualifies
+    (no evidence of stability)."""
+    out = None
+    for step, j in zip(reversed(steps[:-1]), reversed(jaccard_to_last(circuits)[:-1])):
+        if j is None or j < min_jaccard:
+            break
+        out = step
+    return out
+
+
+def edge_record(model: Model, pairs: PromptPairs, target: float = FAITHFULNESS_TARGET,
+                circuit_pairs: int = CIRCUIT_PAIRS) -> dict[str, Any]:
+    """One checkpoint's cached edge analysis: the graph's shape, the clean and corrupted metrics,
+    every edge's attribution effect (logits) on ``pairs``, and the faithful circuit (None when
+    undefined) of that ranking, its faithfulness measured on the first ``circuit_pairs`` pairs."""
+    runs = EdgeRuns.of(model, pairs)
+    scores = edge_attribution(runs)
+    circuit = faithful_circuit(runs, scores, target, circuit_pairs)
+    g = runs.graph
+    return {"graph": {"n_layers": g.n_layers, "n_heads": g.n_heads, "has_mlp": g.has_mlp},
+            "clean": runs.clean, "corrupt": runs.corrupt, "effect": [round(x, 6) for x in scores.effect.tolist()],
+            "circuit": circuit.to_dict() if circuit else None}
+
+
+def exact_edge_record(model: Model, pairs: PromptPairs, n: int, effect: list[float] | None = None) -> dict[str, Any]:
+    """One exact-analysis checkpoint's agreement of attribution with exact patching of its ``n``
+    strongest edges (:func:`agreement_top`); ``effect``: the attribution already computed on these
+    pairs (an :func:`edge_record`'s), else it is computed."""
+    runs = EdgeRuns.of(model, pairs)
+    if effect is None:
+        scores = edge_attribution(runs)
+    else:
+        scores = EdgeScores(torch.tensor(effect), runs.normalise(torch.tensor(effect)), "attribution")
+    return agreement_top(runs, scores, n)
+
+
+def graph_of_record(record: dict[str, Any]) -> EdgeGraph:
+    """The graph a cached edge record was made on."""
+    return EdgeGraph(**record["graph"])
+
+
+def edges_summary(records: list[dict[str, Any]], exact: list[dict[str, Any]], top: int = 5) -> dict[str, Any] | None:
+    """The circuit over time from cached edge records: its size and faithfulness at the last step,
+    its strongest edges by name, the step from which it is stable (:func:`stable_from`), and the
+    agreement of attribution with exact patching over the exact steps."""
+    if not records:
+        return None
+    names = graph_of_record(records[-1]).edge_names()
+    steps = [r["step"] for r in records]
+    circuits = [r["circuit"]["edges"] if r.get("circuit") else None for r in records]
+    last = records[-1].get("circuit")
+    rho = [a["spearman"] for a in exact if a.get("spearman") is not None]
+    return {
+        "n_edges": len(names),
+        "final_step": steps[-1],
+        "final_circuit": None if not last else {
+            "size": last["size"], "faithfulness": last["faithfulness"], "target": last["target"],
+            "strongest": [f"{names[i]['sender']} -> {names[i]['receiver']} ({names[i]['input']})"
+                          for i in last["edges"][:top]]},
+        "sizes": [[s, c and len(c)] for s, c in zip(steps, circuits)],
+        "jaccard_to_last": [[s, j] for s, j in zip(steps, jaccard_to_last(circuits))],
+        "stable_from": stable_from(steps, circuits),
+        "agreement": {"steps": len(exact), "spearman_median": median(rho), "spearman_min": min(rho) if rho else None,
+                      "max_abs_err": max((a["max_abs_err"] for a in exact), default=None),
+                      "n_edges": max((len(a["edges"]) for a in exact), default=0)},
+    }
+
+
+def stability(s: dict[str, Any], tau: int | None) -> str:
+    """Words for when the circuit settles, from :func:`edges_summary`."""
+    if s["stable_from"] is not None:
+        return f"stable (Jaccard >= {STABLE_JACCARD} with the last) from step {s['stable_from']}"
+    at_tau = None
+    if tau is not None:
+        known = [(step, j) for step, j in s["jaccard_to_last"][:-1] if j is not None]
+        at_tau = min(known, key=lambda sj: abs(sj[0] - tau))[1] if known else None
+    return (f"not stable before the last step (Jaccard with the last below {STABLE_JACCARD}"
+            + (f"; {at_tau:.2f} at tau)" if at_tau is not None else ")"))
+
+
+def format_edges(s: dict[str, Any] | None, t_form: int | None, tau: int | None) -> list[str]:
+    """Text lines of :func:`edges_summary` for ``plateauscope analyze``."""
+    if not s:
+        return []
+    lines = []
+    last = s["final_circuit"]
+    if last:
+        lines.append(f"edge circuit    {last['size']} of {s['n_edges']} edges recover {last['faithfulness']:.2f} of the "
+                     f"metric at step {s['final_step']} (target {last['target']}); {stability(s, tau)} "
+                     f"(t_form {na(t_form, '{}')}, tau {na(tau, '{}')})")
+        lines.append(f"strongest edges {'; '.join(last['strongest'])}")
+    a = s["agreement"]
+    if a["steps"]:
+        lines.append(f"edge attribution vs exact (top {a['n_edges']} edges, {a['steps']} steps): Spearman median "
+                     f"{na(a['spearman_median'])} (min {na(a['spearman_min'])}), max |error| {a['max_abs_err']:.3f} logits")
+    return lines

@@ -1,0 +1,190 @@
+"""Forward passes that skip what a clean / corrupted pair has in common (shared by exact and
+attribution patching).
+
+Method. A clean prompt and its corrupted twin agree on every token before the first position
+where any pair differs (:func:`first_difference`; the selector z in this task). Attention is
+causal, so every activation at those positions is identical in the two runs, at every layer.
+A run of the corrupted prompts therefore only has to compute the positions from there on,
+reading the keys and values of the earlier positions from the clean run
+(``TransformerLensKeyValueCacheEntry``, frozen); and a run that changes activations only
+from layer ``l`` and position ``s`` on can start there (``HookedTransformer.forward(...,
+start_at_layer=l)`` on the cached residual stream), with the keys and values of the positions
+before ``s`` taken from the run it modifies. Only the prediction position's logits are read,
+so only that position is unembedded.
+
+Only a HookedTransformer runs this way (:func:`plateauscope.backend.shares_prefixes`, the one place
+the choice is made). Any other model (the TransformerLens 4 bridge, whose forward silently
+ignores a ``past_kv_cache``; the tests' plain-torch reference) runs every position from layer 0
+with the same hooks (:func:`forward_from`, :func:`cached_run`, :func:`suffix_run`): exact, just
+slower. The hooks therefore see the positions from ``start``
+(prefix sharing) or all of them (full forwards); they align on the last positions of the
+activation they get.
+
+No metric and no sign of its own: the helpers return activations and last-position logits;
+:mod:`plateauscope.analysis.patch` and :mod:`plateauscope.analysis.attribution` state their metric.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from transformer_lens.cache.key_value_cache_entry import (
+    TransformerLensKeyValueCacheEntry,
+)
+from transformer_lens.utilities import get_act_name
+
+from plateauscope.backend import Model, hooks_added, shares_prefixes
+
+Hook = tuple[str, Callable]
+
+
+def first_difference(clean: Int[Tensor, "N pos"], corrupt: Int[Tensor, "N pos"]) -> int:
+    """The first position where any pair's prompts differ (``pos`` when none does)."""
+    differs = (clean != corrupt).any(0)
+    return int(differs.nonzero()[0, 0]) if differs.any() else clean.shape[1]
+
+
+@dataclass
+class RunCache:
+    """Activations of one run at every position: the residual stream before each block, each
+    attention layer's keys and values (both empty lists on a model that does not share prefixes:
+    nothing reads them), and any other hooked activations by full hook name."""
+
+    resid_pre: list[Float[Tensor, "N pos d_model"]]
+    keys: list[Float[Tensor, "N pos kv_head d_head"]]
+    values: list[Float[Tensor, "N pos kv_head d_head"]]
+    acts: dict[str, Tensor]
+    last_logits: Float[Tensor, "N vocab"]
+    """Logits at the prediction position."""
+
+
+def _names(model: Model, act_names: Iterable[str]) -> list[str]:
+    kinds = (("resid_pre", "k", "v") if shares_prefixes(model) else ()) + tuple(sorted(set(act_names)))
+    return [get_act_name(a, layer) for a in kinds for layer in range(model.cfg.n_layers)]
+
+
+def _check(model: Model) -> None:
+    if shares_prefixes(model) and model.cfg.positional_embedding_type != "standard":
+        raise ValueError("prefix-sharing runs need absolute (standard) positional embeddings, "
+                         f"the model has {model.cfg.positional_embedding_type!r}")
+
+
+def unembed_last(model: Model, resid: Float[Tensor, "N d_model"]) -> Float[Tensor, "N vocab"]:
+    """The logits of one position from its final residual stream (final LayerNorm + unembed)."""
+    x = resid[:, None]
+    if model.cfg.normalization_type is not None:
+        x = model.ln_final(x)
+    logits = model.unembed(x)[:, 0]
+    if model.cfg.output_logits_soft_cap > 0.0:
+        cap = model.cfg.output_logits_soft_cap
+        logits = cap * torch.tanh(logits / cap)
+    return logits
+
+
+def kv_entries(keys: list[Tensor], values: list[Tensor], stop: int, start_layer: int = 0, repeat: int = 1
+               ) -> list[TransformerLensKeyValueCacheEntry | None] | None:
+    """Frozen key/value cache entries of positions ``< stop`` for the layers from ``start_layer``
+    (earlier layers: None, never read), the batch repeated ``repeat`` times (replica-major);
+    None when ``stop`` is 0 (nothing to cache)."""
+    if stop == 0:
+        return None
+    out: list[TransformerLensKeyValueCacheEntry | None] = [None] * len(keys)
+    for layer in range(start_layer, len(keys)):
+        k, v = keys[layer][:, :stop], values[layer][:, :stop]
+        if repeat > 1:
+            k, v = k.repeat(repeat, 1, 1, 1), v.repeat(repeat, 1, 1, 1)
+        out[layer] = TransformerLensKeyValueCacheEntry(k, v, frozen=True)
+    return out
+
+
+def run_from(
+    model: Model,
+    resid: Float[Tensor, "N new_pos d_model"],
+    start_layer: int,
+    past: list[TransformerLensKeyValueCacheEntry | None] | None,
+    pred_index: int,
+    fwd_hooks: list[Hook] | None = None,
+) -> Float[Tensor, "N vocab"]:
+    """Run the blocks from ``start_layer`` on the residual stream of the new positions (keys and
+    values of the earlier ones from ``past``) and return the logits at ``pred_index`` (an index
+    into the new positions)."""
+    with hooks_added(model, fwd_hooks or []):
+        out = model(resid, start_at_layer=start_layer, stop_at_layer=model.cfg.n_layers, past_kv_cache=past)
+    return unembed_last(model, out[:, pred_index])
+
+
+def cached_run(model: Model, tokens: Int[Tensor, "N pos"], pred_pos: int,
+               act_names: Iterable[str] = (), hooks: Iterable[Hook] = ()) -> RunCache:
+    """A full run of ``tokens`` caching resid_pre, keys, values and the ``act_names`` activations
+    of every layer (``hooks``: more hooks for the same pass, e.g. ones that record)."""
+    _check(model)
+    cache: dict[str, Tensor] = {}
+    hooks = savers(_names(model, act_names), cache) + list(hooks)
+    if shares_prefixes(model):
+        last = run_from(model, model.input_to_embed(tokens)[0], 0, None, pred_pos, hooks)
+    else:
+        last = model.run_with_hooks(tokens, fwd_hooks=hooks)[:, pred_pos]
+    return _as_run_cache(model, cache, last, act_names)
+
+
+def savers(names: Iterable[str], cache: dict[str, Tensor]) -> list[Hook]:
+    """Hooks that record each activation under the name asked for (on the bridge ``hook.name`` is
+    the canonical name of an aliased hook) and return it (on the bridge, ``hook_z`` is a reshaped
+    copy that stays on the autograd graph only when the hook returns it)."""
+    def saver(name: str) -> Callable:
+        def save(act: Tensor, hook) -> Tensor:
+            cache[name] = act
+            return act
+
+        return save
+
+    return [(n, saver(n)) for n in sorted(set(names))]
+
+
+def forward_from(model: Model, tokens: Int[Tensor, "N pos"], base: RunCache, pred_pos: int,
+                 fwd_hooks: list[Hook], start: int = 0, layer: int = 0, repeat: int = 1) -> Float[Tensor, "R vocab"]:
+    """The logits at ``pred_pos`` of ``tokens`` repeated ``repeat`` times (replica-major, R = N *
+    repeat) run with ``fwd_hooks``, which change nothing before position ``start`` or layer ``layer``.
+
+    ``base`` is a run on prompts equal to ``tokens`` before ``start`` (and, when ``layer`` > 0, a run
+    of ``tokens`` itself). Prefix sharing: the blocks from ``layer`` on over the positions from
+    ``start`` on, reading ``base``'s keys and values of the earlier positions. Otherwise the full
+    forward. The hooks see the positions from ``start`` or all of them (align on the last ones)."""
+    if not shares_prefixes(model):
+        return model.run_with_hooks(tokens.repeat(repeat, 1), fwd_hooks=fwd_hooks)[:, pred_pos]
+    resid = (model.input_to_embed(tokens)[0] if layer == 0 else base.resid_pre[layer])[:, start:]
+    if repeat > 1:
+        resid = resid.repeat(repeat, 1, 1)
+    past = kv_entries(base.keys, base.values, start, layer, repeat)
+    return run_from(model, resid, layer, past, pred_pos - start, fwd_hooks)
+
+
+def suffix_run(model: Model, tokens: Int[Tensor, "N pos"], prefix: RunCache, start: int,
+               pred_pos: int, act_names: Iterable[str] = ()) -> RunCache:
+    """A run of ``tokens`` that computes only positions ``>= start``, taking everything before from
+    ``prefix`` (a run on prompts equal to ``tokens`` before ``start``); returns every position."""
+    _check(model)
+    if not shares_prefixes(model):
+        return cached_run(model, tokens, pred_pos, act_names)
+    cache: dict[str, Tensor] = {}
+    last = forward_from(model, tokens, prefix, pred_pos, savers(_names(model, act_names), cache), start)
+    head = {**{get_act_name("resid_pre", i): prefix.resid_pre[i] for i in range(model.cfg.n_layers)},
+            **{get_act_name("k", i): prefix.keys[i] for i in range(model.cfg.n_layers)},
+            **{get_act_name("v", i): prefix.values[i] for i in range(model.cfg.n_layers)},
+            **prefix.acts}
+    full = {n: torch.cat([head[n][:, :start], a], dim=1) for n, a in cache.items()}
+    return _as_run_cache(model, full, last, act_names)
+
+
+def _as_run_cache(model: Model, cache: dict[str, Tensor], last: Tensor, act_names: Iterable[str]
+                  ) -> RunCache:
+    L = range(model.cfg.n_layers)
+    acts = {get_act_name(a, i): cache[get_act_name(a, i)] for a in set(act_names) for i in L}
+    if not shares_prefixes(model):
+        return RunCache([], [], [], acts, last)
+    return RunCache([cache[get_act_name("resid_pre", i)] for i in L], [cache[get_act_name("k", i)] for i in L],
+                    [cache[get_act_name("v", i)] for i in L], acts, last)

@@ -1,0 +1,156 @@
+"""Result files of the analyses: their names, strict JSON, atomic writes, and records keyed on settings.
+
+Every analysis caches its results beside the run, under ``RUN/analysis/`` (the file names are the
+constants below, in this one place). A cache file is JSON lines, one record per analysed step;
+each record carries the ``settings`` that produced it (the number of examples, the seed, ...),
+and :func:`load_records` returns only the records whose settings match the ones asked for, so a
+call with other settings recomputes instead of silently reusing. Records with other settings
+stay in the file (keeping both costs a few kilobytes, and switching back is free).
+
+Files are written atomically (a temporary file, then one rename: ``plateauscope.training.run.atomic_write``),
+so a killed analysis never leaves a torn record behind; appending rewrites the file that way.
+Records are strict JSON: NaN and infinities become ``null`` (:func:`strict_json`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from tqdm.auto import tqdm
+
+from plateauscope.training.run import (
+    Run,
+    RunError,
+    read_jsonl,
+    write_json_atomic,
+    write_text_atomic,
+)
+
+ANALYSIS_DIR = "analysis"
+"""Folder of a run directory that holds every analysis cache."""
+ATTENTION_FILE = "attention.jsonl"
+ATTRIBUTION_FILE = "attribution.jsonl"
+PATCH_FILE = "patch.jsonl"
+ABLATION_FILE = "ablation.jsonl"
+CIRCUIT_FILE = "circuit.jsonl"
+"""Head shares, set ablations and reads-z patching per exact step (``plateauscope.analysis.circuit``)."""
+EDGES_FILE = "edges.jsonl"
+"""Attribution of every edge and the faithful circuit, per analysed step (``plateauscope.analysis.edges``)."""
+EDGE_EXACT_FILE = "edge_exact.jsonl"
+"""Exact patching of the strongest edges and its agreement with attribution, per exact step."""
+PATTERNS_FILE = "patterns.jsonl"
+"""Attention patterns of a few examples, per analysed step (for the time view)."""
+HESSIAN_FILE = "hessian.jsonl"
+LLC_FILE = "llc.jsonl"
+"""Local learning coefficient records, one per (step, SGLD settings)."""
+LLC_SUMMARY_FILE = "llc.json"
+"""The LLC series summary of the latest ``plateauscope llc``."""
+SELECTOR_FILE = "selector.json"
+"""The selector-head summary of the latest ``plateauscope.analysis.analyze`` call (with its settings)."""
+REPORT_FILE = "report.html"
+"""A run's report, in the run directory."""
+VIEW_FILE = "view.html"
+"""A run's time view (``plateauscope.views.view``), in the run directory."""
+OVERVIEW_FILE = "overview.svg"
+"""A run at a glance (``plateauscope.views.overview``), in the run directory next to its report."""
+SWEEP_REPORT_FILE = "sweep_report.html"
+"""A sweep's report, in the sweep directory."""
+DYNAMICS_CSV_FILE = "dynamics.csv"
+"""A sweep's per-run table, in the sweep directory."""
+VARIANTS_CSV_FILE = "variants.csv"
+"""A sweep's per-task-variant table (plateau kind), in the sweep directory."""
+
+
+def analysis_dir(run_dir: str | Path) -> Path:
+    """``RUN/analysis``: where a run's analysis caches live."""
+    return Path(run_dir) / ANALYSIS_DIR
+
+
+def strict_json(obj: Any) -> Any:
+    """``obj`` with every NaN / infinity replaced by None (tuples become lists): valid strict JSON."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {k: strict_json(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [strict_json(v) for v in obj]
+    return obj
+
+
+def settings_key(settings: Mapping[str, Any]) -> dict[str, Any]:
+    """Settings as they are stored and compared: sorted keys, JSON types (tuples as lists)."""
+    return json.loads(json.dumps(dict(sorted(settings.items()))))
+
+
+def append_records(path: Path, records: Iterable[dict[str, Any]]) -> None:
+    """Append ``records`` to a JSON-lines file, atomically (the whole file is rewritten in one rename)."""
+    path = Path(path)
+    old = path.read_text() if path.exists() else ""
+    if old and not old.endswith("\n"):
+        old = old.rsplit("\n", 1)[0] + "\n" if "\n" in old else ""  # drop a torn last line
+    new = "".join(json.dumps(strict_json(r), allow_nan=False) + "\n" for r in records)
+    write_text_atomic(path, old + new)
+
+
+def load_records(path: Path, settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:
+    """The records of a cache file, one per step (the last written wins), sorted by step.
+
+    With ``settings``, only the records made with exactly these settings; records written before
+    settings were stored (no ``settings`` field) match nothing, so they are recomputed.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    wanted = settings_key(settings) if settings is not None else None
+    by_step = {r["step"]: r for r in read_jsonl(path) if wanted is None or r.get("settings") == wanted}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def pick_steps(available: list[int], every: int = 1, steps: list[int] | None = None) -> list[int]:
+    """The checkpoints to analyse: explicit ``steps`` (each must exist) or every ``every``-th one and the last."""
+    if every < 1:
+        raise ValueError(f"--every must be at least 1, got {every}")
+    if steps:
+        missing = sorted(set(steps) - set(available))
+        if missing:
+            raise RunError(f"no checkpoint at step(s) {', '.join(map(str, missing))}")
+        return sorted(set(steps))
+    chosen = available[::every]
+    if available and chosen[-1] != available[-1]:
+        chosen.append(available[-1])
+    return chosen
+
+
+def cached_series(run: Run, path: Path, settings: Mapping[str, Any], steps: list[int],
+                  compute: Callable[[int, Any], dict[str, Any]], desc: str, device: str = "cpu",
+                  progress: bool = True) -> list[dict[str, Any]]:
+    """One record per step: from the cache file ``path`` when it holds one with these ``settings``,
+    else ``compute(step, model)`` on the checkpoint (loaded one at a time), appended to the cache."""
+    have = {r["step"]: r for r in load_records(path, settings)}
+    for step in tqdm([s for s in steps if s not in have], desc=f"{desc} {run.path.name}", disable=not progress,
+                     dynamic_ncols=True):
+        record = {"step": step, "settings": dict(settings), **compute(step, run.load_model(step, device))}
+        append_records(path, [record])
+        have[step] = strict_json(record)
+    return [have[s] for s in steps]
+
+
+def write_json_result(path: Path, obj: Any) -> None:
+    """Write a result as strict, indented JSON, atomically."""
+    write_json_atomic(Path(path), strict_json(obj))
+
+
+def median(values: Sequence[float | int | None]) -> float | None:
+    """The median of the values that are not None (the mean of the middle two on an even count)."""
+    xs = [float(v) for v in values if v is not None]
+    return float(np.median(xs)) if xs else None
+
+
+def na(x: float | int | None, fmt: str = "{:.3f}") -> str:
+    """``fmt.format(x)``, or "n/a" for a missing value."""
+    return "n/a" if x is None else fmt.format(x)

@@ -1,0 +1,163 @@
+"""The routing-head summary of an analysed series (``selector.json``), and its text.
+
+From the cached analysis records of a run (``plateauscope.analysis.analyze.load_analysis``): the routing head (the
+selector head of the selector task: attention to the cue times the head-patching effect at the
+end, ``plateauscope.analysis.selector.pick_selector_head``), its attention at the plateau start and the end, t_form
+and the lead fraction by each of the three rules (``plateauscope.analysis.selector``), the head ablated at three
+moments, the circuit verdict (``plateauscope.analysis.circuit``), the heads that follow the task's other attention
+rules (induction's previous-token head) and the agreement of attribution with exact patching.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from plateauscope.analysis import selector as sel
+from plateauscope.analysis.ablate import near_log_k
+from plateauscope.analysis.attribution import agreement
+from plateauscope.analysis.circuit import circuit_summary, format_circuit
+from plateauscope.analysis.components import PatchResult
+from plateauscope.analysis.edges import format_edges
+from plateauscope.analysis.results import median, na, strict_json
+from plateauscope.tasks.base import ProgressMeasure
+from plateauscope.training.run import Run, RunError
+
+
+def _previous(values: list[int], x: int) -> int | None:
+    before = [v for v in values if v < x]
+    return before[-1] if before else None
+
+
+def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[dict],
+              smooth: int = 1) -> dict[str, Any]:
+    """Selector head, t_form, tau, lead fraction (by each rule), ablation before/mid/after, the circuit
+    verdict, exact-vs-attribution agreement."""
+    attn, patches, ablations = cache["attention"], cache["patch"], cache["ablation"]
+    if not attn or not patches:
+        raise RunError(f"{run.path}: nothing analysed yet")
+    final_patch = patches[-1]
+    final_attn = next(r for r in reversed(attn) if r["step"] == final_patch["step"]) if any(
+        r["step"] == final_patch["step"] for r in attn) else attn[-1]
+    (layer, head), scores = sel.pick_selector_head(final_attn["to_z_first"], final_patch["heads"]["normalised"])
+    progress = run.progress
+    cue = progress.cue_effect_key or ""
+    steps = [r["step"] for r in attn]
+    series = [r["to_z_first"][layer][head] for r in attn]
+    summary = run.summary() or {}
+    plateau_start = (summary.get("plateau_span") or [steps[0]])[0]
+    form = sel.formation_step(steps, series, plateau_start)
+    eval_steps = [r["step"] for r in records]
+    tau_lo = _previous(eval_steps, tau) if tau is not None else None
+    t_lo = form["t_form_bracket"][0] if form["t_form_bracket"] else None
+    lead = sel.lead_fraction(tau, tau_lo, form["t_form"], t_lo)
+    circ = cache.get("circuit") or []
+    rules = sel.t_form_rules(
+        tau, tau_lo, plateau_start, progress.height, (steps, series),
+        ([r["step"] for r in circ], sel.gated_shares([r["shares"]["share"][layer][head] for r in circ],
+                                                     [r["shares"]["total_positive"] for r in circ])),
+        ([r["step"] for r in records if r.get(cue) is not None], [r[cue] for r in records if r.get(cue) is not None]),
+        smooth)
+
+    def rule_head(name: str) -> dict[str, Any]:
+        # the head that follows a named attention rule most at the end, and when it formed
+        final = attn[-1]["rules"][name]
+        n_heads = len(final[0])
+        best = max(range(len(final) * n_heads), key=lambda i: final[i // n_heads][i % n_heads])
+        at = (best // n_heads, best % n_heads)
+        values = [r["rules"][name][at[0]][at[1]] for r in attn]
+        formed = sel.formation_step(steps, values, plateau_start)
+        lo = formed["t_form_bracket"][0] if formed["t_form_bracket"] else None
+        return {"head": list(at), "label": f"L{at[0]}H{at[1]}",
+                **formed, **sel.lead_fraction(tau, tau_lo, formed["t_form"], lo)}
+
+    # the task's other attention rules (e.g. induction's previous-token head), when it names any
+    rule_heads = {name: rule_head(name) for name in attn[-1].get("rules") or {}}
+
+    def ablation_at(target: int | None) -> dict | None:
+        if target is None or not ablations:
+            return None
+        rec = min(ablations, key=lambda r: abs(r["step"] - target))
+        z = rec["zero"]
+        return {"step": rec["step"], "base_candidate_loss": z["base"]["candidate_loss"],
+                "zero_candidate_loss": z["candidate_loss"][layer][head],
+                "mean_candidate_loss": rec["mean"]["candidate_loss"][layer][head],
+                "zero_delta_z": z["delta_z"][layer][head]}
+
+    log_k = progress.height
+    after = ablation_at(steps[-1])
+    attribution_by_step = {r["step"]: r for r in cache["attribution"]}
+    agree = []
+    for p in patches:
+        a = attribution_by_step.get(p["step"])
+        if a is not None:
+            agree.append({"step": p["step"], **strict_json(agreement(_result(p["heads"]), _result(a["heads"])))})
+    return {
+        "head": [layer, head],
+        "label": f"L{layer}H{head}",
+        "rule": "argmax over heads of attention-to-z x max(normalised head patching effect, 0) at the final analysed step",
+        "scores": scores,
+        "tau": tau,
+        "tau_bracket": [tau_lo, tau] if tau is not None else None,
+        "log_k": log_k,
+        "plateau_start": plateau_start,
+        **form,
+        **lead,
+        "ablation": {"plateau_start": ablation_at(plateau_start),
+                     "tau_half": ablation_at(tau // 2 if tau else None), "end": after},
+        "falls_back_to_marginal": near_log_k(after["zero_candidate_loss"], log_k) if after else None,
+        "t_form_rules": rules["rules"],
+        "smoothing": rules["smoothing"],
+        "circuit": circuit_summary(circ, (layer, head), log_k, tau),
+        "agreement": agree,
+        "analysed_steps": len(steps),
+        **({"attention_rules": rule_heads} if rule_heads else {}),
+    }
+
+
+def _result(d: dict) -> PatchResult:
+    """A cached ``PatchResult.to_dict()`` back as a PatchResult (JSON null -> NaN)."""
+    def tensor(x: Any) -> torch.Tensor:
+        return torch.tensor(np.array(x, dtype=float), dtype=torch.float32)  # None -> nan via dtype=float
+
+    return PatchResult(d["target"], tuple(d["axes"]), tensor(d["raw"]), tensor(d["normalised"]),
+                       d["clean_metric"], d["corrupt_metric"], d["method"], d["n_pairs"])
+
+
+def format_summary(s: dict[str, Any], progress: ProgressMeasure | None = None) -> str:
+    """The routing-head summary as text lines (what ``plateauscope analyze`` prints), in the words
+    of the task's progress measure (default: the selector task's candidate loss and log K)."""
+    label, hl = (progress.label, progress.height_label) if progress else ("candidate loss", "log K")
+    lead_bracket = [round(x, 3) for x in s["lead_bracket"]] if s["lead_bracket"] else None
+    lines = [
+        f"routing head    {s['label']}  (rule: {s['rule']})",
+        f"attention-to-cue {na(s['start_value'])} at plateau start (step {s['plateau_start']}) -> "
+        f"{na(s['final_value'])} at the end",
+        f"t_form          {na(s['t_form'], '{}')}  bracket {s['t_form_bracket']}",
+        f"tau             {na(s['tau'], '{}')}  bracket {s['tau_bracket']}",
+        f"lead fraction   {na(s['lead_fraction'])}  bracket {lead_bracket}" + ("  (paper: ~0.5)" if hl == "log K" else ""),
+    ]
+    for name, a in s["ablation"].items():
+        if a:
+            lines.append(f"ablation {name:<12} step {a['step']:>6}: {label} {a['base_candidate_loss']:.3f} -> "
+                         f"zero {a['zero_candidate_loss']:.3f}, mean {a['mean_candidate_loss']:.3f} ({hl} = {s['log_k']:.3f})")
+    lines.append(f"falls back to the marginal when ablated at the end: {s['falls_back_to_marginal']}")
+    for rule, r in (s.get("t_form_rules") or {}).items():
+        lb = [round(x, 3) for x in r["lead_bracket"]] if r["lead_bracket"] else None
+        lines.append(f"t_form {rule:<12} {na(r['t_form'], '{}'):>6}  bracket {r['t_form_bracket']}  lead "
+                     f"{na(r['lead_fraction'])}  bracket {lb}")
+    for name, r in (s.get("attention_rules") or {}).items():
+        lines.append(f"{name + ' head':<15} {r['label']}: attention {na(r['start_value'])} -> {na(r['final_value'])}; "
+                     f"t_form {na(r['t_form'], '{}')} bracket {r['t_form_bracket']}, lead {na(r['lead_fraction'])}")
+    if s.get("smoothing"):
+        lines.append(f"smoothing       {s['smoothing']['window']} point(s), {s['smoothing']['kind']}")
+    lines += format_circuit(s.get("circuit"), s["log_k"], s["head"], label, hl)
+    lines += format_edges(s.get("edges"), s["t_form"], s["tau"])
+    if s["agreement"]:
+        rho = [a["spearman"] for a in s["agreement"] if a["spearman"] is not None]
+        lines.append(f"attribution vs exact (heads, {len(s['agreement'])} steps): Spearman median "
+                     f"{na(median(rho))} (min {na(min(rho) if rho else None)}), "
+                     f"max |error| {max(a['max_abs_err'] for a in s['agreement']):.3f} logits")
+    return "\n".join(lines)

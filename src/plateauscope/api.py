@@ -1,0 +1,81 @@
+"""The verbs of the public API as functions: ``train``, ``train_seeds``, ``analyze``, ``load_task``.
+
+Each is a thin layer over the module that does the work (the training loop, the analysis driver,
+the task loader), taking a preset's name or a config, and a run directory's path or a
+:class:`~plateauscope.training.run.Run`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from plateauscope.analysis.analyze import AnalysisSettings, analyze_run
+from plateauscope.tasks.base import Task
+from plateauscope.tasks.loading import build_task, task_class
+from plateauscope.training.config import ConfigError, RunConfig
+from plateauscope.training.ensemble import train_ensemble
+from plateauscope.training.presets import get_preset, task_defaults
+from plateauscope.training.run import Run
+from plateauscope.training.train import train as train_run
+
+
+def run_config(config: str | RunConfig = "demo", task: str | None = None, **overrides: Any) -> RunConfig:
+    """A validated :class:`RunConfig`: a preset's name (or a config), or with ``task`` alone that task's
+    own defaults; ``overrides`` are :meth:`RunConfig.replace` names (``seed``, ``lr``, ``max_steps``, ...)."""
+    if isinstance(config, RunConfig):
+        cfg = config
+    elif task is not None and config is None:
+        cfg = task_defaults(task)
+    else:
+        cfg = get_preset(config)
+    if task is not None and task != cfg.task_name:
+        cfg = dataclasses.replace(cfg, task=task_class(task).Config(), task_name=task)
+    return cfg.replace(**overrides).validate() if overrides else cfg.validate()
+
+
+def train(config: str | RunConfig | None = "demo", out: str | Path | None = None, *, task: str | None = None,
+          resume: bool = False, progress: bool = True, device: str = "auto", backend: str | None = None,
+          **overrides: Any) -> dict[str, Any]:
+    """Train one run into ``out`` and return its summary (``summary.json``).
+
+    ``config``: a preset's name (``"tiny"``, ``"ci"``, ``"demo"``, ...) or a :class:`RunConfig`;
+    ``None`` with ``task`` (a built-in name, ``path/to/file.py:Class`` or ``module:Class``) takes that
+    task's own defaults. ``overrides`` change single fields, as the command line's flags do."""
+    if out is None:
+        raise ConfigError("train: give out=, the run directory to write")
+    return train_run(run_config(config, task, **overrides), out, resume=resume, device=device,
+                     progress=progress, backend=backend)
+
+
+def train_seeds(config: str | RunConfig, out: str | Path, seeds: list[int], *, progress: bool = True,
+                device: str = "auto", **overrides: Any) -> list[dict[str, Any]]:
+    """Train one run per seed (model and data seed together) as one vectorised seed ensemble, into
+    ``out/seed<i>``; return their summaries."""
+    cfgs = [run_config(config, None, seed=s, **overrides) for s in seeds]
+    cfgs = [dataclasses.replace(c, task=dataclasses.replace(c.task, seed=s)) for c, s in zip(cfgs, seeds)]
+    return train_ensemble(cfgs, [Path(out) / f"seed{s}" for s in seeds], resume=True, device=device,
+                          progress=progress)
+
+
+def analyze(run: str | Path | Run, *, every: int = 1, steps: list[int] | None = None, n_exact: int = 12,
+            progress: bool = True, backend: str | None = None, edges: bool = True, **settings: Any) -> dict[str, Any]:
+    """Analyse a run's checkpoints into its cache (what the cache lacks) and return the run's summary
+    of the analyses (the routing head, t_form by each rule, the lead, the circuit and edges)."""
+    path = run.path if isinstance(run, Run) else Path(run)
+    return analyze_run(path, steps=steps, every=every, n_exact=n_exact, progress=progress, backend=backend,
+                       edges=edges, settings=AnalysisSettings(**settings) if settings else None)
+
+
+def load_task(spec: str, **options: Any) -> Task:
+    """A task generated from its config: ``spec`` is a built-in name (``selector``, ``induction``) or
+    ``path/to/file.py:Class`` / ``module:Class``; ``options`` are fields of the task's ``Config``."""
+    cls = task_class(spec)
+    try:
+        cfg = cls.Config(**options)
+    except TypeError:
+        names = ", ".join(f.name for f in dataclasses.fields(cls.Config))
+        raise ConfigError(f"load_task({spec!r}): unknown option among {sorted(options)}; the task's options "
+                          f"are {names}") from None
+    return build_task(spec, cfg)

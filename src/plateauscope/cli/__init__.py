@@ -1,0 +1,57 @@
+"""``plateauscope <verb>``: one command, one module per verb (:data:`VERBS`).
+
+Each verb module has ``build_parser()`` and ``main(argv) -> int``; the shared options and the one
+error path (one line on stderr, exit code 2, before any progress bar) are in :mod:`plateauscope.cli.common`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+VERBS: dict[str, str] = {
+    "train": "train one run (a preset, a task of your own, or a seed ensemble)",
+    "sweep": "train a named grid of runs into one directory (local pool, submitit or Slurm)",
+    "analyze": "analyse a run's checkpoint series into its cache (attention, patching, edges, circuit)",
+    "patch": "activation patching at one checkpoint (heads, residual stream, attention, MLP)",
+    "ablate": "ablate each head at one checkpoint",
+    "attention": "attention to the task's cue per head at one checkpoint",
+    "report": "write a run's HTML report from its analysis cache",
+    "view": "write a run's time view: the circuit moving through training, one offline page",
+    "dynamics": "a sweep's per-run table, the fits across runs and its page",
+    "hessian": "plateau geometry: the Hessian's top and bottom eigenvalues at checkpoints",
+    "llc": "the local learning coefficient over a run's checkpoints (the llc extra)",
+    "demo": "train, analyse, report and view the demo run (the paper's model and data)",
+}
+"""Verb -> its one-line summary; the verb's module is ``plateauscope.cli.<verb>``."""
+
+
+def usage() -> str:
+    """``plateauscope --help``: the verbs, one line each."""
+    width = max(map(len, VERBS))
+    lines = ["usage: plateauscope <verb> [options]   (plateauscope <verb> --help for a verb's options)", "",
+             "Watch a transformer learn through a plateau, and explain why it waits.", "", "verbs:"]
+    lines += [f"  {verb.ljust(width)}  {summary}" for verb, summary in VERBS.items()]
+    return "\n".join(lines)
+
+
+def verb_module(verb: str):
+    """The module of one verb (imported only when that verb runs)."""
+    return importlib.import_module(f"plateauscope.cli.{verb}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Dispatch ``plateauscope <verb> ...`` to the verb's ``main``."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0
+    if argv[0] == "--version":
+        from plateauscope import __version__
+        print(f"plateauscope {__version__}")
+        return 0
+    verb, rest = argv[0], argv[1:]
+    if verb not in VERBS:
+        print(f"error: unknown verb {verb!r}; choose one of {', '.join(VERBS)} (plateauscope --help)", file=sys.stderr)
+        return 2
+    return verb_module(verb).main(rest)

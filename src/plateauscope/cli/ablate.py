@@ -1,0 +1,65 @@
+"""``plateauscope ablate``: the command line of :mod:`plateauscope.analysis.ablate`."""
+
+from __future__ import annotations
+
+import argparse
+
+import plateauscope.analysis.ablate as _module
+from plateauscope.analysis.ablate import (
+    DEFAULT_GROUPS,
+    KINDS,
+    ablate_each_head,
+    falls_back_to_marginal,
+)
+from plateauscope.analysis.attention import head_table
+from plateauscope.cli.common import (
+    CliError,
+    add_ckpt_args,
+    format_table,
+    resolve_ckpt,
+    run_cli,
+    write_json,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of ``plateauscope ablate``."""
+    parser = argparse.ArgumentParser(prog="plateauscope ablate", description=_module.__doc__.splitlines()[0])
+    add_ckpt_args(parser)
+    parser.add_argument("--kind", choices=KINDS, default="zero", help="zero or mean ablation (default zero)")
+    parser.add_argument("--groups", type=int, default=DEFAULT_GROUPS,
+                        help=f"eval groups to score (default {DEFAULT_GROUPS}); --n-examples is not used")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``plateauscope ablate``: ablate each head of one checkpoint and print the table."""
+    parser = build_parser()
+
+    def body(args: argparse.Namespace) -> None:
+        run, step = resolve_ckpt(args.ckpt, args.step)
+        if args.groups < 1:
+            raise CliError(f"--groups must be at least 1, got {args.groups}")
+        model = run.load_model(step, device=args.device, backend=args.backend)
+        res = ablate_each_head(model, run.task(), args.kind, args.groups, args.seed)
+        log_k = run.log_k
+        print(f"{run.path} step {step}: {args.kind} ablation of each head, {res.n_groups} eval groups; "
+              f"unablated candidate loss {res.base['candidate_loss']:.3f} (log K {log_k:.3f}), "
+              f"delta_z {res.base['delta_z']:.3f}")
+        print("\nchange in candidate loss (ablated - unablated)")
+        print(format_table(*head_table(res.d_candidate_loss)))
+        i = int(res.d_candidate_loss.flatten().argmax())
+        layer, head = divmod(i, model.cfg.n_heads)
+        back = falls_back_to_marginal(res, layer, head, log_k)
+        print(f"\nlargest effect: L{layer}H{head}, candidate loss {float(res.candidate_loss[layer, head]):.3f}; "
+              f"falls back to the marginal (within 0.25 log K of log K): {'yes' if back else 'no'}")
+        falls_back = [[falls_back_to_marginal(res, la, h, log_k) for h in range(model.cfg.n_heads)]
+                      for la in range(model.cfg.n_layers)]
+        write_json(args.json, {"run": str(run.path), "step": step, "seed": args.seed, "log_k": log_k,
+                               **res.to_dict(), "falls_back_to_marginal": falls_back})
+
+    return run_cli(body, argv, parser)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,66 @@
+"""``plateauscope analyze``: the command line of :mod:`plateauscope.analysis.analyze`."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import plateauscope.analysis.analyze as _module
+from plateauscope.analysis.analyze import ABLATION_KINDS, AnalysisSettings, analyze_run
+from plateauscope.analysis.edges import CIRCUIT_PAIRS, FAITHFULNESS_TARGET
+from plateauscope.analysis.results import analysis_dir
+from plateauscope.analysis.summary import format_summary
+from plateauscope.cli.common import CliError, add_backend_arg, run_cli
+from plateauscope.training.run import Run
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``plateauscope analyze``."""
+    p = argparse.ArgumentParser(prog="plateauscope analyze", description=_module.__doc__.splitlines()[0])
+    p.add_argument("--run", required=True, type=Path, help="run directory")
+    p.add_argument("--every", type=int, default=1, help="analyse every N-th checkpoint (default 1: all)")
+    p.add_argument("--steps", type=int, nargs="+", help="analyse exactly these steps")
+    p.add_argument("--n-exact", type=int, default=12, help="checkpoints that also get exact patching and ablation")
+    p.add_argument("--n-examples", type=int, default=256, help="prompt pairs / examples per analysis")
+    p.add_argument("--ablation-groups", type=int, default=8, help="eval groups scored per ablation")
+    p.add_argument("--seed", type=int, default=0, help="seed of the example samples (default 0)")
+    p.add_argument("--circuit-ablation", choices=ABLATION_KINDS, default="mean",
+                   help="ablation kind of the circuit's head sets (default mean)")
+    p.add_argument("--smooth", type=int, default=1,
+                   help="centred moving-mean window of the t_form rules' series (default 1: none)")
+    p.add_argument("--edge-target", type=float, default=FAITHFULNESS_TARGET,
+                   help="share of the metric the faithful edge circuit must recover (default 0.8)")
+    p.add_argument("--circuit-pairs", type=int, default=CIRCUIT_PAIRS,
+                   help=f"pairs the faithful edge circuit is measured on (default {CIRCUIT_PAIRS})")
+    p.add_argument("--n-exact-edges", type=int, default=32,
+                   help="strongest edges patched exactly at each exact step (default 32)")
+    p.add_argument("--no-edges", action="store_true", help="skip the edge analyses (plateauscope.analysis.edges)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    add_backend_arg(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``plateauscope analyze``: analyse the series, print the selector summary."""
+    def body(args: argparse.Namespace) -> None:
+        if args.every < 1:
+            raise CliError(f"--every must be at least 1, got {args.every}")
+        if args.smooth < 1:
+            raise CliError(f"--smooth must be at least 1, got {args.smooth}")
+        if not 0 < args.edge_target <= 1:
+            raise CliError(f"--edge-target must be in (0, 1], got {args.edge_target}")
+        if args.circuit_pairs < 1:
+            raise CliError(f"--circuit-pairs must be at least 1, got {args.circuit_pairs}")
+        if args.n_exact_edges < 0:
+            raise CliError(f"--n-exact-edges must be at least 0, got {args.n_exact_edges}")
+        settings = AnalysisSettings(args.n_examples, args.seed, args.ablation_groups,
+                                    circuit_ablation=args.circuit_ablation, smooth=args.smooth,
+                                    edge_target=args.edge_target, circuit_pairs=args.circuit_pairs,
+                                    n_exact_edges=args.n_exact_edges)
+        result = analyze_run(args.run, args.steps, args.every, args.n_exact, settings, args.device,
+                             progress=not args.no_progress, backend=args.backend, edges=not args.no_edges)
+        print(format_summary(result, Run(args.run).progress))
+        print(f"results in {analysis_dir(args.run)}")
+
+    return run_cli(body, argv, build_parser())

@@ -1,0 +1,78 @@
+"""Shared pieces of the analysis CLIs: resolving ``--ckpt``, ``--backend``, and failing with one line."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from plateauscope.analysis.results import write_json_result
+from plateauscope.backend import BACKENDS, BackendError
+from plateauscope.training.run import Run, RunError
+
+
+class CliError(Exception):
+    """A user error; printed as one line, exit code 2."""
+
+
+def add_ckpt_args(p: argparse.ArgumentParser) -> None:
+    """The options every single-checkpoint command takes: --ckpt, --step, --n-examples, --seed, --json, --device."""
+    p.add_argument("--ckpt", required=True, type=Path,
+                   help="a checkpoint file (.../checkpoints/step_NNNNNNN.safetensors) or a run directory")
+    p.add_argument("--step", type=int, help="with a run directory: the step to load (default: the last)")
+    p.add_argument("--n-examples", type=int, default=256, help="prompt pairs / examples to use (default 256)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the example sample (default 0)")
+    p.add_argument("--json", type=Path, help="also write the result as JSON to this file")
+    p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    add_backend_arg(p)
+
+
+def add_backend_arg(p: argparse.ArgumentParser) -> None:
+    """``--backend hooked|bridge``: which TransformerLens opens the checkpoints."""
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="hooked: TransformerLens 3.x HookedTransformer; bridge: TransformerLens 4.x "
+                        "TransformerBridge (default: the installed one)")
+
+
+def resolve_ckpt(path: Path, step: int | None) -> tuple[Run, int]:
+    """A run and a step from ``--ckpt`` (file or run directory) and ``--step``."""
+    if not path.exists():
+        raise RunError(f"{path}: no such checkpoint file or run directory")
+    if path.is_file():
+        run, file_step = Run.of_checkpoint(path)
+        if step is not None and step != file_step:
+            raise RunError(f"{path}: holds step {file_step}, not --step {step}")
+        return run, file_step
+    run = Run(path)
+    steps = run.steps()
+    if not steps:
+        raise RunError(f"{path}: the run has no checkpoints")
+    if step is None:
+        return run, steps[-1]
+    run.checkpoint_path(step)  # raises a one-line error naming the steps that exist
+    return run, step
+
+
+def write_json(path: Path | None, obj: Any) -> None:
+    """``--json FILE``: write ``obj`` there as strict JSON (NaN as null), atomically; nothing without a path."""
+    if path is not None:
+        write_json_result(path, obj)
+
+
+def run_cli(body, argv: list[str] | None, parser: argparse.ArgumentParser) -> int:
+    """Parse, run ``body(args)``, and turn user errors into one line on stderr with exit code 2."""
+    args = parser.parse_args(argv)
+    try:
+        body(args)
+    except (RunError, CliError, BackendError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def format_table(rows: list[list[Any]], header: list[str]) -> str:
+    """A plain fixed-width table."""
+    cells = [header] + [[f"{c:+.3f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
+    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells)

@@ -1,0 +1,139 @@
+"""``plateauscope train``: the command line of :mod:`plateauscope.training.train`."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import sys
+from pathlib import Path
+
+from plateauscope.backend import BACKENDS, BackendError
+from plateauscope.tasks.loading import BUILTIN_TASKS, task_class
+from plateauscope.training import run as rd
+from plateauscope.training.config import (
+    DIRECTIONS,
+    FORWARDS,
+    ORDERS,
+    SELECTORS,
+    TAILS,
+    TARGET_UNIQUENESS,
+    TRANSPLANTS,
+    ConfigError,
+    RunConfig,
+)
+from plateauscope.training.presets import PRESETS, get_preset, task_defaults
+from plateauscope.training.train import OneLineParser, _fmt, default_run_name, train
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``plateauscope train``."""
+    p = OneLineParser(
+        prog="plateauscope train",
+        description="Train a HookedTransformer on a task (the (B, z) -> A selector task unless --task says "
+                    "otherwise), writing dense checkpoints, metrics.jsonl and summary.json into a run directory.")
+    p.add_argument("--preset", choices=sorted(PRESETS),
+                   help="starting configuration (default: demo; with --task, the task's own defaults)")
+    p.add_argument("--task", help=f"the task: a built-in one ({', '.join(BUILTIN_TASKS)}), or your own as "
+                                  "path/to/file.py:Class or module:Class (default: the preset's task)")
+    p.add_argument("--K", type=int, help="targets per base string (plateau height log K)")
+    p.add_argument("--n-b", type=int, help="number of base strings; D = n_b * K")
+    p.add_argument("--seed", type=int, help="seed of the initialisation and the data order")
+    p.add_argument("--data-seed", type=int, help="seed of the data set itself")
+    p.add_argument("--direction", choices=DIRECTIONS, help="backward: (B, z) -> A; forward: A -> B")
+    p.add_argument("--a-len", type=int, help="characters in a target A (1 or more)")
+    p.add_argument("--target-uniqueness", choices=TARGET_UNIQUENESS,
+                   help="global: every target differs (A -> B a function); group: only within a group")
+    p.add_argument("--tails", choices=TAILS, help="random, or by_first_char: A[1:] a fixed function of A[0]")
+    p.add_argument("--order", choices=ORDERS, help="bz: B then z in the prompt; zb: z then B")
+    p.add_argument("--selectors", choices=SELECTORS, help="shared K selectors, or private ones per group")
+    p.add_argument("--no-z", action="store_true", default=None, help="the (B) -> A control: no selector")
+    p.add_argument("--target-pool", type=int, metavar="M",
+                   help="every group draws its K targets from one shared pool of M strings (needs "
+                        "--target-uniqueness group --any-first-char)")
+    p.add_argument("--any-first-char", dest="distinct_first_char", action="store_false", default=None,
+                   help="a group's targets may share a first character")
+    p.add_argument("--first-char-zipf", type=float, metavar="S",
+                   help="the targets' first characters follow a Zipf law with exponent S (0: uniform)")
+    p.add_argument("--lr", type=float, help="AdamW learning rate")
+    p.add_argument("--batch-size", type=int, help="examples per step")
+    p.add_argument("--max-steps", type=int, help="steps to train at most")
+    p.add_argument("--stop-after-tau", type=float, help="stop at this multiple of tau once tau is seen")
+    p.add_argument("--threads", type=int, help="torch intra-op threads")
+    p.add_argument("--forward", choices=FORWARDS,
+                   help="the training step's forward: fused (default; fused kernels over the model's own "
+                        "parameters, 1.5x faster), trimmed (fused, the last block only at the loss positions: "
+                        "1.15-1.4x faster again) or hooked (HookedTransformer's own forward). Evaluation and "
+                        "checkpoints are the same in all three")
+    p.add_argument("--hide-cue-until", type=int, metavar="S",
+                   help="intervention: mask attention to the cue (z) in every head before step S, then release it")
+    p.add_argument("--mask-heads", type=lambda text: tuple(h.strip() for h in text.split(",") if h.strip()),
+                   metavar="L.H,...", help="intervention: zero these heads' outputs from step 0, e.g. 0.1,0.2,0.3")
+    p.add_argument("--transplant", choices=TRANSPLANTS,
+                   help="intervention: start from the run's own step-0 weights with this part from --donor "
+                        "(routing: embeddings and layer 0; readout: the layers above, final norm, unembedding)")
+    p.add_argument("--donor", help="the checkpoint (.safetensors, same model shape) that --transplant copies from")
+    p.add_argument("--freeze-transplant", action="store_true", default=None,
+                   help="keep the transplanted weights fixed during training")
+    p.add_argument("--out", type=Path, help="run directory (default: checkpoints/<name from the options>)")
+    p.add_argument("--resume", action="store_true", help="continue the run in --out from its last checkpoint")
+    p.add_argument("--device", default="auto", help="auto (a GPU when present), cpu or cuda")
+    p.add_argument("--backend", choices=BACKENDS,
+                   help="hooked: TransformerLens 3.x HookedTransformer; bridge: TransformerLens 4.x TransformerBridge "
+                        "(default: the installed one). Both write the same run directory and checkpoint layout")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """The preset (or, with ``--task`` alone, the task's defaults) with the command line's overrides
+    applied, validated."""
+    if args.task is not None and args.preset is None:
+        cfg = task_defaults(args.task)
+    else:
+        cfg = get_preset(args.preset or "demo")
+        if args.task is not None and args.task != cfg.task_name:
+            cfg = dataclasses.replace(cfg, task=task_class(args.task).Config(), task_name=args.task)
+    overrides = {name: getattr(args, attr) for name, attr in [
+        ("K", "K"), ("n_b", "n_b"), ("seed", "seed"), ("direction", "direction"), ("lr", "lr"),
+        ("batch_size", "batch_size"), ("max_steps", "max_steps"), ("stop_after_tau", "stop_after_tau"),
+        ("threads", "threads"), ("forward", "forward"), ("a_len", "a_len"),
+        ("target_uniqueness", "target_uniqueness"), ("tails", "tails"),
+        ("order", "order"), ("selectors", "selectors"), ("no_z", "no_z"), ("target_pool", "target_pool"),
+        ("distinct_first_char", "distinct_first_char"), ("first_char_zipf", "first_char_zipf"),
+        ("hide_cue_until", "hide_cue_until"),
+        ("masked_heads", "mask_heads"), ("transplant", "transplant"), ("donor", "donor"),
+        ("freeze_transplant", "freeze_transplant")] if getattr(args, attr) is not None}
+    cfg = cfg.replace(**overrides)
+    if args.data_seed is not None:
+        cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, seed=args.data_seed))
+    return cfg.validate()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``plateauscope train``: train one run; errors are one line and exit code 2."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        cfg = config_from_args(args)
+        out = args.out or Path("checkpoints") / default_run_name(cfg)
+        summary = train(cfg, out, resume=args.resume, device=args.device, progress=not args.no_progress,
+                        backend=args.backend)
+    except (ConfigError, rd.RunError, BackendError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(f"interrupted: resume with --resume --out {out}", file=sys.stderr)
+        return 130
+    tau = summary.get("tau")
+    span = summary.get("plateau_span")
+    plateau = summary.get("plateau") or {}
+    metric = (plateau.get("know_nothing") or {}).get("metric", "set_loss")
+    verdict = (f"plateau verdict {plateau.get('verdict') or 'none'} (median {metric.replace('_', ' ')} "
+               f"{_fmt(plateau.get(f'median_{metric}'))}, know-nothing {_fmt(plateau['know_nothing'].get(metric))}); "
+               if plateau else "")
+    measure = task_class(cfg.task_name).generate(cfg.task).progress
+    print(f"tau = {tau if tau is not None else 'not reached'} steps ({measure.height_name} = "
+          f"{summary[measure.height_name]:.3f}); "
+          f"plateau span {span}; {verdict}run in {out}")
+    return 0

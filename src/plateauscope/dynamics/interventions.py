@@ -1,0 +1,288 @@
+"""What the plateau waits for: the runs of an intervention sweep against each seed's unmodified run.
+
+    plateauscope dynamics --sweep sweeps/plateau-interventions
+
+One row per intervention run (``plateauscope.training.interventions``), against its baseline, the run of the
+same seed without intervention (tau_0, its tau):
+
+* ``S``: the step at which the hidden cue was released (0 for the other interventions);
+* ``wait``: tau - S, the steps from the release (or from step 0) to tau; ``wait / tau_0`` compares
+  it with the unmodified plateau (1: the same wait; below 1: shorter);
+* the plateau span and verdict of ``summary.json`` and the candidate loss at step 0 (where a
+  transplant starts);
+* with a hidden cue, the set loss at S (the last evaluation at or before it), and the unmodified
+  run's at the same step: what the model learned without the cue;
+* where ``plateauscope analyze`` has been run on it (``plateauscope dynamics --sweep DIR
+  --analyze``), the lead by each t_form rule of ``plateauscope.analysis.selector``, counted from the release:
+  ``(tau - t_form) / (tau - S)``, the selector's lead fraction when S = 0. Every analysis sees a
+  checkpoint with the run's interventions as they were at its step, so a hidden cue's t_form
+  comes after its release. With the routing given, the routing is there at step 0: a lead
+  measures only what still rises after it.
+
+Per condition, over seeds: the median of ``wait / tau_0`` with a bootstrap 95% interval
+(``plateauscope.dynamics.bootstrap_median``), how many seeds reached tau, the verdicts, and the median
+lead by each rule over the analysed seeds (with its interval). ``with_baselines`` adds the
+unmodified runs as a condition of their own (wait 1 by definition), the reference for the leads. A run that did
+not reach tau is *censored*: its wait is at least its last step - S (an unfinished run, of a sweep
+stopped early, at its last evaluation: counted as ``unfinished``), and that lower bound enters
+the median. When a lower bound sits at or below the median, the median (and its interval) is a
+lower bound too, printed with ``>=``: it can still show a wait longer than tau_0, never a shorter one.
+:func:`reading` turns the intervals into sentences; every number in them comes from the table.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from plateauscope.analysis.results import SELECTOR_FILE, analysis_dir, median, na
+from plateauscope.analysis.selector import RULES
+from plateauscope.cli.common import format_table
+from plateauscope.dynamics import bootstrap_median
+from plateauscope.training import run as rd
+from plateauscope.training.interventions import INTERVENTION_OPTIONS, has_interventions
+from plateauscope.training.metrics import compute_tau
+
+SAME_WAIT = (0.8, 1.25)
+"""A wait within this factor of tau_0 reads as "about tau_0" when its interval also holds 1."""
+ROUTED_AT_START = 0.9
+"""Attention to z at the plateau start at least this fraction of its final value reads as "routed from
+step 0": its attention t_form then times a small rise, not the routing's formation."""
+
+
+def condition_label(options: dict[str, Any]) -> str:
+    """The intervention of a sweep point in words (``unmodified`` without one)."""
+    if "hide_cue_at" in options:
+        return f"cue hidden until {options['hide_cue_at']:g} tau_0"
+    if "hide_cue_until" in options:
+        return f"cue hidden until step {options['hide_cue_until']}"
+    if "transplant" in options:
+        return f"{options['transplant']} given ({'frozen' if options.get('freeze_transplant') else 'trained'})"
+    if "only_head" in options:
+        return f"one route: only head {options['only_head']}"
+    if "masked_heads" in options:
+        return f"heads {','.join(options['masked_heads'])} masked"
+    return "unmodified"
+
+
+def _plain(options: dict[str, Any]) -> str:
+    """A point's options without its interventions: the key of its baseline run."""
+    return json.dumps({k: v for k, v in options.items() if k not in INTERVENTION_OPTIONS}, sort_keys=True)
+
+
+def _last_before(records: list[dict], step: int, key: str) -> float | None:
+    """``key`` at the last evaluation at or before ``step`` that logged it."""
+    values = [r[key] for r in records if r["step"] <= step and r.get(key) is not None]
+    return values[-1] if values else None
+
+
+def release_leads(run_dir: Path, tau: int | None, S: int) -> dict[str, float | None]:
+    """``lead_<rule>``: (tau - t_form) / (tau - S) by each t_form rule, from the run's analysis (None
+    where it was not analysed, or a rule found no t_form); and ``attention_start``: the selector
+    head's attention to z at the plateau start as a fraction of its final value (near 1 where the
+    routing was given: then the attention t_form times a small rise)."""
+    path = analysis_dir(run_dir) / SELECTOR_FILE
+    rules = (rd.read_json(path).get("t_form_rules") or {}) if path.exists() else {}
+    leads = {}
+    for rule in RULES:
+        t_form = (rules.get(rule) or {}).get("t_form")
+        leads[f"lead_{rule}"] = (tau - t_form) / (tau - S) if tau and t_form is not None and tau > S else None
+    attention = rules.get("attention") or {}
+    start, final = attention.get("start_value"), attention.get("final_value")
+    leads["attention_start"] = start / final if start is not None and final else None
+    return leads
+
+
+def intervention_rows(sweep_dir: str | Path, with_baselines: bool = False) -> list[dict[str, Any]]:
+    """One row per trained intervention run of the sweep, against its seed's unmodified run (and,
+    ``with_baselines``, one per unmodified run first)."""
+    path = Path(sweep_dir)
+    points = rd.read_json(path / rd.MANIFEST_FILE).get("points", [])
+    baselines = {_plain(p["options"]): p["name"] for p in points if not set(p["options"]) & set(INTERVENTION_OPTIONS)}
+    rows = []
+    for point in points:
+        run_dir, options = path / point["name"], point["options"]
+        if not (run_dir / rd.METRICS_FILE).exists():
+            continue
+        run = rd.Run(run_dir)
+        if not has_interventions(run.config.train) and not with_baselines:
+            continue
+        base_name = baselines.get(_plain(options))
+        base_dir = path / str(base_name)
+        if base_name is None or not (base_dir / rd.SUMMARY_FILE).exists():
+            continue
+        summary, tau_0 = run.summary() or {}, rd.read_json(base_dir / rd.SUMMARY_FILE).get("tau")
+        metrics = run.metrics()
+        if not metrics:
+            continue
+        key = run.progress.key
+        start = next((r[key] for r in metrics if r.get(key) is not None), None)
+        S = run.config.train.hide_cue_until or 0
+        # An unfinished run (a sweep stopped early) counts up to its last evaluation: censored there
+        # unless it has reached tau already.
+        finished = bool(summary.get("complete"))
+        tau = summary.get("tau") if finished else compute_tau(metrics, run.progress)
+        last = summary.get("final_step", S) if finished else metrics[-1]["step"]
+        if not finished and tau is None and last <= S:  # stopped before its release: no wait to bound
+            continue
+        wait = (tau if tau is not None else last) - S
+        span = summary.get("plateau_span")
+        at_S = _last_before(metrics, S, "set_loss")
+        base_at_S = _last_before(rd.read_jsonl(base_dir / rd.METRICS_FILE), S, "set_loss")
+        rows.append({
+            "name": point["name"], "seed": run.config.train.seed, "condition": condition_label(options),
+            "tau_0": tau_0, "S": S, "tau": tau, "final_step": last, "finished": finished,
+            "censored": tau is None,
+            "wait": wait, "wait_ratio": wait / tau_0 if tau_0 else None,
+            "plateau_span": span, "verdict": (run.plateau() or {}).get("verdict"),
+            "start_loss_over_height": start / run.progress.height if start is not None else None,
+            "set_loss_at_S": at_S if S else None, "baseline_set_loss_at_S": base_at_S if S else None,
+            **release_leads(run_dir, tau, S),
+        })
+    return sorted(rows, key=lambda r: r["condition"] != "unmodified")  # stable: the sweep's order otherwise
+
+
+def intervention_table(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> list[dict[str, Any]]:
+    """Per condition (in the sweep's order): seeds, how many reached tau, the median wait / tau_0 with
+    its bootstrap interval and the per-seed values, the verdicts and the median starting loss."""
+    out = []
+    for condition in dict.fromkeys(r["condition"] for r in rows):
+        rs = [r for r in rows if r["condition"] == condition]
+        values = sorted((r["wait_ratio"], r["censored"]) for r in rs if r["wait_ratio"] is not None)
+        ratios = [v for v, _ in values]
+        mid = median(ratios)
+        verdicts: dict[str, int] = {}
+        for r in rs:
+            verdicts[r["verdict"] or "none"] = verdicts.get(r["verdict"] or "none", 0) + 1
+        out.append({"condition": condition, "seeds": len(rs), "reached": sum(not r["censored"] for r in rs),
+                    "unfinished": sum(not r.get("finished", True) for r in rs),
+                    "median_S": median([r["S"] for r in rs]), "wait_ratio": mid,
+                    "lower_bound": any(c and v <= mid for v, c in values),
+                    "wait_ratio_ci": bootstrap_median(ratios, n_boot, seed), "wait_ratios": values,
+                    "verdicts": verdicts,
+                    "start_loss": median([r["start_loss_over_height"] for r in rs
+                                          if r["start_loss_over_height"] is not None]),
+                    "set_loss_at_S": median([r["set_loss_at_S"] for r in rs if r["set_loss_at_S"] is not None]),
+                    "baseline_set_loss_at_S": median([r["baseline_set_loss_at_S"] for r in rs
+                                                      if r["baseline_set_loss_at_S"] is not None]),
+                    **_lead_summary(rs, n_boot, seed)})
+    return out
+
+
+def _lead_summary(rs: list[dict], n_boot: int, seed: int) -> dict[str, Any]:
+    """Per rule: the median lead over the analysed runs of ``rs``, its interval and how many had one."""
+    out: dict[str, Any] = {}
+    for rule in RULES:
+        leads = [r[f"lead_{rule}"] for r in rs if r.get(f"lead_{rule}") is not None]
+        out[f"lead_{rule}"] = median(leads)
+        out[f"lead_{rule}_ci"] = bootstrap_median(leads, n_boot, seed)
+        out[f"lead_{rule}_n"] = len(leads)
+    out["attention_start"] = median([r["attention_start"] for r in rs if r.get("attention_start") is not None])
+    return out
+
+
+def _interval(row: dict) -> str:
+    ci, ge = row["wait_ratio_ci"], ">=" if row["lower_bound"] else ""
+    return f"{ge}{na(row['wait_ratio'], '{:.2f}')}" + (f" [{ge}{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+
+def intervention_table_text(table: list[dict]) -> str:
+    """The table as aligned text."""
+    header = ["condition", "seeds", "reached tau", "median S", "(tau - S) / tau_0 [95%]", "per seed", "verdicts",
+              "start loss / log K", "set loss at S (unmodified)"]
+    body = [[r["condition"], f"{r['seeds']}" + (f" ({r['unfinished']} unfinished)" if r["unfinished"] else ""),
+             r["reached"], na(r["median_S"], "{:.0f}"), _interval(r),
+             " ".join(f"{'>=' if c else ''}{v:.2f}" for v, c in r["wait_ratios"]) or "-",
+             ", ".join(f"{k} x{v}" for k, v in r["verdicts"].items()), na(r["start_loss"], "{:.2f}"),
+             f"{na(r['set_loss_at_S'], '{:.2f}')} ({na(r['baseline_set_loss_at_S'], '{:.2f}')})"
+             if r["set_loss_at_S"] is not None else "-"]
+            for r in table]
+    return format_table(body, header)
+
+
+def _lead(row: dict, rule: str) -> str:
+    ci = row[f"lead_{rule}_ci"]
+    return na(row[f"lead_{rule}"], "{:.2f}") + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+
+def lead_table_text(table: list[dict]) -> str:
+    """Per condition: the median lead from the release by each t_form rule [95%], over the analysed
+    seeds that had one (their count in brackets after the rule's value); empty when none was analysed."""
+    if not any(r[f"lead_{rule}_n"] for r in table for rule in RULES):
+        return ""
+    header = ["condition", *(f"lead by {rule} [95%] (seeds)" for rule in RULES), "attention at start / final"]
+    body = [[r["condition"], *(f"{_lead(r, rule)} ({r[f'lead_{rule}_n']})" for rule in RULES),
+             na(r["attention_start"], "{:.2f}")] for r in table]
+    return format_table(body, header)
+
+
+def _compare_to_one(row: dict) -> str:
+    """``same``, ``shorter``, ``longer`` or ``unclear`` for a condition's wait against tau_0."""
+    ci = row["wait_ratio_ci"]
+    if row["wait_ratio"] is None or ci is None:
+        return "unclear"
+    if row["lower_bound"]:  # only "longer" survives a lower bound
+        return "longer" if ci[0] > 1 else "unclear"
+    if ci[1] < 1:
+        return "shorter"
+    if ci[0] > 1:
+        return "longer"
+    return "same" if SAME_WAIT[0] <= row["wait_ratio"] <= SAME_WAIT[1] else "unclear"
+
+
+def reading(table: list[dict]) -> list[str]:
+    """Plain sentences from the table: what each kind of intervention did to the wait."""
+    lines = []
+    by = {r["condition"]: r for r in table}
+    hidden = [r for r in table if r["condition"].startswith("cue hidden")]
+    if hidden:
+        kinds = {r["condition"]: _compare_to_one(r) for r in hidden}
+        text = "; ".join(f"{c}: {_interval(by[c])} ({k})" for c, k in kinds.items())
+        if all(k == "same" for k in kinds.values()):
+            verdict = ("the wait after the release is about tau_0 whatever came before it: nothing learned "
+                       "without the cue shortens it, so the plateau waits for the routing")
+        elif all(k == "shorter" for k in kinds.values()):
+            verdict = ("the wait after the release is shorter than tau_0: part of the plateau is spent on "
+                       "something learnable without the cue")
+        elif all(k == "longer" for k in kinds.values()):
+            verdict = ("the wait after the release is longer than tau_0: training without the cue does not "
+                       "shorten the wait for the routing, it lengthens it")
+        else:
+            verdict = "the intervals do not agree on one reading"
+        lines.append(f"Cue hidden, (tau - S) / tau_0 over seeds: {text}. Reading: {verdict}.")
+    given = {c: by[c] for c in ("routing given (trained)", "routing given (frozen)", "readout given (trained)")
+             if c in by}
+    if given:
+        text = "; ".join(f"{c}: tau / tau_0 {_interval(r)}, {r['reached']} of {r['seeds']} seeds reached tau, "
+                         f"starting at {na(r['start_loss'], '{:.2f}')} log K" for c, r in given.items())
+        routing, readout = given.get("routing given (trained)"), given.get("readout given (trained)")
+        verdict = "the intervals overlap: neither half alone is shown to be the bottleneck"
+        if routing and readout and routing["wait_ratio_ci"] and readout["wait_ratio_ci"] and \
+                not (routing["lower_bound"] and readout["lower_bound"]):
+            if routing["wait_ratio_ci"][1] < readout["wait_ratio_ci"][0] and not routing["lower_bound"]:
+                verdict = "given the routing, tau comes sooner than given the readout: the routing is the bottleneck"
+            elif readout["wait_ratio_ci"][1] < routing["wait_ratio_ci"][0] and not readout["lower_bound"]:
+                verdict = "given the readout, tau comes sooner than given the routing: the readout is the bottleneck"
+        lines.append(f"Transplants: {text}. Reading: {verdict}.")
+    routes = [r for r in table if r["condition"].startswith("one route")]
+    if routes:
+        text = "; ".join(f"{r['condition']}: tau / tau_0 {_interval(r)}, {r['reached']} of {r['seeds']} reached tau"
+                         for r in routes)
+        lines.append(f"One route in layer 0: {text}.")
+    analysed = [r for r in table if r["lead_attention_n"] or r["lead_delta_z_n"]]
+    if analysed:
+        text = "; ".join(f"{r['condition']}: {na(r['lead_attention'], '{:.2f}')} by attention, "
+                         f"{na(r['lead_delta_z'], '{:.2f}')} by delta_z" for r in analysed)
+        line = f"Lead from the release, (tau - t_form) / (tau - S), medians over the analysed seeds: {text}."
+        given = [r for r in analysed if r["condition"].startswith("routing given") and r["attention_start"] is not None]
+        if given:
+            starts = "; ".join(f"{r['condition']}: {r['attention_start']:.2f}" for r in given)
+            base = f"; unmodified: {na(by['unmodified']['attention_start'], '{:.2f}')}" if "unmodified" in by else ""
+            routed = all(r["attention_start"] >= ROUTED_AT_START for r in given)
+            line += (f" Attention to z at the plateau start, as a fraction of its final value: {starts}{base}. "
+                     + ("Given, the routing is there from step 0, and its attention t_form times a small rise."
+                        if routed else f"Given, the attention still starts below {ROUTED_AT_START:g} of its final "
+                        "value, so its t_form times the routing's formation."))
+        lines.append(line)
+    return lines

@@ -1,0 +1,168 @@
+"""When the LLC leaves its plateau value, over the seeds of a sweep, against t_form, the training loss and tau.
+
+Per run (its ``analysis/llc.json`` from ``plateauscope llc``, its ``selector.json`` from
+``plateauscope analyze`` and its metrics):
+
+* **the LLC's plateau value**: the mean and standard deviation of the LLC at the analysed
+  checkpoints in the first half of the plateau span (``summary.json``'s ``plateau_span``; at least
+  ``MIN_BASELINE`` of them);
+* **t_llc**, the step the LLC leaves it: the first analysed step after that window from which the
+  LLC stays above mean + ``LLC_SD`` sd for ``LLC_CONSECUTIVE`` analysed checkpoints in a row (one
+  checkpoint above it can be a fluctuation of the estimate);
+* **t_loss**, the step the training loss first falls: the first evaluated step after the same
+  window with the loss (the training objective on the evaluation groups, ``loss``) at or below
+  ``1 - LOSS_FALL`` times its mean over the window;
+* how far the loss has already fallen at t_llc, against the same plateau mean;
+* the three t_form rules (``plateauscope.analysis.selector``) and tau.
+
+Over the runs: the median of each step in units of tau, and of t_llc - t_loss and t_llc - t_form
+(per rule) in units of tau, with bootstrap 95% intervals of the median (``bootstrap_median``). The
+LLC *leads* the training loss when the whole interval of t_llc - t_loss lies below 0, *follows* it
+when above, and moves *with* it otherwise (within the resolution of the analysed checkpoints).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from plateauscope.analysis.results import (
+    LLC_SUMMARY_FILE,
+    SELECTOR_FILE,
+    analysis_dir,
+    median,
+    na,
+)
+from plateauscope.analysis.selector import RULES
+from plateauscope.cli.common import format_table
+from plateauscope.dynamics import bootstrap_median, sweep_runs
+from plateauscope.training import run as rd
+from plateauscope.training.run import Run
+
+LLC_SD = 3.0
+"""The LLC has left its plateau value when it is above the plateau mean plus this many sd."""
+LOSS_FALL = 0.05
+"""The training loss has fallen when it is this share below its plateau mean."""
+LLC_CONSECUTIVE = 2
+"""...for this many analysed checkpoints in a row."""
+MIN_BASELINE = 3
+"""Fewest analysed checkpoints in the plateau window for a plateau value."""
+
+
+def plateau_window(span: list[int] | None) -> tuple[int, int] | None:
+    """The first half of the plateau span: where the plateau values are read."""
+    return (span[0], (span[0] + span[1]) // 2) if span else None
+
+
+def llc_departure(steps: list[int], llc: list[float], window: tuple[int, int], n_sd: float = LLC_SD,
+                  consecutive: int = LLC_CONSECUTIVE) -> dict[str, Any]:
+    """The LLC's plateau mean and sd over ``window`` and the first later step from which it stays above
+    mean + n_sd sd for ``consecutive`` analysed checkpoints."""
+    base = [v for s, v in zip(steps, llc) if window[0] <= s <= window[1]]
+    if len(base) < MIN_BASELINE:
+        return {"baseline_n": len(base), "baseline_mean": None, "baseline_sd": None, "t_llc": None}
+    mean, sd = float(np.mean(base)), float(np.std(base, ddof=1))
+    after = [(s, v > mean + n_sd * sd) for s, v in zip(steps, llc) if s > window[1]]
+    t = next((after[i][0] for i in range(len(after) - consecutive + 1)
+              if all(above for _, above in after[i:i + consecutive])), None)
+    return {"baseline_n": len(base), "baseline_mean": mean, "baseline_sd": sd, "t_llc": t}
+
+
+def loss_fall_step(records: list[dict], window: tuple[int, int], fall: float = LOSS_FALL,
+                   key: str = "loss") -> int | None:
+    """First evaluated step after ``window`` with ``key`` at or below (1 - fall) x its mean over the window."""
+    base = [r[key] for r in records if window[0] <= r["step"] <= window[1] and r.get(key) is not None]
+    if not base:
+        return None
+    level = (1 - fall) * float(np.mean(base))
+    return next((r["step"] for r in records if r["step"] > window[1] and r.get(key) is not None
+                 and r[key] <= level), None)
+
+
+def loss_fall_at(records: list[dict], window: tuple[int, int], step: int | None, key: str = "loss") -> float | None:
+    """How far ``key`` is below its mean over ``window`` at the last evaluation at or before ``step``
+    (a share: 0.01 = 1% lower)."""
+    base = [r[key] for r in records if window[0] <= r["step"] <= window[1] and r.get(key) is not None]
+    at = [r[key] for r in records if step is not None and r["step"] <= step and r.get(key) is not None]
+    return 1 - at[-1] / float(np.mean(base)) if base and at else None
+
+
+def llc_rows(sweep_dir: str | Path) -> list[dict[str, Any]]:
+    """One row per run of the sweep with an ``llc.json``: t_llc, t_loss, the t_form rules and tau."""
+    rows = []
+    for name in sweep_runs(sweep_dir)[1]:
+        path = Path(sweep_dir) / name
+        llc_file = analysis_dir(path) / LLC_SUMMARY_FILE
+        if not llc_file.exists():
+            continue
+        run, llc = Run(path), rd.read_json(llc_file)
+        window = plateau_window((run.summary() or {}).get("plateau_span"))
+        sel_file = analysis_dir(path) / SELECTOR_FILE
+        rules = (rd.read_json(sel_file) if sel_file.exists() else {}).get("t_form_rules") or {}
+        row = {"name": name, "seed": run.config.train.seed, "tau": llc["tau"], "window": window,
+               "n_checkpoints": len(llc["steps"]), "all_stationary": llc["all_stationary"],
+               **{f"t_form_{rule}": (rules.get(rule) or {}).get("t_form") for rule in RULES}}
+        if window is None:
+            rows.append({**row, "baseline_n": 0, "baseline_mean": None, "baseline_sd": None, "t_llc": None,
+                         "t_loss": None, "loss_fall_at_llc": None})
+            continue
+        departure, records = llc_departure(llc["steps"], llc["llc"], window), run.metrics()
+        rows.append({**row, **departure, "t_loss": loss_fall_step(records, window),
+                     "loss_fall_at_llc": loss_fall_at(records, window, departure["t_llc"])})
+    return rows
+
+
+def _in_tau(a: int | None, b: int | None, tau: int | None) -> float | None:
+    """(a - b) / tau, or a / tau with b = 0; None when a step is missing."""
+    return (a - b) / tau if a is not None and b is not None and tau else None
+
+
+def llc_summary(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+    """Medians over the runs, in units of tau, with bootstrap intervals; whether the LLC leads the loss."""
+    quantities = {"t_llc / tau": lambda r: _in_tau(r["t_llc"], 0, r["tau"]),
+                  "loss fall at t_llc": lambda r: r["loss_fall_at_llc"],
+                  "t_loss / tau": lambda r: _in_tau(r["t_loss"], 0, r["tau"]),
+                  "(t_llc - t_loss) / tau": lambda r: _in_tau(r["t_llc"], r["t_loss"], r["tau"]),
+                  **{f"(t_llc - t_form {rule}) / tau": (lambda r, rule=rule: _in_tau(r["t_llc"], r[f"t_form_{rule}"],
+                                                                                     r["tau"])) for rule in RULES},
+                  **{f"t_form {rule} / tau": (lambda r, rule=rule: _in_tau(r[f"t_form_{rule}"], 0, r["tau"]))
+                     for rule in RULES}}
+    out: dict[str, Any] = {"runs": len(rows), "quantities": {}}
+    for what, f in quantities.items():
+        vals = [v for v in (f(r) for r in rows) if v is not None]
+        out["quantities"][what] = {"median": median(vals) if vals else None, "ci": bootstrap_median(vals, n_boot, seed),
+                                   "n": len(vals), "values": vals}
+    lead = out["quantities"]["(t_llc - t_loss) / tau"]
+    ci = lead["ci"]
+    out["llc_vs_loss"] = (None if ci is None else "leads" if ci[1] < 0 else "follows" if ci[0] > 0 else "with")
+    return out
+
+
+def llc_table_text(rows: list[dict]) -> str:
+    """One line per run: the plateau value, t_llc, t_loss, the t_form rules and tau."""
+    header = ["run", "seed", "LLC plateau (mean +- sd, n)", "t_llc", "loss fall at t_llc", "t_loss (-5%)",
+              *[f"t_form {rule}" for rule in RULES], "tau", "stationary"]
+    body = [[r["name"], r["seed"],
+             "n/a" if r["baseline_mean"] is None else
+             f"{r['baseline_mean']:.2f} +- {r['baseline_sd']:.2f} ({r['baseline_n']})",
+             na(r["t_llc"], "{}"), na(r["loss_fall_at_llc"], "{:.1%}"), na(r["t_loss"], "{}"), *[na(r[f"t_form_{rule}"], "{}") for rule in RULES],
+             na(r["tau"], "{}"), "yes" if r["all_stationary"] else "no"] for r in rows]
+    return format_table(body, header)
+
+
+def llc_summary_lines(s: dict[str, Any]) -> list[str]:
+    """The summary as text: each median with its interval, and the reading."""
+    lines = [f"over {s['runs']} runs (median, bootstrap 95% interval of the median; per run):"]
+    for what, q in s["quantities"].items():
+        ci = f"[{q['ci'][0]:+.3f}, {q['ci'][1]:+.3f}]" if q["ci"] else "(no interval)"
+        lines.append(f"  {what:<32} {na(q['median'], '{:+.3f}')} {ci}  ({', '.join(f'{v:+.2f}' for v in q['values'])})")
+    word = {"leads": "leads the training loss: it leaves its plateau value before the loss has fallen by "
+                     f"{LOSS_FALL:.0%} (the whole interval of t_llc - t_loss is below 0)",
+            "follows": f"follows the training loss: it leaves its plateau value after the loss has fallen by "
+                       f"{LOSS_FALL:.0%}",
+            "with": "moves with the training loss: the interval of t_llc - t_loss holds 0",
+            None: "cannot be placed against the training loss (fewer than 2 runs with both steps)"}
+    lines.append(f"  the LLC {word[s['llc_vs_loss']]}")
+    return lines

@@ -1,0 +1,154 @@
+"""The paper's two noise claims, read from a sweep's batch and learning-rate effects (issue 20).
+
+The paper (claim 4): smaller batches delay the transition, 1.8x counted in tokens (the smallest
+batch against the largest); higher learning rates delay it monotonically, up to 3.6x (the
+largest against the smallest). The effects are ``plateauscope.dynamics.factor_effect``'s: the mean tau
+per value over seeds, its ratio to the reference value, and a bootstrap interval of that ratio
+(seeds resampled within each value).
+
+A claim is read from the interval of its extreme ratio:
+
+* ``reproduced``: the interval lies above 1 and holds the paper's factor, and (learning rate)
+  the means rise monotonically;
+* ``holds in part``: the interval lies above 1, but the factor lies outside it or (learning rate)
+  the means are not monotone, or their order is unknown;
+* ``refuted``: the interval lies below 1: the named condition waits *less*, the opposite of the
+  claim;
+* ``not resolved``: the interval holds 1;
+* ``no interval``: one run at the extreme value or at the reference, nothing to resample.
+
+A run that stopped before tau (at ``max_steps``, or killed) waits at least its last step: it enters
+its value's mean as that lower bound (``censored``), and the ratio is then a bound (``>=``, or ``<=``
+when the reference value has such runs). A bound keeps only the conclusions on its open side: a
+lower bound can show that the claim's direction holds, never that it is refuted, and puts the
+paper's factor outside only when the factor lies below the whole interval.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from plateauscope.cli.common import format_table
+from plateauscope.dynamics import PAPER
+
+CLAIMS: tuple[tuple[str, str, str, str, str | None], ...] = (
+    # (the effect's key in analyze_sweep's fits, the claim, its extreme value, the paper's factor, the trend it needs)
+    ("batch", "smaller batches wait longer (tau in tokens)", "smallest", "batch_factor", None),
+    ("lr", "higher learning rates wait longer (tau in steps)", "largest", "lr_factor", "rising"),
+)
+
+
+def _runs(n: int) -> str:
+    return f"{n} run{'' if n == 1 else 's'}"
+
+
+def claim_reading(effect: dict | None, paper_factor: float, extreme: str, monotone: str | None) -> dict[str, Any]:
+    """One claim's reading from ``effect``: the ratio of the ``extreme`` value (``smallest`` or
+    ``largest``) to the reference, its interval, the verdict and why. ``monotone`` is the trend the
+    claim needs (``rising``/``falling``), or None."""
+    if effect is None:
+        return {"verdict": "not measured", "because": "no family of runs varies this factor", "ratio": None,
+                "ci": None, "value": None, "trend": None}
+    v = effect["values"][0 if extreme == "smallest" else -1]
+    out = {"value": v["value"], "reference": effect["reference"], "ratio": v["ratio"], "ci": v["ratio_ci"],
+           "bound": v["bound"], "trend": effect["trend"], "n": [u["n"] for u in effect["values"]]}
+    ci, bound = v["ratio_ci"], v["bound"]
+    ref = next(u for u in effect["values"] if u["value"] == effect["reference"])
+    without = f" (a bound: {_runs(v['censored'] + ref['censored'])} never reached tau)" if bound else ""
+    if ci is None:
+        return {**out, "verdict": "no interval", "because": "one run at this value or at the reference"}
+    # A bound (runs without tau) keeps only the conclusions on its open side.
+    hi = float("inf") if bound == ">=" else ci[1]
+    lo = 0.0 if bound == "<=" else ci[0]
+    if bound == "?":
+        return {**out, "verdict": "not resolved", "because": "both values have runs without tau"}
+    if hi < 1:
+        return {**out, "verdict": "refuted", "because": f"the {extreme} value waits less: the interval lies below 1" + without}
+    if lo <= 1:
+        return {**out, "verdict": "not resolved",
+                "because": "the interval holds 1" + without}
+    misses = []
+    if not lo <= paper_factor <= hi:
+        misses.append(f"the paper's {paper_factor:g}x lies outside the interval")
+    if monotone and effect["trend"].startswith("unknown"):
+        misses.append("the order of the means is unknown (runs without tau)")
+    elif monotone and effect["trend"] != monotone:
+        misses.append(f"the means are {effect['trend']}, not {monotone}")
+    if misses:
+        return {**out, "verdict": "holds in part", "because": "; ".join(misses) + without}
+    return {**out, "verdict": "reproduced", "because": "the interval lies above 1 and holds the paper's factor" + without}
+
+
+def noise_claims(fits: dict[str, Any]) -> list[dict[str, Any]]:
+    """Both claims read from one set of fits (``analyze_sweep(...)["main"]``)."""
+    out = []
+    for key, claim, extreme, factor, trend in CLAIMS:
+        out.append({"key": key, "claim": claim, "paper": PAPER[factor],
+                    **claim_reading(fits.get(key), PAPER[factor], extreme, trend)})
+    return out
+
+
+def claim_text(c: dict[str, Any]) -> str:
+    """One claim as a line: the ratio with its interval, the verdict and why."""
+    if c["ratio"] is None:
+        return f"{c['claim']}: {c['verdict']} ({c['because']})"
+    ci = f" [{c['ci'][0]:.2f}, {c['ci'][1]:.2f}]" if c["ci"] else ""
+    return (f"{c['claim']}: {c['value']:g} against {c['reference']:g}: {c['bound']}{c['ratio']:.2f}x{ci} "
+            f"(paper {c['paper']:g}x)"
+            f" - {c['verdict']}: {c['because']}")
+
+
+def _mean(v: dict, fmt: str = "{:,.0f}") -> str:
+    ci = v["mean_ci"]
+    return (">=" if v["censored"] else "") + fmt.format(v["mean"]) + (
+        f" [{fmt.format(ci[0])}, {fmt.format(ci[1])}]" if ci else "")
+
+
+def _seeds(v: dict) -> str:
+    return f"{v['n']}" + (f" ({v['censored']} without tau)" if v["censored"] else "")
+
+
+def _ratio(v: dict) -> str:
+    ci = v["ratio_ci"]
+    return f"{v['bound']}{v['ratio']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+
+
+def noise_table_text(fits: dict[str, Any]) -> str:
+    """Per batch size: tau in steps and in tokens, the tokens' ratio to the largest batch; per learning
+    rate: tau in steps and its ratio to the smallest; means over seeds with bootstrap 95% intervals."""
+    rows = []
+    batch, steps, lr = fits.get("batch"), fits.get("batch_steps"), fits.get("lr")
+    if batch and steps:
+        by_value = {v["value"]: v for v in steps["values"]}
+        for v in batch["values"]:
+            rows.append([f"batch {v['value']:g}", f"lr {batch['family']['lr']:g}", _seeds(v),
+                         _mean(by_value[v["value"]]), _mean(v), f"{_ratio(v)} (vs {batch['reference']:g})"])
+    if lr:
+        for v in lr["values"]:
+            rows.append([f"lr {v['value']:g}", f"batch {lr['family']['batch_size']:g}", _seeds(v), _mean(v), "",
+                         f"{_ratio(v)} (vs {lr['reference']:g})"])
+    return format_table(rows, ["point", "at", "seeds", "tau (steps)", "tau (tokens)", "ratio"]) if rows else ""
+
+
+def compare_lines(ours: list[dict], theirs: list[dict], label: str) -> list[str]:
+    """Each claim here against the same claim in another sweep (``label``): the same reading or not."""
+    lines = []
+    for a, b in zip(ours, theirs):
+        same = "the same reading" if a["verdict"] == b["verdict"] else "a different reading"
+        lines.append(f"  {a['claim']}: here {a['verdict']}"
+                     + (f" ({a['bound']}{a['ratio']:.2f}x)" if a["ratio"] is not None else "")
+                     + f"; {label}: {b['verdict']}" + (f" ({b['bound']}{b['ratio']:.2f}x)" if b["ratio"] is not None else "")
+                     + f" - {same}")
+    return lines
+
+
+def noise_lines(fits: dict[str, Any], compare: tuple[str, dict[str, Any]] | None = None) -> list[str]:
+    """The noise table, both claims' readings and (``compare``: a label and another sweep's fits) how
+    that sweep reads them."""
+    lines = ["gradient noise (mean over seeds [bootstrap 95% interval]):", noise_table_text(fits)]
+    claims = noise_claims(fits)
+    lines += [claim_text(c) for c in claims]
+    if compare:
+        label, other = compare
+        lines += [f"against {label}:", *compare_lines(claims, noise_claims(other), label)]
+    return lines

@@ -1,0 +1,149 @@
+"""Finding a task by name: the built-in ones, or a task of your own in one file.
+
+``task_class(spec)`` accepts:
+
+* a built-in name: ``selector`` (the (B, z) -> A wind tunnel) or ``induction``;
+* ``path/to/file.py:Class``: a class in a Python file (a run records the file's absolute path);
+* ``package.module:Class``: a class in an importable module.
+
+The class must subclass :class:`plateauscope.tasks.base.Task`, implement its abstract members and
+carry a ``Config`` dataclass with ``to_dict`` / ``from_dict``. :func:`build_task` generates the
+data set and checks what the protocol promises (shapes, dtypes, positions), so a broken task file
+fails with one line naming the file, the part and what was expected, before any training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from plateauscope.tasks.base import ProgressMeasure, Task, TaskError
+
+BUILTIN_TASKS: dict[str, str] = {
+    "selector": "plateauscope.tasks.selector:SelectorTask",
+    "induction": "plateauscope.tasks.induction:InductionTask",
+}
+"""Built-in task names and where their classes live (imported only when asked for)."""
+
+_LOADED: dict[str, type[Task]] = {}
+
+
+def task_class(spec: str) -> type[Task]:
+    """The task class a spec names, checked against the protocol; else a one-line TaskError."""
+    if spec in _LOADED:
+        return _LOADED[spec]
+    where = BUILTIN_TASKS.get(spec, spec)
+    if ":" not in where:
+        raise TaskError(f"--task {spec}: not a built-in task ({', '.join(BUILTIN_TASKS)}) "
+                        "and not of the form file.py:Class or module:Class")
+    source, _, name = where.rpartition(":")
+    module = _import_file(spec, source) if source.endswith(".py") else _import_module(spec, source)
+    cls = getattr(module, name, None)
+    if cls is None:
+        raise TaskError(f"{source}: no class {name!r} in it (--task {spec})")
+    _check_class(spec, source, cls)
+    _LOADED[spec] = cls
+    return cls
+
+
+def canonical_task_name(spec: str) -> str:
+    """The spec a run records: a task file's path made absolute (so the run loads from any folder)."""
+    source, sep, name = spec.rpartition(":")
+    if spec in BUILTIN_TASKS or not sep or not source.endswith(".py"):
+        return spec
+    return f"{Path(source).resolve()}:{name}"
+
+
+def build_task(task_name: str, cfg: Any) -> Task:
+    """The task ``task_name`` generated from its config, its data checked against the protocol."""
+    cls = task_class(task_name)
+    if not isinstance(cfg, cls.Config):
+        raise TaskError(f"--task {task_name}: its config must be a {cls.Config.__name__}, got {type(cfg).__name__}")
+    try:
+        task = cls.generate(cfg)
+    except TaskError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a user's generate() can fail in any way; say where
+        raise TaskError(f"{_where(task_name)}: generate() failed ({type(e).__name__}: {e})") from None
+    check_task(task, task_name)
+    return task
+
+
+def check_task(task: Task, task_name: str) -> None:
+    """What the protocol promises of a generated task; a one-line TaskError naming the part."""
+    where = _where(task_name)
+    tokens = getattr(task, "tokens", None)
+    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
+        got = f"{tokens.dtype} {list(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+        raise TaskError(f"{where}: tokens must be a [D, seq] torch.long tensor, got {got}")
+    if tokens.shape[0] < 1 or tokens.shape[1] < 2:
+        raise TaskError(f"{where}: tokens must hold at least one sequence of 2 or more tokens, got {list(tokens.shape)}")
+    vocab = getattr(task, "vocab", None)
+    if not isinstance(vocab, list) or not vocab:
+        raise TaskError(f"{where}: vocab must be a non-empty list of token strings, got {type(vocab).__name__}")
+    if int(tokens.min()) < 0 or int(tokens.max()) >= len(vocab):
+        raise TaskError(f"{where}: token ids must lie in [0, {len(vocab)}) (the vocabulary), "
+                        f"got {int(tokens.min())}..{int(tokens.max())}")
+    positions = task.loss_positions
+    if not positions or any(not isinstance(p, int) or not 0 <= p < task.input_len for p in positions):
+        raise TaskError(f"{where}: loss_positions must be a non-empty list of ints in [0, {task.input_len}), "
+                        f"got {positions!r}")
+    if not 0 <= task.pred_pos < task.input_len:
+        raise TaskError(f"{where}: pred_pos must lie in [0, {task.input_len}), got {task.pred_pos}")
+    if not isinstance(task.progress, ProgressMeasure):
+        raise TaskError(f"{where}: progress must be a plateauscope.tasks.base.ProgressMeasure, "
+                        f"got {type(task.progress).__name__}")
+
+
+def _where(task_name: str) -> str:
+    return f"task {task_name}" if task_name in BUILTIN_TASKS else task_name
+
+
+def _import_file(spec: str, source: str) -> Any:
+    path = Path(source)
+    if not path.is_file():
+        raise TaskError(f"{source}: no such task file (--task {spec})")
+    module_name = f"plateauscope_task_{path.stem}_{abs(hash(str(path.resolve())))}"
+    if module_name in sys.modules:  # the same file named another way (relative, absolute): one class
+        return sys.modules[module_name]
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise TaskError(f"{source}: cannot be imported as a Python file (--task {spec})")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[module_name] = module  # dataclasses resolve their annotations through sys.modules
+    try:
+        loader_spec.loader.exec_module(module)
+    except Exception as e:  # noqa: BLE001 - any error in the user's file means the same to them
+        del sys.modules[module_name]
+        raise TaskError(f"{source}: importing it failed ({type(e).__name__}: {e})") from None
+    return module
+
+
+def _import_module(spec: str, source: str) -> Any:
+    try:
+        return importlib.import_module(source)
+    except ImportError as e:
+        raise TaskError(f"--task {spec}: cannot import module {source!r} ({e})") from None
+
+
+def _check_class(spec: str, source: str, cls: Any) -> None:
+    where = f"{source}:{getattr(cls, '__name__', cls)}"
+    if not (inspect.isclass(cls) and issubclass(cls, Task)):
+        raise TaskError(f"{where}: a task must subclass plateauscope.tasks.base.Task")
+    missing = sorted(getattr(cls, "__abstractmethods__", ()))
+    if missing:
+        raise TaskError(f"{where}: missing {', '.join(missing)} (required by plateauscope.tasks.base.Task)")
+    config = getattr(cls, "Config", None)
+    if not (inspect.isclass(config) and dataclasses.is_dataclass(config)
+            and callable(getattr(config, "from_dict", None)) and callable(getattr(config, "to_dict", None))):
+        raise TaskError(f"{where}: missing Config, a dataclass with to_dict and from_dict "
+                        "(build it on plateauscope.training.config.JsonConfig)")
+    if not getattr(cls, "name", None):
+        cls.name = spec

@@ -1,0 +1,338 @@
+"""Seed ensembles: S seeds of one configuration trained in one process, with one optimiser.
+
+Method. The members' parameters are stacked along a new leading dimension, one leaf tensor
+per parameter (what ``torch.func.stack_module_state`` does, here from state dicts so that fresh
+and resumed members stack alike). The forward follows the run's ``train.forward``:
+
+* ``fused`` (the default) or ``trimmed``: :func:`plateauscope.training.fused.fused_logits` member by member, on its
+  slices of the stacked tensors: the very kernels of a solo run, so a member is its solo run to the
+  last bit.
+* ``hooked``: one pass for all members, ``torch.vmap`` over ``torch.func.functional_call`` of one
+  template HookedTransformer (the very module a solo run trains).
+
+The loss is the sum of the members' mean target cross-entropies: members share no parameter, so
+member i's gradient is exactly the gradient of its own loss. AdamW steps the stacked tensors;
+AdamW is elementwise, so each member's slice receives the update a solo run would make from the
+same gradient (gradient clipping, when asked, uses each member's own norm).
+
+Everything else is per member and is the solo run's: the initialisation (``model.seed``), the
+minibatch order (a generator seeded with ``train.seed``, walked the same way), the fixed
+evaluation set, the task's ``evaluate`` (on a plain HookedTransformer holding the
+member's weights: evaluation is not the hot path), tau, ``stop_after_tau``, and every file of
+the run directory, written by the helpers that ``plateauscope.training.train.train`` uses. A member run
+therefore has the solo layout and can be resumed, analysed or reported like any other run.
+
+Agreement with solo runs (same torch thread count). ``fused``: identical (``tests/test_sweep.py``).
+``hooked``: vmap turns the solo matmuls into batched ones, whose float32 rounding may differ in the
+last bits, and such differences can grow through training. Measured on one thread: identical
+metrics on the ``tiny`` preset, at most 3e-6 apart after 200 steps of ``ci``.
+
+Members that finish (``max_steps``, or ``stop_after_tau`` once their own tau is known) write
+their summary and leave the stack, so a slow seed does not keep finished ones training. A
+killed ensemble resumes from its members' resume points; members saved at different steps
+(a kill between two members' checkpoints) are resumed as separate ensembles.
+
+Speed: on a CPU an ensemble step costs about as much as the members' solo steps one after the
+other (``bench/sweep.py`` measures the ratio): a vmapped pass's batched kernels and larger
+tensors eat what one dispatch per op saves, and a stacked fused pass measured slower than the
+members' fused passes in turn (``scaled_dot_product_attention`` has no vmap rule on a CPU). The
+expected gain of one vectorised pass is on a GPU, where one small model leaves the device idle.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from torch.func import functional_call
+from tqdm.auto import tqdm
+
+from plateauscope.tasks.base import Task
+from plateauscope.tasks.loading import build_task, canonical_task_name
+from plateauscope.training import run as rd
+from plateauscope.training.config import ConfigError, RunConfig
+from plateauscope.training.interventions import has_interventions
+from plateauscope.training.machine import machine_record
+from plateauscope.training.metrics import compute_tau
+from plateauscope.training.model import build_hooked_transformer
+from plateauscope.training.schedule import resume_steps, scheduled_steps
+from plateauscope.training.train import (
+    adamw,
+    check_forward,
+    deterministic,
+    evaluation_record,
+    evaluation_set,
+    evaluation_sets,
+    finish,
+    fused_loss,
+    load_resume_point,
+    machines_on_resume,
+    prepare_run_dir,
+    resolve_device,
+    save_checkpoint_and_state,
+    stop_due,
+    train_step,
+)
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Member:
+    """One seed of the ensemble: its run directory and everything a solo run keeps per run."""
+
+    index: int
+    """Position in the caller's list (results come back in that order)."""
+    cfg: RunConfig
+    out: Path
+    evalsets: tuple
+    """The member's fixed evaluation sets (``plateauscope.training.train.evaluation_sets``)."""
+    data_gen: torch.Generator
+    perm: Int[Tensor, " D"]
+    cursor: int
+    records: list[dict]
+    tau: int | None
+    t0: float
+    """``time.perf_counter()`` at the member's (resumed) step 0, for ``wall_s``."""
+    metrics_file: IO[str] | None = None
+    stop: bool = False
+    machines: list[dict] = field(default_factory=list)
+    """The machines that trained the member (``plateauscope.training.train.machines_on_resume``)."""
+
+
+def same_but_seed(cfgs: list[RunConfig]) -> None:
+    """Members may differ in their seeds only (``model.seed``, ``train.seed``); else one line."""
+    def strip(c: RunConfig) -> RunConfig:
+        return dataclasses.replace(c, model=dataclasses.replace(c.model, seed=0),
+                                   train=dataclasses.replace(c.train, seed=0))
+
+    ref = strip(cfgs[0])
+    for c in cfgs[1:]:
+        if strip(c) != ref:
+            raise ConfigError("an ensemble's members must differ in their seed only")
+
+
+def member_optimizer_state(stacked: dict, i: int) -> dict:
+    """Member ``i``'s slice of the stacked AdamW state, in the solo run's ``state_dict`` format."""
+    state = {j: {k: (v[i].clone() if k != "step" else v.clone()) for k, v in s.items()}
+             for j, s in stacked["state"].items()}
+    return {"state": state, "param_groups": stacked["param_groups"]}
+
+
+def stacked_optimizer_state(members: list[dict]) -> dict:
+    """The inverse of :func:`member_optimizer_state`: the members' solo AdamW states, stacked.
+
+    Every member has taken the same number of steps, so the step counters agree.
+    """
+    state = {j: {k: (torch.stack([m["state"][j][k] for m in members]) if k != "step" else v)
+                 for k, v in s.items()}
+             for j, s in members[0]["state"].items()}
+    return {"state": state, "param_groups": members[0]["param_groups"]}
+
+
+def stack_members(template: torch.nn.Module, weights: list[dict[str, Tensor]], opt_states: list[dict] | None,
+                  cfg: RunConfig) -> tuple[dict[str, Tensor], torch.optim.AdamW]:
+    """Stacked leaf parameters ``{name: [S, ...]}`` and their AdamW (with the members' states, if any)."""
+    names = [n for n, _ in template.named_parameters()]
+    params = {n: torch.stack([w[n] for w in weights]).detach().clone().requires_grad_() for n in names}
+    tc = cfg.train
+    optimizer = adamw(list(params.values()), tc)
+    if opt_states is not None:
+        optimizer.load_state_dict(stacked_optimizer_state(opt_states))
+    return params, optimizer
+
+
+def ensemble_loss(template: torch.nn.Module, params: dict[str, Tensor], buffers: dict[str, Tensor],
+                  batches: Int[Tensor, "S B seq"], task: Task, forward: str = "hooked") -> Float[Tensor, " S"]:
+    """Each member's training loss (the task's) on its own minibatch. ``hooked``: one vectorised pass,
+    ``torch.vmap`` over the template's own forward. ``fused`` (or ``trimmed``): :func:`plateauscope.training.train.fused_loss`
+    member by member on its slices of the stacked parameters, the very kernels of a solo run, so a member's
+    numbers are a solo run's to the last bit (one pass over the stack was slower on a CPU:
+    ``scaled_dot_product_attention`` has no vmap rule there, and batched matmuls round differently)."""
+    if forward != "hooked":
+        return torch.stack([fused_loss(template.cfg, {n: p[j] for n, p in params.items()}, batch, task,
+                                       forward == "trimmed") for j, batch in enumerate(batches)])
+
+    def member_loss(p: dict[str, Tensor], batch: Tensor) -> Tensor:
+        logits = functional_call(template, (p, buffers), (batch[:, : task.input_len],))
+        return task.loss(logits, batch)
+
+    return torch.vmap(member_loss)(params, batches)
+
+
+def clip_member_grads(params: dict[str, Tensor], max_norm: float) -> None:
+    """``clip_grad_norm_`` member by member: each member's global gradient norm, not the stack's."""
+    grads = [p.grad for p in params.values() if p.grad is not None]
+    norms = torch.stack([g.flatten(1).pow(2).sum(1) for g in grads]).sum(0).sqrt()  # [S]
+    coef = (max_norm / (norms + 1e-6)).clamp(max=1.0)
+    for g in grads:
+        g.mul_(coef.view(-1, *([1] * (g.dim() - 1))))
+
+
+def resume_step(out: Path) -> int:
+    """The step a member would resume from (0: a fresh start)."""
+    path = out / rd.RESUME_FILE
+    return int(rd.load_resume_state(path)["step"]) if path.exists() else 0
+
+
+@deterministic
+def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bool = False, device: str = "auto",
+                   progress: bool = True, stop_at_step: int | None = None) -> list[dict]:
+    """Train S runs that differ only in their seed as one vectorised model; one summary per run.
+
+    Each ``out_dirs[i]`` receives the run directory a solo ``train(cfgs[i], out_dirs[i])`` would
+    write. ``resume`` continues killed members and skips complete ones; ``stop_at_step``
+    abandons every member after that step, as a kill would (for tests).
+    """
+    if not cfgs or len(cfgs) != len(out_dirs):
+        raise ConfigError(f"an ensemble needs one run directory per config, got {len(cfgs)} and {len(out_dirs)}")
+    cfgs = [dataclasses.replace(c, task_name=canonical_task_name(c.task_name)).validate() for c in cfgs]
+    same_but_seed(cfgs)
+    if any(has_interventions(c.train) for c in cfgs):
+        raise ConfigError("interventions (hide_cue_until, masked_heads, transplant) train solo runs, not seed ensembles")
+    outs = [Path(o) for o in out_dirs]
+    if len(set(outs)) != len(outs):
+        raise ConfigError("an ensemble's members need distinct run directories")
+    if resume:  # members saved at different steps continue as separate ensembles, one per step
+        steps = [resume_step(o) for o in outs]
+        if len(set(steps)) > 1:
+            log.warning("ensemble members resume from different steps %s: one ensemble per step", sorted(set(steps)))
+            results: list[dict] = [{}] * len(cfgs)
+            for s in sorted(set(steps)):
+                idx = [i for i, si in enumerate(steps) if si == s]
+                for i, r in zip(idx, train_ensemble([cfgs[i] for i in idx], [outs[i] for i in idx], True, device,
+                                                    progress, stop_at_step)):
+                    results[i] = r
+            return results
+
+    cfg, tc = cfgs[0], cfgs[0].train
+    dev = resolve_device(device)
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    here = machine_record(dev)
+
+    # --- The run directories, and each member's model, data order and evaluation set. -------
+    task = build_task(cfg.task_name, cfg.task)  # the data set does not depend on the (model, train) seeds
+    check_forward(cfg, task)
+    tokens = task.tokens.to(dev)
+    n_examples, progress_measure = len(task.tokens), task.progress
+    results = [{}] * len(cfgs)
+    members: list[Member] = []
+    weights: list[dict[str, Tensor]] = []
+    opt_states: list[dict] = []
+    step = 0
+    for i, (c, out) in enumerate(zip(cfgs, outs)):
+        evalsets = evaluation_sets(task, tc, c.train.seed)
+        hooked_cfg = prepare_run_dir(c, task, out, resume)
+        data_gen = torch.Generator().manual_seed(c.train.seed)  # minibatch order only, as solo
+        m = Member(index=i, cfg=c, out=out, evalsets=evalsets, data_gen=data_gen, cursor=0, records=[], tau=None,
+                   perm=torch.randperm(n_examples, generator=data_gen), t0=time.perf_counter(), machines=[here])
+        point = load_resume_point(out, tc.max_steps) if resume else None
+        if point is None:
+            weights.append(build_hooked_transformer(hooked_cfg, seed=c.model.seed, device=dev).state_dict())
+        else:
+            if point.complete:
+                log.info("%s is already complete at step %d", out, point.step)
+                results[i] = finish(out, point.records, task, point.step, reuse=True)
+                continue
+            step = point.step
+            m.perm, m.cursor, m.records = point.perm, point.cursor, point.records
+            m.machines = machines_on_resume(out, point.machines, here)
+            m.t0 = time.perf_counter() - point.wall_s
+            m.data_gen.set_state(point.data_gen)
+            weights.append({k: v.to(dev) for k, v in point.weights.items()})
+            opt_states.append(point.optimizer)
+        m.tau = compute_tau(m.records, progress_measure)
+        # Metrics past the resume point (from the killed process) are dropped, never duplicated.
+        rd.write_text_atomic(out / rd.METRICS_FILE, "".join(json.dumps(r) + "\n" for r in m.records))
+        members.append(m)
+    if not members:
+        return results
+
+    # --- One template module; the members' parameters stacked on it; one AdamW. -------------
+    template = build_hooked_transformer(hooked_cfg, device=dev)  # its own weights are never used
+    evaluator = build_hooked_transformer(hooked_cfg, device=dev)  # holds one member's weights at a time
+    buffers = {n: b for n, b in template.named_buffers()}  # causal mask etc.: the same in every member
+    # A member killed before its first checkpoint restarts at step 0 with no optimiser state; the
+    # others are then at step 0 too (same resume step), where AdamW's state is still empty.
+    params, optimizer = stack_members(template, weights, opt_states if len(opt_states) == len(weights) else None, cfg)
+    del weights, opt_states
+
+    def member_weights(j: int) -> dict[str, Tensor]:
+        return {**{n: p[j].detach().clone() for n, p in params.items()}, **buffers}
+
+    eval_steps = scheduled_steps(tc.eval_every, tc.max_steps, tc.early_log_points)
+    ckpt_steps = scheduled_steps(tc.ckpt_every, tc.max_steps, tc.early_log_points)
+    resume_at = resume_steps(ckpt_steps, tc.resume_every)
+    bar = tqdm(total=tc.max_steps, initial=step, disable=not progress, desc=f"ensemble of {len(members)}",
+               dynamic_ncols=True)
+    for m in members:
+        m.metrics_file = open(m.out / rd.METRICS_FILE, "a")
+    try:
+        while True:
+            # 1. Evaluate each member on its fixed evaluation set, as a solo run would.
+            if step in eval_steps:
+                for j, m in enumerate(members):
+                    evaluator.load_state_dict(member_weights(j), strict=False)
+                    record = evaluation_record(evaluator, task, evaluation_set(m.evalsets, step, tc), step, tc,
+                                               time.perf_counter() - m.t0)
+                    m.records.append(record)
+                    m.metrics_file.write(json.dumps(record) + "\n")
+                    m.metrics_file.flush()
+                    m.tau = m.tau if m.tau is not None else compute_tau([record], progress_measure)
+                    m.stop = stop_due(tc, m.tau, step)
+            # 2. Checkpoint each member (weights; at a resume point also its solo-format resume state).
+            stacked_state = optimizer.state_dict()
+            for j, m in enumerate(members):
+                if step in ckpt_steps or m.stop:
+                    resume_point = step in resume_at or m.stop  # the member's optimiser slice is copied only then
+                    save_checkpoint_and_state(m.out, step, member_weights(j),
+                                              member_optimizer_state(stacked_state, j) if resume_point else None,
+                                              m.data_gen, m.perm, m.cursor, time.perf_counter() - m.t0,
+                                              machines=m.machines)
+            # 3. Finished members write their summary and leave the stack.
+            done = [j for j, m in enumerate(members) if step >= tc.max_steps or m.stop]
+            for j in done:
+                m = members[j]
+                m.metrics_file.close()
+                results[m.index] = finish(m.out, m.records, task, step, machines=m.machines)
+            if done:
+                keep = [j for j in range(len(members)) if j not in done]
+                if not keep:
+                    break
+                params, optimizer = stack_members(template, [member_weights(j) for j in keep],
+                                                  [member_optimizer_state(stacked_state, j) for j in keep], cfg)
+                members = [members[j] for j in keep]
+                bar.set_description(f"ensemble of {len(members)}")
+            if step == stop_at_step:
+                return [{"stopped_at": step}] * len(cfgs)
+
+            # 4. Each member's next minibatch: its own permutation, walked as a solo run walks it.
+            rows = []
+            for m in members:
+                if m.cursor + tc.batch_size > n_examples:
+                    m.perm, m.cursor = torch.randperm(n_examples, generator=m.data_gen), 0
+                rows.append(m.perm[m.cursor: m.cursor + tc.batch_size])
+                m.cursor += tc.batch_size
+            batches = tokens[torch.stack(rows).to(dev)]  # [S, batch, seq]
+
+            # 5-6. All members' losses in one vectorised pass, then the solo run's update step
+            # (their summed loss has each member's own gradient; clipping is per member).
+            train_step(lambda b: ensemble_loss(template, params, buffers, b, task, tc.forward), batches, optimizer,
+                       tc, step, clip=lambda max_norm: clip_member_grads(params, max_norm))
+            step += 1
+            bar.update(1)
+    finally:
+        for m in members:
+            if m.metrics_file is not None and not m.metrics_file.closed:
+                m.metrics_file.close()
+        bar.close()
+    return results

@@ -1,0 +1,162 @@
+"""The Run API: a run directory read back (config, dataset, metrics, the checkpoint series).
+
+The files and how they are written are :mod:`plateauscope.training.files`, whose names this module
+re-exports. Layout of a run directory::
+
+    config.json        RunConfig (with its task_name), the HookedTransformerConfig kwargs, vocabulary,
+                       the task's positions
+    dataset.jsonl      every example (the selector task: b, z, a, group, selector)
+    metrics.jsonl      one JSON object per evaluation
+    summary.json       tau, plateau span, final metrics (written at the end)
+    checkpoints/step_0000120.safetensors   model weights, step in name and metadata
+    resume.pt          latest optimiser / data-order / RNG state (tensors only: weights_only=True)
+
+Every file is written atomically (temporary file in the same folder, then ``os.replace``),
+so a crash never leaves half a file behind.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from plateauscope.backend import Model, build_model, load_hooked_state_dict
+from plateauscope.tasks.base import ProgressMeasure, Task
+from plateauscope.tasks.loading import task_class
+from plateauscope.training.config import ConfigError, RunConfig
+from plateauscope.training.files import _CKPT_RE, _one_line
+# The run directory's files, re-exported so that ``run`` (imported as ``rd``) is the one name for them.
+from plateauscope.training.files import (
+    CONFIG_FILE as CONFIG_FILE,
+    DATASET_FILE as DATASET_FILE,
+    METRICS_FILE as METRICS_FILE,
+    SUMMARY_FILE as SUMMARY_FILE,
+    CHECKPOINT_DIR as CHECKPOINT_DIR,
+    RESUME_FILE as RESUME_FILE,
+    MANIFEST_FILE as MANIFEST_FILE,
+    CHECKPOINT_FORMAT as CHECKPOINT_FORMAT,
+    READABLE_CHECKPOINT_FORMATS as READABLE_CHECKPOINT_FORMATS,
+    RunError as RunError,
+    checkpoint_name as checkpoint_name,
+    atomic_write as atomic_write,
+    write_text_atomic as write_text_atomic,
+    write_json_atomic as write_json_atomic,
+    save_checkpoint as save_checkpoint,
+    read_checkpoint_metadata as read_checkpoint_metadata,
+    load_checkpoint as load_checkpoint,
+    save_resume_state as save_resume_state,
+    load_resume_state as load_resume_state,
+    read_json as read_json,
+    read_jsonl as read_jsonl,
+)
+from plateauscope.training.interventions import Interventions, has_interventions
+from plateauscope.training.metrics import compute_tau, plateau_span, plateau_verdict
+
+
+class Run:
+    """A run directory, read-only: config, dataset, metrics, and the checkpoint series."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.is_dir():
+            raise RunError(f"{self.path}: no such run directory")
+        raw = read_json(self.path / CONFIG_FILE)
+        try:
+            self.config = RunConfig.from_dict(raw["run"])
+            self.hooked_config: dict[str, Any] = raw["hooked_transformer_config"]
+            self.vocab: list[str] = raw["vocab"]
+        except ConfigError as e:  # e.g. the file of a task of one's own is gone
+            raise RunError(f"{self.path / CONFIG_FILE}: {e}") from None
+        except (KeyError, TypeError, ValueError) as e:
+            raise RunError(f"{self.path / CONFIG_FILE}: not a run config of this toolkit ({_one_line(e)})") from None
+        self._task: Task | None = None
+
+    @classmethod
+    def of_checkpoint(cls, path: str | os.PathLike) -> tuple[Run, int]:
+        """The run a checkpoint file belongs to, and its step."""
+        path = Path(path)
+        meta = read_checkpoint_metadata(path)
+        return cls(path.parent.parent), int(meta["step"])
+
+    @property
+    def progress(self) -> ProgressMeasure:
+        """The task's progress measure: what defines tau and the plateau."""
+        return self.task().progress
+
+    @property
+    def log_k(self) -> float:
+        """The plateau height of the progress measure (log K for the selector task)."""
+        return self.progress.height
+
+    def steps(self) -> list[int]:
+        """Steps with a checkpoint, ascending."""
+        folder = self.path / CHECKPOINT_DIR
+        if not folder.is_dir():
+            return []
+        return sorted(int(m.group(1)) for p in folder.iterdir() if (m := _CKPT_RE.match(p.name)))
+
+    def checkpoint_path(self, step: int) -> Path:
+        """The checkpoint file of ``step``, or a one-line RunError naming the steps that exist."""
+        path = self.path / CHECKPOINT_DIR / checkpoint_name(step)
+        if not path.is_file():
+            have = self.steps()
+            span = f"{have[0]}..{have[-1]}, {len(have)} checkpoints" if have else "none"
+            raise RunError(f"{self.path}: no checkpoint at step {step} (steps: {span})")
+        return path
+
+    def load_model(self, step: int, device: str | torch.device = "cpu", backend: str | None = None) -> Model:
+        """The model at ``step``, in eval mode, on ``backend`` (``hooked``: TransformerLens 3.x
+        HookedTransformer, ``bridge``: 4.x TransformerBridge; None: the installed one). An
+        uninstalled backend raises ``plateauscope.backend.BackendError`` (one line).
+
+        A run trained with interventions (``plateauscope.training.interventions``) gets them as permanent hooks,
+        as they were at ``step`` (zeroed heads; the cue hidden before its release), so that every
+        analysis sees the model that was trained."""
+        state, _ = load_checkpoint(self.checkpoint_path(step))
+        model = load_hooked_state_dict(build_model(self.hooked_config, backend=backend, device=device), state).eval()
+        tc = self.config.train
+        if has_interventions(tc):
+            if not hasattr(model, "mod_dict"):
+                raise RunError(f"{self.path}: a run with interventions is analysed on --backend hooked only")
+            Interventions.build(tc, self.task(), self.config.model.n_layers, self.config.model.n_heads).attach(model, step)
+        return model
+
+    def models(self, steps: list[int] | None = None, device: str = "cpu",
+               backend: str | None = None) -> Iterator[tuple[int, Model]]:
+        """Lazily load the series, one model at a time."""
+        for step in self.steps() if steps is None else steps:
+            yield step, self.load_model(step, device, backend)
+
+    def metrics(self) -> list[dict]:
+        """The records of ``metrics.jsonl``, one per evaluation."""
+        return read_jsonl(self.path / METRICS_FILE)
+
+    def summary(self) -> dict | None:
+        """``summary.json``, or None while the run is unfinished."""
+        path = self.path / SUMMARY_FILE
+        return read_json(path) if path.exists() else None
+
+    def plateau(self) -> dict | None:
+        """The plateau verdict block: ``summary.json``'s, or computed from the metrics and the task for
+        runs written before it existed (None for a task without references, or an empty run)."""
+        summary = self.summary() or {}
+        if "plateau" in summary:
+            return summary["plateau"]
+        records = self.metrics() if (self.path / METRICS_FILE).exists() else []
+        reference = self.task().plateau_reference() if records else None
+        if reference is None:
+            return None
+        progress = self.progress
+        tau = compute_tau(records, progress)
+        return plateau_verdict(records, progress.height, plateau_span(records, progress, tau), reference)
+
+    def task(self) -> Task:
+        """The run's task, rebuilt from ``dataset.jsonl`` (cached)."""
+        if self._task is None:
+            self._task = task_class(self.config.task_name).from_records(
+                self.config.task, read_jsonl(self.path / DATASET_FILE))
+        return self._task

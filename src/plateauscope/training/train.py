@@ -1,0 +1,451 @@
+"""The training loop, as one function in step order, and ``plateauscope train``.
+
+A run is fully determined by its RunConfig: same config and seed, same numbers, bit for bit,
+on the same kind of CPU with the same thread count (float kernels differ between CPU types, and
+between the two training forwards, ``train.forward``; such runs diverge within seed intervals).
+A killed run resumes from its latest checkpoint with the exact optimiser state, data order
+and RNG state, so the weights after N + M steps equal those of an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import json
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ParamSpec, TypeVar
+
+import torch
+from jaxtyping import Float, Int
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from plateauscope.backend import (
+    build_model,
+    hooked_parameters,
+    hooked_state_dict,
+    load_hooked_state_dict,
+    resolve_backend,
+)
+from plateauscope.tasks.base import ProgressMeasure, Task, TaskError
+from plateauscope.tasks.loading import build_task, canonical_task_name
+from plateauscope.training import run as rd
+from plateauscope.training.config import ConfigError, RunConfig, TrainConfig
+from plateauscope.training.fused import fused_logits, unsupported_reason
+from plateauscope.training.interventions import (
+    Interventions,
+    has_interventions,
+    in_part,
+    load_donor,
+    transplanted,
+)
+from plateauscope.training.machine import describe, machine_record
+from plateauscope.training.metrics import compute_tau, summarize
+from plateauscope.training.model import hooked_config_dict
+from plateauscope.training.schedule import resume_steps, scheduled_steps
+
+log = logging.getLogger(__name__)
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+def resolve_device(name: str) -> torch.device:
+    """``auto`` (a GPU when present), ``cpu`` or ``cuda`` as a torch device; else a one-line ConfigError."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("--device cuda: no CUDA device is available")
+    if name not in ("cpu", "cuda"):
+        raise ConfigError(f"--device must be auto, cpu or cuda, got {name!r}")
+    return torch.device(name)
+
+
+def deterministic(fn: Callable[P, R]) -> Callable[P, R]:
+    """Run ``fn`` with torch's deterministic algorithms on (restored afterwards).
+
+    Same seed, same numbers: with more than one thread, the embedding's backward otherwise adds
+    its per-token gradients in a racy order, and the weights drift apart in the last bits.
+    """
+    @functools.wraps(fn)
+    def wrapper(*args: P.args, **kwargs: P.kwargs) -> R:
+        was_on, was_warn_only = torch.are_deterministic_algorithms_enabled(), \
+            torch.is_deterministic_algorithms_warn_only_enabled()
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            torch.use_deterministic_algorithms(was_on, warn_only=was_warn_only)
+
+    return wrapper
+
+
+@deterministic
+def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str = "auto",
+          progress: bool = True, stop_at_step: int | None = None, backend: str | None = None) -> dict:
+    """Train one run into ``out_dir`` and return its summary.
+
+    ``backend``: ``hooked`` (TransformerLens 3.x HookedTransformer) or ``bridge`` (4.x
+    TransformerBridge); None: the installed one. Either writes the same run directory, with
+    checkpoints in HookedTransformer's layout; a run resumes only on the backend that started it.
+
+    ``stop_at_step`` abandons the run right after that step's evaluation, as a kill would
+    (no checkpoint, no summary, unless they were due anyway): it exists to test resuming.
+    """
+    cfg = dataclasses.replace(cfg, task_name=canonical_task_name(cfg.task_name)).validate()
+    tc = cfg.train
+    out = Path(out_dir)
+    dev = resolve_device(device)
+    backend = resolve_backend(backend)
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+
+    # --- The run directory: a fresh one, or the one we resume. -----------------------------
+    task = build_task(cfg.task_name, cfg.task)
+    check_forward(cfg, task)
+    evalsets = evaluation_sets(task, tc, tc.seed)
+    # Interventions (plateauscope.training.interventions) and a transplant's donor are checked before anything is written.
+    interventions = Interventions.build(tc, task, cfg.model.n_layers, cfg.model.n_heads)
+    if has_interventions(tc) and backend != "hooked":
+        raise ConfigError("interventions (hide_cue_until, masked_heads, transplant) need --backend hooked")
+    model = build_model(hooked_config_dict(cfg.model, task), backend=backend, seed=cfg.model.seed, device=dev)
+    fresh = not (resume and (out / rd.RESUME_FILE).exists())
+    donor = load_donor(tc, hooked_state_dict(model)) if tc.transplant and fresh else None
+    prepare_run_dir(cfg, task, out, resume)
+
+    # --- Model, optimiser, data order (the fixed evaluation sets are built above). -----------
+    if donor is not None:  # the run's own step-0 weights, with one part from the donor
+        load_hooked_state_dict(model, transplanted(hooked_state_dict(model), donor, tc.transplant))
+    if tc.freeze_transplant:  # no gradient, so AdamW neither steps nor decays them
+        for name, param in model.named_parameters():
+            param.requires_grad_(not in_part(name, tc.transplant))
+    optimizer = adamw(model.parameters(), tc)
+    data_gen = torch.Generator().manual_seed(tc.seed)  # minibatch order only
+    n_examples = len(task.tokens)
+    perm, cursor, step, wall_s = torch.randperm(n_examples, generator=data_gen), 0, 0, 0.0
+    tokens = task.tokens.to(dev)
+    measure = task.progress  # what defines tau
+    # The training step's loss: fused kernels over the model's own parameters (trimmed or not), or its
+    # hooked forward. Interventions enter the fused kernels as masks, the hooked forward (and evaluation)
+    # as hooks; ``step`` is read when the loss is computed.
+    loss_of = (lambda b: task.loss(model(b[:, : task.input_len]), b)) if tc.forward == "hooked" else (
+        lambda b: fused_loss(model.cfg, hooked_parameters(model), b, task, tc.forward == "trimmed",
+                             **interventions.fused_options(step)))
+
+    # --- Resume: weights, optimiser, data order, RNGs, and metrics up to the saved step. ----
+    records: list[dict] = []
+    machines = [machine_record(dev)]  # every machine that trains the run (bit-identity holds on one)
+    point = load_resume_point(out, tc.max_steps) if resume else None
+    if point is not None:
+        if point.backend != backend:  # the optimiser state is keyed by the backend's parameter order
+            raise ConfigError(f"{out / rd.RESUME_FILE}: the run was trained with --backend {point.backend}; "
+                              f"resume it with that backend, not {backend}")
+        step, perm, cursor, wall_s, records = point.step, point.perm, point.cursor, point.wall_s, point.records
+        machines = machines_on_resume(out, point.machines, machines[0])
+        load_hooked_state_dict(model, point.weights)
+        optimizer.load_state_dict(point.optimizer)
+        data_gen.set_state(point.data_gen)
+        torch.set_rng_state(point.torch_rng)
+        if point.complete:
+            log.info("%s is already complete at step %d", out, step)
+            return finish(out, records, task, step, reuse=True)
+    # Metrics past the resume point (from the killed process) are dropped, never duplicated.
+    rd.write_text_atomic(out / rd.METRICS_FILE, "".join(json.dumps(r) + "\n" for r in records))
+
+    eval_steps = scheduled_steps(tc.eval_every, tc.max_steps, tc.early_log_points)
+    ckpt_steps = scheduled_steps(tc.ckpt_every, tc.max_steps, tc.early_log_points)
+    resume_at = resume_steps(ckpt_steps, tc.resume_every)
+    tau = compute_tau(records, measure)
+    bar = tqdm(total=tc.max_steps, initial=step, disable=not progress, desc=out.name, dynamic_ncols=True)
+    metrics_file = open(out / rd.METRICS_FILE, "a")
+    t0 = time.perf_counter() - wall_s
+    try:
+        while True:
+            # 1. Evaluate on the fixed evaluation set (no training RNG is touched).
+            stop = False
+            if step in eval_steps:
+                with interventions.applied(model, step):
+                    record = evaluation_record(model, task, evaluation_set(evalsets, step, tc), step, tc,
+                                               time.perf_counter() - t0)
+                records.append(record)
+                metrics_file.write(json.dumps(record) + "\n")
+                metrics_file.flush()
+                tau = tau if tau is not None else compute_tau([record], measure)
+                stop = stop_due(tc, tau, step)
+                bar.set_postfix(_bar_fields(record, measure), refresh=False)
+            # 2. Checkpoint (weights; at a resume point also the state needed to resume exactly from here).
+            if step in ckpt_steps or stop:
+                save_checkpoint_and_state(out, step, hooked_state_dict(model),
+                                          optimizer.state_dict() if step in resume_at or stop else None,
+                                          data_gen, perm, cursor, time.perf_counter() - t0, backend, machines)
+            if step >= tc.max_steps or stop:
+                break
+            if step == stop_at_step:
+                return {"stopped_at": step}
+
+            # 3. Next minibatch: walk a fresh permutation each epoch, dropping the ragged tail.
+            if cursor + tc.batch_size > n_examples:
+                perm, cursor = torch.randperm(n_examples, generator=data_gen), 0
+            batch = tokens[perm[cursor: cursor + tc.batch_size].to(dev)]
+            cursor += tc.batch_size
+
+            # 4-5. The task's loss (on its loss positions: logits at p predict the token at p + 1),
+            # then the update: warmup, backward, clipping, AdamW (the step the seed ensemble takes too).
+            with interventions.applied(model, step):
+                train_step(loss_of, batch, optimizer, tc, step,
+                           clip=lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+            step += 1
+            bar.update(1)
+    finally:
+        metrics_file.close()
+        bar.close()
+    return finish(out, records, task, step, machines=machines)
+
+
+# ---- the pieces of the loop that the seed ensemble (plateauscope.training.ensemble) shares --------------
+
+
+def evaluation_sets(task: Task, tc: TrainConfig, seed: int) -> tuple[Any, Any]:
+    """The run's fixed evaluation set, and the same set without its tracked examples for the steps
+    between two ``tracked_every`` steps (the full set again when ``tracked_every`` is None); a
+    one-line ConfigError when the task has nothing to leave out."""
+    full = task.build_evalset(tc.eval_groups, tc.tracked_groups, seed)
+    if tc.tracked_every is None:
+        return full, full
+    light = task.untracked(full)
+    if light is None:
+        raise ConfigError(f"tracked_every={tc.tracked_every}: task {task.describe()} logs nothing less often "
+                          "(its untracked() returns None)")
+    return full, light
+
+
+def evaluation_set(evalsets: tuple[Any, Any], step: int, tc: TrainConfig) -> Any:
+    """Which of :func:`evaluation_sets` the evaluation at ``step`` uses."""
+    return evalsets[0] if tc.tracked_every is None or step % tc.tracked_every == 0 else evalsets[1]
+
+
+def check_forward(cfg: RunConfig, task: Task) -> None:
+    """A one-line ConfigError, before anything is written, when ``cfg.train.forward`` cannot train this
+    model, or (``trimmed``) this task."""
+    forward = cfg.train.forward
+    why = unsupported_reason(cfg.model) if forward != "hooked" else None
+    if why:
+        raise ConfigError(f"--forward {forward} does not support {why}: pass --forward hooked")
+    if forward == "trimmed" and type(task).loss is not Task.loss:
+        raise ConfigError(f"--forward trimmed: task {task.describe()} defines its own loss over every position; "
+                          "pass --forward fused")
+
+
+def fused_loss(model_cfg: object, params: Mapping[str, Tensor], batch: Int[Tensor, "batch seq"], task: Task,
+               trimmed: bool, **interventions: Any) -> Float[Tensor, ""]:
+    """The task's loss of ``batch`` through :func:`plateauscope.training.fused.fused_logits` (``trimmed``: its logits
+    at the task's loss positions alone, and :meth:`Task.loss_at_positions`)."""
+    inputs = batch[:, : task.input_len]
+    if trimmed:
+        logits = fused_logits(model_cfg, params, inputs, positions=task.loss_positions, **interventions)
+        return task.loss_at_positions(logits, batch)
+    return task.loss(fused_logits(model_cfg, params, inputs, **interventions), batch)
+
+
+def adamw(params: Iterable[Tensor], tc: TrainConfig) -> torch.optim.AdamW:
+    """The run's AdamW. ``foreach=True``: on a CPU, torch's default is the single-tensor loop, and
+    the multi-tensor one computes the same numbers bit for bit (``tests/test_train.py`` checks a run
+    against a loop with the default) in about a third less time on the ``ci`` model
+    (``bench/train_step.py --only-optimizer``; the numbers and their CPU are in the performance page
+    of the docs). On CUDA it is already the default."""
+    return torch.optim.AdamW(params, lr=tc.lr, weight_decay=tc.weight_decay, betas=tc.betas, foreach=True)
+
+
+def train_step(loss_of: Callable[[Tensor], Tensor], batch: Int[Tensor, "*members batch seq"],
+               optimizer: torch.optim.Optimizer, tc: TrainConfig, step: int,
+               clip: Callable[[float], object]) -> Float[Tensor, "*members"]:
+    """One training step: forward and loss, linear warmup, backward, gradient clipping, AdamW step.
+
+    ``loss_of(batch)`` is the mean target cross-entropy: a scalar for a solo run, one per member
+    for the seed ensemble, whose members share no parameter, so the gradient of the summed loss is
+    each member's own. ``clip(max_norm)`` clips the gradients (per member in an ensemble) and is
+    called only when ``tc.grad_clip`` is set. Returns the detached loss.
+    """
+    loss = loss_of(batch)
+    if tc.warmup_steps:
+        for group in optimizer.param_groups:
+            group["lr"] = tc.lr * min(1.0, (step + 1) / tc.warmup_steps)
+    optimizer.zero_grad(set_to_none=True)
+    loss.sum().backward()
+    if tc.grad_clip is not None:
+        clip(tc.grad_clip)
+    optimizer.step()
+    return loss.detach()
+
+
+def prepare_run_dir(cfg: RunConfig, task: Task, out: Path, resume: bool) -> dict:
+    """Write a fresh run directory (dataset + config), or check that the stored run has this
+    config when resuming; return the HookedTransformerConfig kwargs of the run."""
+    if len(task.tokens) < cfg.train.batch_size:
+        raise ConfigError(f"batch_size={cfg.train.batch_size} is larger than the data set (D={len(task.tokens)})")
+    hooked_cfg = hooked_config_dict(cfg.model, task)
+    existing = out / rd.CONFIG_FILE
+    if existing.exists():
+        if not resume:
+            raise ConfigError(f"{out} already holds a run: pass --resume to continue it, or choose another --out")
+        stored = rd.read_json(existing)
+        try:  # a config.json from before a field existed reads as that field's default
+            stored_cfg = json.loads(json.dumps(RunConfig.from_dict(stored.get("run") or {}).to_dict()))
+        except (ConfigError, TypeError):
+            stored_cfg = None
+        asked = json.loads(json.dumps(cfg.to_dict()))
+        if stored_cfg != asked:
+            differ = "" if stored_cfg is None else " (" + "; ".join(
+                f"{key}: stored {a!r}, asked {b!r}" for key, a, b in _differences(stored_cfg, asked)) + ")"
+            raise ConfigError(f"{existing}: --resume with a different configuration than the stored run{differ}; "
+                              f"pass the stored options, or choose another --out")
+    else:
+        out.mkdir(parents=True, exist_ok=True)
+        rd.write_text_atomic(out / rd.DATASET_FILE, "".join(json.dumps(r) + "\n" for r in task.records()))
+        rd.write_json_atomic(existing, {"run": cfg.to_dict(), "hooked_transformer_config": hooked_cfg,
+                                        "vocab": task.vocab, "layout": task.layout_record()})
+    return hooked_cfg
+
+
+def _differences(a: dict, b: dict, prefix: str = "") -> list[tuple[str, object, object]]:
+    """The dotted keys where two nested config dicts differ, with both values."""
+    out = []
+    for key in sorted(set(a) | set(b)):
+        x, y = a.get(key), b.get(key)
+        if isinstance(x, dict) and isinstance(y, dict):
+            out += _differences(x, y, f"{prefix}{key}.")
+        elif x != y:
+            out.append((f"{prefix}{key}", x, y))
+    return out
+
+
+@dataclass
+class ResumePoint:
+    """What ``resume.pt`` and the latest checkpoint hold: enough to continue bit for bit."""
+
+    step: int
+    weights: dict[str, torch.Tensor]
+    optimizer: dict
+    """``torch.optim.AdamW.state_dict()`` of the run's parameters (in ``model.parameters()`` order)."""
+    data_gen: torch.Tensor
+    perm: torch.Tensor
+    cursor: int
+    wall_s: float
+    torch_rng: torch.Tensor
+    records: list[dict]
+    """Metrics before ``step`` (the loop evaluates ``step`` again; anything later came from the
+    killed process), or up to and including it when the run is complete."""
+    complete: bool
+    """The run had finished: nothing is left to train."""
+    backend: str = "hooked"
+    """The backend that trained the run (resume states written before backends existed: hooked)."""
+    machines: list[dict] = dataclasses.field(default_factory=list)
+    """The machines that trained the run so far (``plateauscope.training.machine.machine_record``), in order;
+    empty for resume states written before they were recorded."""
+
+
+def load_resume_point(out: Path, max_steps: int) -> ResumePoint | None:
+    """The state to resume the run in ``out`` from, or None when it has none (a fresh start)."""
+    resume_path = out / rd.RESUME_FILE
+    if not resume_path.exists():
+        return None
+    state = rd.load_resume_state(resume_path)
+    step = int(state["step"])
+    weights, _ = rd.load_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(step))
+    summary_path = out / rd.SUMMARY_FILE
+    complete = step >= max_steps or (summary_path.exists() and bool(rd.read_json(summary_path).get("complete")))
+    return ResumePoint(step=step, weights=weights, optimizer=state["optimizer"], data_gen=state["data_gen"],
+                       perm=state["perm"], cursor=int(state["cursor"]), wall_s=float(state["wall_s"]),
+                       torch_rng=state["torch_rng"], complete=complete, backend=str(state.get("backend", "hooked")),
+                       machines=list(state.get("machines", [])),
+                       records=[r for r in rd.read_jsonl(out / rd.METRICS_FILE)
+                                if r["step"] < step or (complete and r["step"] == step)])
+
+
+def save_checkpoint_and_state(out: Path, step: int, weights: dict[str, torch.Tensor], optimizer: dict | None,
+                              data_gen: torch.Generator, perm: torch.Tensor, cursor: int, wall_s: float,
+                              backend: str = "hooked", machines: list[dict] | None = None) -> None:
+    """Checkpoint the weights (HookedTransformer layout); at a resume point (an ``optimizer`` state
+    given, not None), also write the state needed to resume exactly from here, with the backend
+    whose parameter order the optimiser state follows and the machines that trained the run so far."""
+    rd.save_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(step), weights, step)
+    if optimizer is not None:
+        rd.save_resume_state(out / rd.RESUME_FILE, {
+            "step": step, "optimizer": optimizer, "data_gen": data_gen.get_state(), "perm": perm, "cursor": cursor,
+            "wall_s": wall_s, "torch_rng": torch.get_rng_state(), "backend": backend, "machines": machines or []})
+
+
+def machines_on_resume(out: Path, before: list[dict], here: dict) -> list[dict]:
+    """The machines of a resumed run: ``before``, then ``here`` when it differs from the last of them,
+    with a one-line warning, since the rest of the run is then not bit-identical to an uninterrupted one."""
+    if before and before[-1] != here:
+        log.warning("%s: trained so far on %s, resumed on %s: from here on it is not bit-identical to an "
+                    "uninterrupted run", out, describe(before[-1]), describe(here))
+    return before if before and before[-1] == here else [*before, here]
+
+
+def evaluation_record(model: torch.nn.Module, task: Task, evalset: object, step: int, tc: TrainConfig,
+                      wall_s: float) -> dict:
+    """One line of ``metrics.jsonl``: every metric of ``model`` on the fixed evaluation set."""
+    model.eval()
+    metrics = task.evaluate(model, evalset, tc.eval_batch_size)
+    if not isinstance(metrics, dict) or task.progress.key not in metrics:
+        got = sorted(metrics) if isinstance(metrics, dict) else type(metrics).__name__
+        raise TaskError(f"task {task.describe()}: evaluate() must return a dict with its progress measure "
+                        f"{task.progress.key!r}, got {got}")
+    record = {"step": step, "tokens_seen": step * tc.batch_size * task.tokens_per_example(), **metrics,
+              "wall_s": round(wall_s, 3)}
+    model.train()
+    return record
+
+
+def stop_due(tc: TrainConfig, tau: int | None, step: int) -> bool:
+    """``stop_after_tau``: stop once the step has reached that multiple of tau (when tau is known)."""
+    return tc.stop_after_tau is not None and tau is not None and step >= tc.stop_after_tau * tau
+
+
+def finish(out: Path, records: list[dict], task: Task, step: int, reuse: bool = False,
+           machines: list[dict] | None = None) -> dict:
+    """Write and return ``summary.json`` (``reuse``: return the one already written, if any), with
+    the machines that trained the run."""
+    summary_path = out / rd.SUMMARY_FILE
+    if reuse and summary_path.exists():
+        return rd.read_json(summary_path)
+    summary = {**summarize(records, task.progress, task.plateau_reference()), "final_step": step, "complete": True,
+               **task.summary_fields(), "machines": machines or []}
+    rd.write_json_atomic(summary_path, summary)
+    return summary
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
+
+
+def _bar_fields(record: dict, progress: ProgressMeasure) -> dict:
+    if not progress.falls or record.get(progress.key) is None:
+        return {"loss": f"{record['loss']:.3f}", "acc": f"{record['accuracy']:.2f}"}
+    fields = {f"{progress.key}/{progress.height_name}": f"{record[progress.key] / progress.height:.3f}"}
+    if progress.cue_effect_key is not None and record.get(progress.cue_effect_key) is not None:
+        fields[progress.cue_effect_key] = f"{record[progress.cue_effect_key]:.3f}"
+    return fields
+
+
+def default_run_name(cfg: RunConfig) -> str:
+    """The run directory name made from the options: preset, the task's label (direction, K, n_b for
+    the selector task; else the task's name), lr, batch and seed."""
+    tr = cfg.train
+    label = cfg.task.run_label() if hasattr(cfg.task, "run_label") else \
+        Path(cfg.task_name.rpartition(":")[2] or cfg.task_name).stem.lower()
+    return f"{cfg.preset or 'custom'}_{label}_lr{tr.lr:g}_bs{tr.batch_size}_seed{tr.seed}"
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose usage errors are one line on stderr (exit code 2), not usage + error."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        """Print a usage error as one line and exit with code 2."""
+        self.exit(2, f"error: {message} (see {self.prog} --help)\n")

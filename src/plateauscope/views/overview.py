@@ -1,0 +1,185 @@
+"""A run at a glance, as one static SVG: the loss on its plateau and the routing forming.
+
+Top panel: the task's progress measure over its height (candidate loss / log K) and, when the run
+has a plateau reference, the set loss over the know-nothing reference; both sit at 1 on a shelf.
+Bottom panel: attention to the cue of every head in the routing head's layer, the routing head in
+red. Vertical lines: t_form (the routing head's attention halfway up) and tau (the drop).
+
+Pure: records in, ``(svg text, caption)`` out; the caption is computed from the same records. The
+report writes it next to ``report.html`` and shows it first; ``make figures`` copies the demo's to
+``docs/pages/images/demo.svg`` for the README. A static SVG (no script): it renders on GitHub, in
+the docs and in the report, and the demo's is about 30 kB. Axis ticks are ``<text>`` elements whose
+``x`` (or ``y``) is the tick's position, so the drawn values can be read back from the file
+(``tests/test_overview.py`` does).
+"""
+
+from __future__ import annotations
+
+import html
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from plateauscope.analysis.results import na
+from plateauscope.tasks.base import ProgressMeasure
+from plateauscope.training.metrics import plateau_span
+
+WIDTH, HEIGHT = 780, 440
+LEFT, RIGHT = 64, 150
+"""Plot area margins in px (the legend sits in the right margin)."""
+TOP_PANEL = (46, 236)
+"""Top and bottom y of the loss panel, in px."""
+BOTTOM_PANEL = (270, 396)
+"""Top and bottom y of the attention panel, in px."""
+PROGRESS_COLOR, SET_LOSS_COLOR, ROUTING_COLOR, OTHER_HEAD_COLOR = "#1f77b4", "#9467bd", "#d62728", "#9a9a9a"
+TAU_COLOR, T_FORM_COLOR = "#444444", "#2ca02c"
+
+
+def nice_step(span: float | int, max_ticks: int = 8) -> float:
+    """The smallest of 1, 2, 5 x 10^k that puts at most ``max_ticks`` ticks on ``span``."""
+    if span <= 0:
+        return 1.0
+    base = 10 ** math.floor(math.log10(span / max_ticks))
+    return float(next(m * base for m in (1, 2, 5, 10) if span / (m * base) <= max_ticks))
+
+
+def _ticks(lo: float | int, hi: float | int, max_ticks: int = 8) -> list[float]:
+    step = nice_step(hi - lo, max_ticks)
+    return [float(v) for v in np.arange(math.ceil(lo / step) * step, hi + step * 1e-9, step)]
+
+
+class _Axes:
+    """A linear map from data to pixels for one panel."""
+
+    def __init__(self, x_range: tuple[float, float], y_range: tuple[float, float], panel: tuple[int, int]):
+        self.x0, self.x1 = x_range
+        self.y0, self.y1 = y_range
+        self.top, self.bottom = panel
+
+    def px(self, x: float | int) -> float:
+        return LEFT + (x - self.x0) / (self.x1 - self.x0) * (WIDTH - LEFT - RIGHT)
+
+    def py(self, y: float | int) -> float:
+        return self.bottom - (y - self.y0) / (self.y1 - self.y0) * (self.bottom - self.top)
+
+
+def _polyline(ax: _Axes, xs: Sequence[float | int], ys: Sequence[float | int | None], color: str, width: float,
+              element_id: str, dash: str | None = None, label: str = "") -> str:
+    points = " ".join(f"{ax.px(x):.2f},{ax.py(y):.2f}" for x, y in zip(xs, ys) if y is not None and math.isfinite(y))
+    dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+    return (f'<polyline id="{element_id}" data-label="{html.escape(label)}" fill="none" stroke="{color}" '
+            f'stroke-width="{width}"{dash_attr} points="{points}"/>')
+
+
+def _frame(ax: _Axes, y_ticks: list[float], y_title: str, tick_class: str, x_ticks: list[float] | None) -> list[str]:
+    right = WIDTH - RIGHT
+    parts = [f'<rect x="{LEFT}" y="{ax.top}" width="{right - LEFT}" height="{ax.bottom - ax.top}" fill="none" '
+             f'stroke="#bbbbbb"/>']
+    for v in y_ticks:
+        y = ax.py(v)
+        parts.append(f'<line x1="{LEFT}" x2="{right}" y1="{y:.2f}" y2="{y:.2f}" stroke="#eeeeee"/>')
+        parts.append(f'<text class="{tick_class}" x="{LEFT - 6}" y="{y:.2f}" text-anchor="end" '
+                     f'dominant-baseline="middle">{v:g}</text>')
+    mid = (ax.top + ax.bottom) / 2
+    parts.append(f'<text x="16" y="{mid:.1f}" text-anchor="middle" transform="rotate(-90 16 {mid:.1f})">'
+                 f'{html.escape(y_title)}</text>')
+    for v in x_ticks or []:
+        x = ax.px(v)
+        parts.append(f'<text class="xtick" x="{x:.2f}" y="{ax.bottom + 16}" text-anchor="middle">{v:g}</text>')
+    return parts
+
+
+def _vline(axes: Sequence[_Axes], x: float | int, color: str, dash: str | None, element_id: str, label: str) -> list[str]:
+    px = axes[0].px(x)
+    dash_attr = f' stroke-dasharray="{dash}"' if dash else ""
+    return [f'<line id="{element_id}" x1="{px:.2f}" x2="{px:.2f}" y1="{axes[0].top}" y2="{axes[-1].bottom}" '
+            f'stroke="{color}" stroke-width="1.5"{dash_attr}/>',
+            f'<text x="{px:.2f}" y="{axes[0].top - 6}" text-anchor="middle" fill="{color}">{html.escape(label)}</text>']
+
+
+def overview_svg(metrics: list[dict[str, Any]], attention: list[dict[str, Any]], selector: dict[str, Any],
+                 progress: ProgressMeasure, plateau: dict[str, Any] | None = None,
+                 machine: str | None = None, field: str = "to_z_first") -> tuple[str, str]:
+    """The SVG and its caption from a run's ``metrics.jsonl`` records, its attention analysis records,
+    its ``selector.json`` and ``summary.json``'s ``plateau`` block; ``machine`` names where it trained."""
+    key, height, hl = progress.key, progress.height, progress.height_label
+    rec = [r for r in metrics if r.get(key) is not None]
+    if not rec:
+        raise ValueError(f"no evaluation records with {key!r} to draw")
+    steps = [int(r["step"]) for r in rec]
+    tau, t_form, head = selector.get("tau"), selector.get("t_form"), selector.get("head")
+    lead = selector.get("lead_fraction")
+    ref_metric = (plateau or {}).get("know_nothing", {}).get("metric", "set_loss") if plateau else None
+    ref = plateau["know_nothing"][ref_metric] if plateau else None
+    progress_y = [r[key] / height for r in rec]
+    ref_y = [r.get(ref_metric) / ref if r.get(ref_metric) is not None else None for r in rec] if ref else []
+    y_max = max(1.2, math.ceil(max(v for v in [*progress_y, *ref_y] if v is not None) * 5) / 5)
+    x_range = (0.0, float(max(steps[-1], max((int(r["step"]) for r in attention), default=0))))
+    att_steps = [int(r["step"]) for r in attention]
+    grid = np.array([r[field] for r in attention], dtype=float) if attention else np.zeros((0, 1, 1))
+    layer = head[0] if head else 0
+    att_max = min(1.0, max(0.2, math.ceil(float(np.nanmax(grid[:, layer], initial=0.0)) * 10) / 10))  # the rise
+    loss_ax = _Axes(x_range, (0.0, y_max), TOP_PANEL)
+    attn_ax = _Axes(x_range, (0.0, att_max), BOTTOM_PANEL)
+
+    parts = _frame(loss_ax, _ticks(0.0, y_max, 6), "loss / its reference", "ytick-loss", None)
+    parts += _frame(attn_ax, _ticks(0.0, att_max, 5), "attention to the cue", "ytick-attention",
+                    _ticks(*x_range))
+    parts.append(f'<text x="{(LEFT + WIDTH - RIGHT) / 2:.1f}" y="{HEIGHT - 8}" text-anchor="middle">step</text>')
+    legend = [(PROGRESS_COLOR, f"{progress.label} / {hl}")]
+    parts.append(_polyline(loss_ax, steps, progress_y, PROGRESS_COLOR, 2.2, "progress", label=legend[0][1]))
+    if ref:
+        what = ref_metric.replace("_", " ")
+        legend.append((SET_LOSS_COLOR, f"{what} / know-nothing"))
+        parts.append(_polyline(loss_ax, steps, ref_y, SET_LOSS_COLOR, 1.6, "reference-loss", dash="6 3",
+                               label=legend[-1][1]))
+    # attention to the cue: every head of the routing head's layer, the routing head last (on top)
+    heads = sorted(range(grid.shape[2]), key=lambda h: head is not None and h == head[1])
+    for h in heads:
+        routing = head is not None and h == head[1]
+        parts.append(_polyline(attn_ax, att_steps, grid[:, layer, h].tolist(),
+                               ROUTING_COLOR if routing else OTHER_HEAD_COLOR, 2.2 if routing else 1.0,
+                               "routing-head" if routing else f"head-L{layer}H{h}", label=f"L{layer}H{h}"))
+    if head is not None:
+        legend.append((ROUTING_COLOR, f"routing head {selector.get('label')}"))
+        legend.append((OTHER_HEAD_COLOR, f"other layer-{layer} heads"))
+    if t_form is not None:
+        parts += _vline([loss_ax, attn_ax], t_form, T_FORM_COLOR, "5 3", "t-form-line", "t_form")
+    if tau is not None:
+        parts += _vline([loss_ax, attn_ax], tau, TAU_COLOR, None, "tau-line", "τ")
+    for i, (color, text) in enumerate(legend):
+        y = TOP_PANEL[0] + 10 + 18 * i
+        parts.append(f'<line x1="{WIDTH - RIGHT + 10}" x2="{WIDTH - RIGHT + 28}" y1="{y}" y2="{y}" stroke="{color}" '
+                     f'stroke-width="2.5"/><text x="{WIDTH - RIGHT + 33}" y="{y}" dominant-baseline="middle">'
+                     f'{html.escape(text)}</text>')
+
+    caption = _caption(rec, progress, tau, t_form, lead, selector.get("label"), plateau, ref_y, steps, machine)
+    title = f"{progress.label} and the routing head's attention to the cue over training"
+    svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
+           f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="Helvetica, Arial, sans-serif" font-size="11">\n'
+           f"<title>{html.escape(title)}</title>\n<desc>{html.escape(caption)}</desc>\n"
+           f'<rect width="{WIDTH}" height="{HEIGHT}" fill="white"/>\n'
+           f'<text x="{LEFT}" y="18" font-size="13" font-weight="bold">{html.escape(title)}</text>\n'
+           + "\n".join(parts) + "\n</svg>\n")
+    return svg, caption
+
+
+def _caption(rec: list[dict[str, Any]], progress: ProgressMeasure, tau: int | None, t_form: int | None,
+             lead: float | None, label: str | None, plateau: dict[str, Any] | None, ref_y: list[float | None],
+             steps: list[int], machine: str | None) -> str:
+    span = plateau_span(rec, progress, tau)
+    text = (f"The {progress.label} sits within 10% of {progress.height_label}"
+            + (f" from step {span[0]} to {span[1]}" if span else " at no evaluated step")
+            + f" and drops below half of it at τ = {na(tau, '{}')}.")
+    if plateau is not None and span is not None:
+        on = [y for s, y in zip(steps, ref_y) if span[0] <= s <= span[1] and y is not None]
+        if on:
+            what = plateau["know_nothing"].get("metric", "set_loss").replace("_", " ")
+            text += (f" On the plateau the {what} is {float(np.median(on)):.3f} of a know-nothing model's: "
+                     f"verdict {plateau.get('verdict') or 'none'}.")
+    if label is not None:
+        text += (f" The routing head {label}'s attention to the cue is halfway up at t_form = {na(t_form, '{}')}"
+                 + (f", a lead of {lead:.2f} τ." if lead is not None else "."))
+    return text + (f" One run, trained on {machine}." if machine else "")

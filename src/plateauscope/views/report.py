@@ -1,0 +1,354 @@
+"""A run's report: ONE self-contained HTML file that opens from disk with no network.
+
+    plateauscope report --run checkpoints/demo [--examples 2] [--analyze] [--out FILE]
+
+It holds a summary table (tau, t_form, lead fraction with their brackets, the selector head,
+the set loss on the plateau, the collective-snap statistics, t_form and the lead by each rule,
+the circuit verdict), every figure of :mod:`plateauscope.views.figures` with a heading and a one-sentence
+caption, and CircuitsVis attention patterns of layer 0 and of the selector head's layer on a few
+examples at five moments: the plateau start, t_form, tau/2, tau and the end of training (each
+the nearest checkpoint), with, at each moment, one view of the top heads of the routing (the
+circuit's heads at the end, ``plateauscope.analysis.circuit``) on the same examples.
+
+Self-contained: plotly.js is inlined once (with the first figure), the CircuitsVis bundle once
+(taken from its *local* rendering, ``RenderedHTML.local_src``; its ``str()`` and, when online,
+its ``_repr_html_`` point to a CDN); no script, style or image is loaded from anywhere else.
+
+The report reads the analysis cache (``RUN/analysis/``, written by ``plateauscope analyze``).
+Without it the command fails with a one-line error saying which command to run, unless
+``--analyze`` is given: then it runs the analysis first (``--every`` N-th checkpoint, with a
+progress bar).
+"""
+
+from __future__ import annotations
+
+import html
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import circuitsvis as cv
+from circuitsvis.utils.render import RenderedHTML
+
+from plateauscope.analysis.analyze import load_analysis
+from plateauscope.analysis.attention import attention_patterns
+from plateauscope.analysis.circuit import reads_z_text
+from plateauscope.analysis.results import (
+    LLC_SUMMARY_FILE,
+    OVERVIEW_FILE,
+    REPORT_FILE,
+    SELECTOR_FILE,
+    analysis_dir,
+    median,
+    na,
+)
+from plateauscope.analysis.snap import snap_statistics
+from plateauscope.training.machine import describe
+from plateauscope.training.run import Run, RunError, read_json, write_text_atomic
+from plateauscope.views.figures import all_figures, head_label, llc_figure
+from plateauscope.views.overview import overview_svg
+from plateauscope.views.pages import figure_section, page, table_html, write_page
+
+MOMENTS: tuple[str, ...] = ("plateau start", "t_form", "tau/2", "tau", "end")
+"""The moments at which attention patterns are shown (each at the nearest checkpoint)."""
+
+_CV_DIV = re.compile(r'<div id="(circuits-vis-[^"]+)"')
+_CV_SCRIPT_OPEN = '<script crossorigin type="module">'
+_CV_RENDER = "CircuitsVis.render("
+_SOURCE_MAP = re.compile(r"^//# sourceMappingURL=.*$", re.MULTILINE)
+
+# ---- the pieces ---------------------------------------------------------------------------
+
+
+def nearest(steps: Sequence[int], target: float | int) -> int:
+    """The checkpoint step nearest ``target`` (the earlier one on a tie)."""
+    if not steps:
+        raise RunError("the run has no checkpoints")
+    return min(steps, key=lambda s: (abs(s - target), s))
+
+
+def moment_targets(steps: Sequence[int], plateau_start: int | None, tau: int | None,
+                   t_form: int | None = None) -> dict[str, int | float | None]:
+    """The step each moment of :data:`MOMENTS` stands for (None: that moment does not exist)."""
+    return {"plateau start": plateau_start, "t_form": t_form, "tau/2": tau / 2 if tau else None,
+            "tau": tau, "end": steps[-1] if steps else None}
+
+
+def moment_steps(steps: Sequence[int], plateau_start: int | None, tau: int | None,
+                 t_form: int | None = None) -> dict[str, int]:
+    """``{moment: checkpoint step}`` for the moments that exist (no tau: no tau/2, no tau; no t_form), in
+    the order of their steps (t_form may come before or after tau/2)."""
+    targets = moment_targets(steps, plateau_start, tau, t_form)
+    found = [(t, i, name) for i, (name, t) in enumerate(targets.items()) if t is not None]
+    return {name: nearest(steps, t) for t, _, name in sorted(found)}
+
+
+def attention_views(run: Run, step: int, layers: Sequence[int], examples: Sequence[int],
+                    selector_head: Sequence[int] | None = None) -> list[tuple[int, int, RenderedHTML]]:
+    """CircuitsVis attention views of the model at ``step``: ``[(example, layer, rendered), ...]``.
+
+    Tokens are the characters of B, z and A (``<BOS>`` / ``<SEP>`` as such). Display
+    ``rendered.local_src`` (self-contained); ``str(rendered)`` loads the library from a CDN.
+    """
+    return _views(run, step, layers, examples, selector_head, [])[0]
+
+
+def _views(run: Run, step: int, layers: Sequence[int], examples: Sequence[int],
+           selector_head: Sequence[int] | None, top_heads: Sequence[Sequence[int]]
+           ) -> tuple[list[tuple[int, int, RenderedHTML]], list[tuple[int, RenderedHTML]]]:
+    """Per-layer views and, when ``top_heads`` is not empty, one view per example of just those heads."""
+    task = run.task()
+    tokens = task.tokens[list(examples)]
+    patterns = attention_patterns(run.load_model(step), tokens, task.input_len)  # [N, L, H, q, k]
+    sel = tuple(selector_head) if selector_head is not None else None
+    out, top = [], []
+    for n, ex in enumerate(examples):
+        words = task.decode(tokens[n, : task.input_len])
+        for layer in layers:
+            names = [head_label(layer, h) + (" (selector)" if (layer, h) == sel else "")
+                     for h in range(patterns.shape[2])]
+            out.append((int(ex), int(layer), cv.attention.attention_heads(
+                attention=patterns[n, layer], tokens=words, attention_head_names=names)))
+        if top_heads:
+            idx = [(int(la), int(h)) for la, h in top_heads]
+            top.append((int(ex), cv.attention.attention_heads(
+                attention=patterns[n, [la for la, _ in idx], [h for _, h in idx]], tokens=words,
+                attention_head_names=[head_label(la, h) + (" (selector)" if (la, h) == sel else "") for la, h in idx])))
+    return out, top
+
+
+def top_heads(sel: dict[str, Any], n_max: int = 4) -> list[list[int]]:
+    """The routing's top heads: those holding 80% of the head-patching effect at the last exact step
+    (at most ``n_max``; at least the selector head)."""
+    circuit = sel.get("circuit") or {}
+    heads = [list(h) for h in (circuit.get("shares") or {}).get("heads_for_80", [])][:n_max]
+    head = sel.get("head")
+    if head is not None and list(head) not in heads:
+        heads.append(list(head))
+    return heads
+
+
+def split_circuitsvis(rendered: RenderedHTML) -> tuple[str, str, str]:
+    """``(library_js, element_id, render_call_js)`` of a CircuitsVis *local* rendering.
+
+    The library is the inlined bundle (the same in every rendering), so a page needs it once.
+    """
+    src = rendered.local_src
+    m = _CV_DIV.search(src)
+    start = src.find(_CV_SCRIPT_OPEN)
+    if m is None or start < 0 or _CV_RENDER not in src:
+        raise RunError("unexpected CircuitsVis output (circuitsvis version changed?)")
+    body = src[start + len(_CV_SCRIPT_OPEN): src.rindex("</script>")]
+    cut = body.rindex(_CV_RENDER)
+    library = _SOURCE_MAP.sub("", body[:cut])
+    call = body[cut:].strip().replace("</", "<\\/")
+    return library, m.group(1), call
+
+
+def _bracket(b: Sequence[float | int] | None, fmt: str = "{}") -> str:
+    return "" if not b else f" (bracket {fmt.format(b[0])} .. {fmt.format(b[1])})"
+
+
+def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, Any],
+                 snap: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary table as ``(name, value)`` text pairs."""
+    summary = run.summary() or {}
+    sel = selector
+    span = summary.get("plateau_span")
+    set0 = next((r.get("set_loss") for r in metrics if r.get("set_loss") is not None), None)
+    abl = (sel.get("ablation") or {}).get("end")
+    agree = [a["spearman"] for a in sel.get("agreement") or [] if a.get("spearman") is not None]
+    pm = run.progress
+    hl, cue = pm.height_label, pm.cue_label
+    rows = [
+        (hl, f"{pm.height:.3f}" + (f" (K = {run.config.task.K})" if hl == "log K" else "")),
+        (f"tau (first step with {pm.label} < 0.5 {hl})", na(sel.get("tau"), "{}") + _bracket(sel.get("tau_bracket"))),
+        (f"tau at thresholds 0.3 / 0.5 / 0.7 {hl}",
+         " / ".join(na(v, "{}") for v in (summary.get("tau_by_threshold") or {}).values()) or "n/a"),
+        (f"plateau ({pm.label} within 10% of {hl}" + (f", {cue} < 0.1 {hl})" if pm.cue_effect_key else ")"),
+         f"steps {span[0]} .. {span[1]}" if span else "none"),
+        *([("set loss on the plateau (median)", f"{na(summary.get('plateau_median_set_loss'))} nats "
+                                                f"(step 0: {na(set0)}; 0 = all mass on the K candidates)")]
+          if set0 is not None else []),
+        *plateau_rows(run.plateau()),
+        ("routing head", f"{sel.get('label')} (rule: {sel.get('rule')})"),
+        ("its attention to the cue", f"{na(sel.get('start_value'))} at the plateau start -> {na(sel.get('final_value'))} "
+                                     "at the end"),
+        ("t_form (attention to the cue halfway up)", na(sel.get("t_form"), "{}") + _bracket(sel.get("t_form_bracket"))),
+        ("lead fraction (tau - t_form) / tau", na(sel.get("lead_fraction")) + _bracket(sel.get("lead_bracket"), "{:.3f}")
+         + (" (paper: about 0.5)" if hl == "log K" else "")),
+        *[(f"t_form / lead by {rule}", na(r.get("t_form"), "{}") + _bracket(r.get("t_form_bracket"))
+           + f"; lead {na(r.get('lead_fraction'))}" + _bracket(r.get("lead_bracket"), "{:.3f}"))
+          for rule, r in (sel.get("t_form_rules") or {}).items()],
+        *[(f"{name} head", f"{r['label']}: attention {na(r.get('start_value'))} at the plateau start -> "
+                           f"{na(r.get('final_value'))} at the end; t_form {na(r.get('t_form'), '{}')}"
+           + _bracket(r.get("t_form_bracket")) + f", lead {na(r.get('lead_fraction'))}")
+          for name, r in (sel.get("attention_rules") or {}).items()],
+        ("circuit verdict", _circuit_text(sel.get("circuit"), pm.label, hl)),
+        ("where the routing head reads the cue (its output patched at one position; 1 = clean answer)",
+         reads_z_text(sel["circuit"], sel["head"]) if sel.get("circuit") else "n/a"),
+        (f"routing head ablated at the end ({pm.label})",
+         f"{na(abl['base_candidate_loss'])} -> zero {na(abl['zero_candidate_loss'])}, mean {na(abl['mean_candidate_loss'])} "
+         f"(falls back to the marginal: {sel.get('falls_back_to_marginal')})" if abl else "n/a"),
+        *([(f"groups >= {snap['hi']:.0%} accurate at tau/2", f"{na(snap['share_above_at_half_tau'], '{:.0%}')} of "
+            f"{snap['n_groups']} tracked groups (at step {na(snap['half_tau_step'], '{}')}; paper: none)"),
+           ("snapped groups", f"{snap['n_snapped']} / {snap['n_groups']} reach {snap['hi']:.0%}"),
+           ("snap window (median over groups) / tau", f"{na(snap['snap_window_tau'])} ({snap['n_windows']} groups; "
+            f"first step >= {snap['hi']:.0%} minus the last step < {snap['lo']:.0%} before it)"),
+           ("spread of snap steps / tau", f"{na(snap['snap_spread_tau'])} (latest - earliest snap step; paper: about 0.5)")]
+          if snap["n_groups"] else []),
+        ("attribution vs exact patching (heads)",
+         f"Spearman median {median(agree):.3f}, min {min(agree):.3f} over {len(agree)} steps" if agree else "n/a"),
+        ("analysed checkpoints", f"{sel.get('analysed_steps')} of {len(run.steps())}"),
+    ]
+    return rows
+
+
+def plateau_rows(plateau: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The plateau verdict as summary rows (none for a task without references)."""
+    if plateau is None:
+        return []
+    ref, share = plateau["know_nothing"], plateau.get("share") or {}
+    metric = ref.get("metric", "set_loss")
+    rows = [
+        (f"plateau verdict (marginal | global marginal | shelf | mixed, on the {metric.replace('_', ' ')})",
+         f"{plateau.get('verdict') or 'no plateau'}: {na(share.get('marginal'), '{:.0%}')} marginal "
+         f"(< {na(plateau.get('marginal_threshold'))}), "
+         + (f"{na(share.get('global_marginal'), '{:.0%}')} global marginal "
+            f"(< {na(plateau.get('global_marginal_threshold'))}), " if plateau.get("global_marginal_threshold") else "")
+         + f"{na(share.get('shelf'), '{:.0%}')} shelf "
+         f"(> {na(plateau.get('shelf_threshold'))}), {na(share.get('between'), '{:.0%}')} between"),
+        ("know-nothing reference", f"{metric.replace('_', ' ')} {ref[metric]:.3f} nats; marginal floor "
+                                   f"{plateau.get('marginal_floor', 0.0):.3f}"),
+    ]
+    global_ref = plateau.get("global_marginal")
+    if global_ref:
+        rows.append(("global-marginal reference (p(A) known, B and z ignored)",
+                     f"{metric.replace('_', ' ')} {global_ref[metric]:.3f} nats"
+                     + (f", first-token set loss {global_ref['first_token_set_loss']:.3f}"
+                        if "first_token_set_loss" in global_ref else "")
+                     + ("" if plateau.get("global_marginal_threshold") else
+                        " (not a kind of its own: it coincides with the marginal or the know-nothing threshold)")))
+    if metric == "set_loss":
+        rows += [("know-nothing first-token losses (uniform over the alphabet)",
+                  f"first-token set loss {ref['first_token_set_loss']:.3f}, first-token loss "
+                  f"{ref['first_token_loss']:.3f} nats"),
+                 ("first-token set loss on the plateau (median)", f"{na(plateau.get('median_first_token_set_loss'))} nats")]
+    rows.append((f"t_marginal (first step with {metric.replace('_', ' ')} below the marginal threshold)",
+                 na(plateau.get("t_marginal"), "{}")))
+    if plateau.get("global_marginal_threshold") is not None:
+        rows.append((f"t_global_marginal (first step with {metric.replace('_', ' ')} below the global-marginal "
+                     "threshold)", na(plateau.get("t_global_marginal"), "{}")))
+    return rows
+
+
+def _circuit_text(c: dict[str, Any] | None, label: str, height_label: str) -> str:
+    if not c:
+        return "n/a (no exact-patching steps)"
+    ch = c["chosen"]
+
+    def cl(e: dict[str, Any]) -> str:
+        return na(e["candidate_loss"]) + (f" (>= {height_label})" if e.get("reaches_log_k") else "")
+
+    return (f"{c['verdict']}" + (f": {', '.join(c['heads'])}" if c["heads"] else "")
+            + f" at step {c['step']} (top head {c['top']}: {c['top_share']:.0%} of all heads' positive patching effect, "
+              f"{c['top_layer_share']:.0%} of its layer's; heads holding 80%: {c['shares']['n_for_80']}). "
+              f"{ch['kind']} ablation, {label}: the routing head alone {cl(ch['alone'])}, its layer {cl(ch['layer'])}, "
+              f"its layer but it {cl(ch['layer_but'])}, base {cl(ch['base'])}. Heads whose ablation alone returns it to "
+              f"{height_label}: {', '.join(c.get('necessary') or []) or 'none'}"
+            + (f". Keeping only {', '.join(suff['kept'])} (every other head of their layers ablated): {na(suff['candidate_loss'])}, "
+               f"{'sufficient' if suff['sufficient'] else 'not sufficient'}" if (suff := c.get("sufficiency")) else ""))
+
+
+# ---- the page -----------------------------------------------------------------------------
+
+
+def _analysed(run: Run) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The run's analysis cache and its selector summary, or a one-line error saying what to run."""
+    analysis = load_analysis(run.path)
+    if analysis["selector"] is None:
+        raise RunError(f"{run.path}: no analysis cache ({analysis_dir(run.path) / SELECTOR_FILE}); "
+                       f"run `plateauscope analyze --run {run.path}` first (or pass --analyze)")
+    return analysis, analysis["selector"]
+
+
+def build_overview(run_dir: str | Path) -> tuple[str, str]:
+    """The run at a glance (``plateauscope.views.overview``): SVG text and caption, naming the machine that
+    trained the run (the last of ``summary.json``'s ``machines``, when recorded)."""
+    run = Run(run_dir)
+    analysis, sel = _analysed(run)
+    machines = (run.summary() or {}).get("machines") or []
+    return overview_svg(run.metrics(), analysis["attention"], sel, run.progress, run.plateau(),
+                        describe(machines[-1]) if machines else None)
+
+
+def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str:
+    """The report of an analysed run as one HTML string."""
+    run = Run(run_dir)
+    analysis, sel = _analysed(run)
+    metrics = run.metrics()
+    tau = sel.get("tau")
+    snap = snap_statistics(metrics, tau)
+    cfg = run.config
+    parts = [f"<h1>Run report: {html.escape(run.path.name)}</h1>",
+             f'<p class="sub">{html.escape(str(run.path.resolve()))} - preset {html.escape(cfg.preset or "none")}, '
+             f"task {html.escape(run.task().describe())}, {len(run.task().tokens)} sequences; "
+             f"{cfg.model.n_layers} layers x {cfg.model.n_heads} heads, d_model {cfg.model.d_model}; "
+             f"{len(run.steps())} checkpoints up to step {run.steps()[-1] if run.steps() else 'n/a'}</p>",
+             "<h2>Summary</h2>", table_html(summary_rows(run, metrics, sel, snap))]
+    svg, caption = build_overview(run.path)
+    parts += ["<h2>At a glance</h2>", f'<div class="figure">{svg}</div>', f'<p class="caption">{html.escape(caption)}</p>']
+    figures = all_figures(metrics, analysis, run.progress, tau, run.plateau())
+    llc_path = analysis_dir(run.path) / LLC_SUMMARY_FILE
+    if llc_path.exists():  # written by plateauscope llc; landmarks from the current selector summary
+        llc = {**read_json(llc_path), "tau": tau, "t_form": sel.get("t_form")}
+        figures.append(("llc", "Local learning coefficient", *llc_figure(llc)))
+    for i, (key, heading, fig, caption) in enumerate(figures):
+        parts += figure_section(key, heading, fig, caption, include_plotlyjs=(i == 0))
+    parts += _attention_section(run, sel, n_examples, seed)
+    parts.append('<p class="note">Written by <code>plateauscope report</code>; definitions: '
+                 "<code>plateauscope.analysis.selector</code> (selector head, t_form, lead fraction), "
+                 "<code>plateauscope.analysis.snap</code> (snap statistics), <code>plateauscope.training.metrics</code> (tau, plateau), "
+                 "<code>plateauscope.analysis.llc</code> (local learning coefficient).</p>")
+    return page(f"Report: {run.path.name}", parts)
+
+
+def _attention_section(run: Run, sel: dict[str, Any], n_examples: int, seed: int) -> list[str]:
+    head = sel.get("head")
+    layers = sorted({0, int(head[0])}) if head else [0]
+    tau = sel.get("tau")
+    moments = moment_steps(run.steps(), sel.get("plateau_start"), tau, sel.get("t_form"))
+    targets = moment_targets(run.steps(), sel.get("plateau_start"), tau, sel.get("t_form"))
+    tops = top_heads(sel)
+    examples = run.task().sample_examples(n_examples, seed).tolist()
+    parts = ["<h2>Attention patterns (CircuitsVis)</h2>",
+             f'<p class="caption">Layer {" and layer ".join(map(str, layers))} on {len(examples)} examples '
+             f"at {len(moments)} moments; click a head to enlarge it. The routing head "
+             f"{html.escape(str(sel.get('label')))} is marked; the last view of each moment shows only the routing's top heads "
+             f"({html.escape(', '.join(head_label(*h) for h in tops))}: those holding 80% of the head-patching effect at "
+             f"the end) on the same examples.</p>"]
+    library_done = False
+    for name, step in moments.items():
+        views, top_views = _views(run, step, layers, examples, head, tops)
+        parts.append(f'<h3 class="moment">{html.escape(name)} (step {na(targets[name], "{:g}")}): nearest checkpoint, '
+                     f'step {step}</h3><div class="cv-row">')
+        cells = [(f"example {ex}, layer {layer}", r) for ex, layer, r in views]
+        cells += [(f"example {ex}, top heads", r) for ex, r in top_views]
+        for title, rendered in cells:
+            library, elem_id, call = split_circuitsvis(rendered)
+            if not library_done:
+                parts.insert(1, f"<script>{library}</script>")
+                library_done = True
+            parts.append(f'<div class="cv-cell"><h4>{title}</h4>'
+                         f'<div class="cv-view" id="{elem_id}"></div><script>{call}</script></div>')
+        parts.append("</div>")
+    return parts
+
+
+def write_report(run_dir: str | Path, out: str | Path | None = None, n_examples: int = 2, seed: int = 0) -> Path:
+    """Write the report (default ``RUN/report.html``) and, next to it, the run at a glance
+    (``overview.svg``); return the report's path."""
+    path = Path(out) if out is not None else Path(run_dir) / REPORT_FILE
+    write_text_atomic(path.parent / OVERVIEW_FILE, build_overview(run_dir)[0])
+    return write_page(path, build_report(run_dir, n_examples, seed))

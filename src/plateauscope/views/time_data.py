@@ -1,0 +1,105 @@
+"""The time view's data, assembled from a run's cached analyses (nothing is computed here).
+
+:func:`time_view_data` reads ``RUN/analysis`` (``plateauscope.analysis.analyze``: edges, attention, attribution,
+ablation, patterns) and ``metrics.jsonl`` and returns the dict that
+:func:`plateauscope.views.time_view.render_time_view` draws:
+
+* the steps: every step with an edge record;
+* the edge graph and each edge's attribution effect in logits of the task's metric (not
+  normalised: during the plateau the clean-corrupted gap is near 0 and a share of it is noise;
+  in logits the circuit visibly grows), and the faithful circuit at each step;
+* heatmaps (layers x heads): attention to the cue, the attribution effect of head outputs in
+  logits, and the progress measure with the head mean-ablated (only at the exact steps);
+* the attention patterns of a few examples, as cached (uint8, base64);
+* the loss curves: the progress measure, the set loss and the cue effect where the task logs them;
+  t_form and tau from the run's summary (``selector.json``);
+* a caption computed from the same numbers.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from plateauscope.analysis.analyze import AnalysisSettings, load_analysis
+from plateauscope.analysis.edges import edges_summary, graph_of_record, stability
+from plateauscope.analysis.results import analysis_dir, na
+from plateauscope.training.run import Run, RunError
+
+CURVE_KEYS = ("set_loss", "loss")
+"""Logged fields drawn next to the progress measure and the cue effect, when a run has them."""
+
+
+def _by_step(records: list[dict[str, Any]], steps: list[int], read) -> list[Any]:
+    have = {r["step"]: r for r in records}
+    out = []
+    for s in steps:
+        try:
+            out.append(read(have[s]) if s in have else None)
+        except (KeyError, TypeError):
+            out.append(None)
+    return out
+
+
+def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None) -> dict[str, Any]:
+    """The view data of a run analysed with edges (a one-line RunError when it was not)."""
+    run = Run(run_dir)
+    cache = load_analysis(run.path, settings)
+    edges = cache["edges"]
+    if not edges:
+        raise RunError(f"{analysis_dir(run.path)}: no edge analysis; run plateauscope analyze --run {run.path} first")
+    graph = graph_of_record(edges[-1])
+    steps = [r["step"] for r in edges]
+    progress = run.progress
+    sel = cache["selector"] or {}
+
+    def head_effect(r: dict[str, Any]) -> Any:  # raw patched metric minus the corrupted one, in logits
+        heads = r["heads"]
+        return [[None if x is None else x - heads["corrupt_metric"] for x in row] for row in heads["raw"]]
+
+    heatmaps = [
+        {"name": "attention to the cue", "values": _by_step(cache["attention"], steps, lambda r: r["to_z_first"])},
+        {"name": "head attribution effect (logits)", "values": _by_step(cache["attribution"], steps, head_effect)},
+        {"name": f"{progress.label} with the head mean-ablated",
+         "values": _by_step(cache["ablation"], steps, lambda r: r["mean"]["candidate_loss"])},
+    ]
+    patterns = cache["patterns"]
+    records = run.metrics()
+    curve_keys = [progress.key] + ([progress.cue_effect_key] if progress.cue_effect_key else []) + list(CURVE_KEYS)
+    curve_keys = [k for i, k in enumerate(curve_keys) if k not in curve_keys[:i] and any(k in r for r in records)]
+    labels = {progress.key: progress.label, progress.cue_effect_key: progress.cue_label, "set_loss": "set loss",
+              "loss": "training loss"}
+    summary = edges_summary(edges, cache["edge_exact"])
+    return {
+        "title": f"{run.path.name}: the circuit over training",
+        "caption": caption(summary, sel.get("t_form"), sel.get("tau"), len(steps)),
+        "steps": steps,
+        "n_layers": graph.n_layers,
+        "n_heads": graph.n_heads,
+        "nodes": graph.nodes(),
+        "edges": graph.edge_names(),
+        "edge_scores": [r["effect"] for r in edges],
+        "circuit": [r["circuit"]["edges"] if r.get("circuit") else None for r in edges],
+        "heatmaps": [h for h in heatmaps if any(v is not None for v in h["values"])],
+        "patterns": {"examples": patterns[-1]["tokens"] if patterns else [],
+                     "values": _by_step(patterns, steps, lambda r: r["values"])},
+        "curves": {"steps": [r["step"] for r in records],
+                   "series": [{"name": labels.get(k, k), "values": [r.get(k) for r in records]} for k in curve_keys]},
+        "markers": {"t_form": sel.get("t_form"), "tau": sel.get("tau")},
+        **({"selected_head": sel["head"]} if sel.get("head") else {}),
+        "score_unit": "attribution effect on the metric, logits",
+    }
+
+
+def caption(summary: dict[str, Any] | None, t_form: int | None, tau: int | None, n_steps: int) -> str:
+    """One paragraph from the edge summary: what the widths mean, the final circuit, when it settles."""
+    text = (f"{n_steps} analysed checkpoints. Edge width: the edge's attribution effect on the task's metric "
+            "(logits), on one scale over all steps; blue raises the clean answer, red lowers it. Highlighted: the "
+            "faithful circuit, the fewest top edges that recover the target share of the metric when every "
+            "other edge is patched to the corrupted run.")
+    last = (summary or {}).get("final_circuit")
+    if last:
+        text += (f" At step {summary['final_step']}, {last['size']} of {summary['n_edges']} edges recover "
+                 f"{last['faithfulness']:.2f} (target {last['target']}); the circuit is {stability(summary, tau)}; "
+                 f"t_form {na(t_form, '{}')}, tau {na(tau, '{}')}.")
+    return text

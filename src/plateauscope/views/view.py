@@ -1,0 +1,28 @@
+"""Write a run's time view: one offline HTML page that moves the circuit through training.
+
+One slider (also play/pause and the arrow keys) over the analysed checkpoints moves together the
+circuit graph (edges by attribution, the faithful circuit highlighted), the heads x layers
+heatmaps, the attention pattern of a chosen head and a marker on the loss curves
+(:mod:`plateauscope.views.time_view`). The page needs no network and no server.
+
+    plateauscope view --run checkpoints/demo [--out FILE] [--analyze --every 2]
+
+The run must have been analysed with edges (``plateauscope analyze``); ``--analyze`` does that
+first when its cache has no edge records.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from plateauscope.analysis.results import VIEW_FILE
+from plateauscope.training.run import write_text_atomic
+from plateauscope.views.time_data import time_view_data
+from plateauscope.views.time_view import render_time_view
+
+
+def write_view(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write the view (default ``RUN/view.html``) from the run's cached analyses; return its path."""
+    path = Path(out) if out is not None else Path(run_dir) / VIEW_FILE
+    write_text_atomic(path, render_time_view(time_view_data(run_dir)))
+    return path

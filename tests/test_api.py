@@ -1,0 +1,79 @@
+"""The public API (``import plateauscope as ps``) and the one command (``plateauscope <verb>``)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import plateauscope as ps
+from plateauscope.cli import VERBS, main
+
+SRC = Path(__file__).resolve().parent.parent / "src" / "plateauscope"
+
+
+def test_every_public_name_resolves_and_the_type_checking_imports_match():
+    for name in ps._API:
+        assert getattr(ps, name) is not None, name
+    tree = ast.parse((SRC / "__init__.py").read_text())
+    block = next(n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))
+    imported = {a.asname or a.name for n in ast.walk(block) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert imported == set(ps._API)
+    assert sorted(dir(ps)) == sorted(["__version__", *ps._API])
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        ps.nothing  # noqa: B018
+
+
+def test_train_analyze_and_open_a_run_through_the_api(tmp_path):
+    summary = ps.train("tiny", out=tmp_path / "run", progress=False, seed=3)
+    run = ps.Run(tmp_path / "run")
+    assert run.config.train.seed == 3 and run.summary() == summary and len(run.steps()) > 2
+    result = ps.analyze(run, steps=run.steps()[-2:], n_exact=1, progress=False, edges=False)
+    assert result["head"] is not None
+    assert ps.load_analysis(run.path)["attention"], "the analysis cache holds attention records"
+    model = run.load_model(run.steps()[-1])
+    pairs = ps.prompt_pairs(run.task(), 8)
+    assert ps.patch(model, pairs, "heads").effect.shape[0] == model.cfg.n_layers
+
+
+def test_api_errors_are_one_line(tmp_path):
+    with pytest.raises(ps.ConfigError, match="unknown preset 'nope'"):
+        ps.train("nope", out=tmp_path / "r")
+    with pytest.raises(ps.ConfigError, match="give out="):
+        ps.train("tiny")
+    with pytest.raises(ps.ConfigError, match="the task's options are"):
+        ps.load_task("selector", n_bb=3)
+    assert ps.load_task("selector", n_b=20, K=3).cfg.K == 3
+
+
+def test_help_lists_every_verb_once(capsys):
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for verb in VERBS:
+        assert sum(line.split()[0] == verb for line in out.splitlines() if line.startswith("  ")) == 1, verb
+
+
+def test_unknown_verb_is_one_line_exit_2(capsys):
+    assert main(["trian"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unknown verb 'trian'" in err and "train" in err
+
+
+@pytest.mark.parametrize("argv", [["-m", "plateauscope", "--help"], ["-m", "interp.patch", "--help"]])
+def test_module_entry_points(argv):
+    done = subprocess.run([sys.executable, *argv], capture_output=True, text=True)
+    assert done.returncode == 0 and "usage: plateauscope" in done.stdout
+
+
+def test_the_first_command_still_works_as_an_alias(tiny_run, tmp_path):
+    """``python -m interp.patch --ckpt CKPT``: the same table as ``plateauscope patch``, and its one-line errors."""
+    args = ["--ckpt", str(tiny_run), "--n-examples", "8", "--top", "3", "--no-progress"]
+    alias = subprocess.run([sys.executable, "-m", "interp.patch", *args], capture_output=True, text=True)
+    verb = subprocess.run([sys.executable, "-m", "plateauscope", "patch", *args], capture_output=True, text=True)
+    assert alias.returncode == 0 and alias.stdout == verb.stdout and "L0" in alias.stdout
+    bad = subprocess.run([sys.executable, "-m", "interp.patch", "--ckpt", str(tmp_path / "missing")],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "missing" in bad.stderr
