@@ -61,3 +61,37 @@ def test_api_reference_lists_every_module():
     verbs = {m for m in _modules("plateauscope.cli") if m != "plateauscope.cli.common"}  # on the CLI page
     packages_with_api = {"plateauscope", "plateauscope.dynamics", "plateauscope.cli"}
     assert documented == (_modules("plateauscope") - verbs) | packages_with_api
+
+
+def _performance_table():
+    spec = importlib.util.spec_from_file_location("performance_table", ROOT / "bench" / "performance_table.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_performance_table_is_generated_from_the_bench_results():
+    """The page's table is exactly what bench/performance_table.py writes from bench/results/*.json."""
+    perf = _performance_table()
+    page = perf.PAGE.read_text()
+    assert perf.render(page) == page, "run bench/performance_table.py"
+    for path in sorted(perf.RESULTS.glob("*.json")):
+        assert path.stem.split("-")[0] in page, path
+
+
+def test_the_performance_table_renders_rows_with_their_machine(tmp_path):
+    import json
+
+    perf = _performance_table()
+    machine = {"cpu": "Some CPU", "isa": ["avx2"], "threads": 2, "torch": "2.13.0+cpu", "device": "cpu"}
+    rows = [{"measure": "ci train, current / abc", "value": 1.02, "unit": "x", "target": "<= 1.05", "met": True},
+            {"measure": "demo analyse", "value": 1234.5, "unit": "s", "target": None, "met": None}]
+    (tmp_path / "ab-some-cpu.json").write_text(json.dumps({"bench": "ab", "commit": "abc1234", "date": "2026-12-03",
+                                                           "machine": machine, "rows": rows}))
+    page = f"# P\n\n{perf.START}\nold\n{perf.END}\n"
+    out = perf.render(page, tmp_path)
+    assert "old" not in out and out.count("| `bench/ab.py` |") == 2
+    assert "| 1.02 x | <= 1.05 | met | Some CPU [avx2], 2 threads, torch 2.13.0+cpu | abc1234, 2026-12-03 |" in out
+    assert "| 1,234 s |  |  |" in out
+    with pytest.raises(ValueError, match="markers"):
+        perf.render("# no markers\n", tmp_path)

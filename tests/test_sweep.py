@@ -151,7 +151,7 @@ def test_hooked_ensemble_equals_solo_runs_to_float_rounding(tmp_path, one_thread
 def test_cli(tmp_path, capsys, monkeypatch):
     assert main(["--list"]) == 0
     listed = capsys.readouterr().out
-    assert all(name in listed for name in SWEEPS) and "min" in listed
+    assert all(name in listed for name in SWEEPS) and "steps" in listed
     out = tmp_path / "s"
     assert main(["--base", "tiny", "--grid", "seed=0,1", "--set", "max_steps=3", "--out", str(out), "--dry-run"]) == 0
     assert capsys.readouterr().out.count("to train") == 2

@@ -73,6 +73,16 @@ def EVALUATE(task, model, evalset):
 '''
 
 
+CUE = GOOD.replace("    Config = CopyConfig\n", "    Config = CopyConfig\n    capabilities = frozenset({'cue'})\n") + '''
+
+def _cue_positions(self, tokens, query):
+    return torch.full((tokens.shape[0], 1), CUE_AT)
+
+
+Copy.cue_positions = _cue_positions
+'''
+
+
 def task_file(tmp_path: Path, text: str = GOOD, name: str = "copy_task.py") -> Path:
     path = tmp_path / name
     path.write_text(textwrap.dedent(text))
@@ -101,7 +111,13 @@ def test_a_task_file_trains_from_the_command_line(tmp_path, capsys):
      "missing loss_positions"),
     (GOOD.replace("    Config = CopyConfig\n", ""), "missing Config"),
     (GOOD.replace("def TOKENS(cfg):", "def TOKENS(cfg):\n    return torch.zeros(cfg.n)\n"),
-     r"tokens must be a \[D, seq\] torch.long tensor, got torch.float32 \[64\]"),
+     r"tokens must have 2 dimensions \[D, seq\], got shape \[64\]"),
+    (GOOD.replace("def TOKENS(cfg):", "def TOKENS(cfg):\n    return torch.zeros(cfg.n, 6, dtype=torch.int32)\n"),
+     r"tokens must hold 64-bit integer ids \(torch.long\), got torch.int32"),
+    (CUE.replace("CUE_AT", "7"), r"cue_positions at query 2 must lie in \[0, 2\] \(the positions it can attend to; -1 pads\), got 7..7"),
+    (CUE.replace("CUE_AT", "-3"), r"cue_positions at query 2 must lie in \[0, 2\].*got -3..-3"),
+    (CUE.replace("torch.full((tokens.shape[0], 1), CUE_AT)", "[[0]]"),
+     r"cue_positions at query 2 must be a \[N, C\] torch.long tensor of key positions \(N = 64 sequences\), got list"),
     (GOOD.replace("return [2, 3, 4]", "return [2, 3, 9]"), r"loss_positions must be a non-empty list of ints in \[0, 5\)"),
     (GOOD.replace("torch.randint(0, 8,", "torch.randint(0, 9,"), r"token ids must lie in \[0, 8\)"),
     (GOOD + "\nthis is not python\n", "importing it failed"),

@@ -39,6 +39,7 @@ _API: dict[str, str] = {
     "SWEEPS": "plateauscope.sweeps.catalogue:SWEEPS",
     "get_sweep": "plateauscope.sweeps.catalogue:get_sweep",
     "run_sweep": "plateauscope.sweeps.executors:run_sweep",
+    "SWEEP_MANIFEST": "plateauscope.training.files:MANIFEST_FILE",
     # analyses
     "analyze": "plateauscope.api:analyze",
     "load_analysis": "plateauscope.analysis.analyze:load_analysis",
@@ -50,20 +51,30 @@ _API: dict[str, str] = {
     "ablate_heads": "plateauscope.analysis.ablate:ablate_heads",
     "edge_record": "plateauscope.analysis.edges:edge_record",
     "geometry": "plateauscope.analysis.hessian:geometry",
+    "hessian": "plateauscope.analysis.hessian",
+    "UnconvergedEigenWarning": "plateauscope.analysis.hessian_engine:UnconvergedEigenWarning",
     "llc_series": "plateauscope.analysis.llc:llc_series",
+    "snap_statistics": "plateauscope.analysis.snap:snap_statistics",
+    "format_routing_summary": "plateauscope.analysis.summary:format_summary",
     # fits over runs
     "load_sweep": "plateauscope.dynamics:load_sweep",
     "analyze_sweep": "plateauscope.dynamics:analyze_sweep",
     "bootstrap_median": "plateauscope.dynamics:bootstrap_median",
+    "dynamics": "plateauscope.dynamics",
+    "interventions": "plateauscope.dynamics.interventions",
     # pages
     "write_report": "plateauscope.views.report:write_report",
     "write_view": "plateauscope.views.view:write_view",
     "prompt_pairs": "plateauscope.analysis.inputs:prompt_pairs",
     "format_patch": "plateauscope.analysis.patch:format_result",
     "figures": "plateauscope.views.figures",
+    "sweep_figures": "plateauscope.views.sweep_figures:sweep_figures",
+    "moment_steps": "plateauscope.views.report:moment_steps",
+    "attention_views": "plateauscope.views.report:attention_views",
 }
 """Public name -> ``module:attribute`` that defines it, or a module (``figures``: the figure functions,
-each results in, ``(figure, caption)`` out)."""
+each results in, ``(figure, caption)`` out; ``hessian``: the plateau-geometry study; ``dynamics``: a sweep's
+per-run table and fits across runs; ``interventions``: the intervention sweep's table and its reading)."""
 
 __all__ = ["__version__", *_API]
 
@@ -83,17 +94,22 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
+    from plateauscope import dynamics
+    from plateauscope.analysis import hessian
     from plateauscope.analysis.ablate import ablate_each_head, ablate_heads
     from plateauscope.analysis.analyze import AnalysisSettings, load_analysis
     from plateauscope.analysis.attention import attention_to_z
     from plateauscope.analysis.edges import edge_record
     from plateauscope.analysis.hessian import geometry
+    from plateauscope.analysis.hessian_engine import UnconvergedEigenWarning
     from plateauscope.analysis.inputs import prompt_pairs
     from plateauscope.analysis.llc import llc_series
     from plateauscope.analysis.patch import format_result as format_patch
     from plateauscope.analysis.patch import patch, patch_sweep
+    from plateauscope.analysis.snap import snap_statistics
+    from plateauscope.analysis.summary import format_summary as format_routing_summary
     from plateauscope.api import analyze, load_task, train, train_seeds
-    from plateauscope.dynamics import analyze_sweep, bootstrap_median, load_sweep
+    from plateauscope.dynamics import analyze_sweep, bootstrap_median, interventions, load_sweep
     from plateauscope.sweeps.catalogue import SWEEPS, get_sweep
     from plateauscope.sweeps.executors import run_sweep
     from plateauscope.sweeps.spec import SweepSpec
@@ -104,8 +120,10 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
         RunConfig,
         TrainConfig,
     )
+    from plateauscope.training.files import MANIFEST_FILE as SWEEP_MANIFEST
     from plateauscope.training.presets import PRESETS, get_preset
     from plateauscope.training.run import Run, RunError
-    from plateauscope.views.report import write_report
     from plateauscope.views import figures
+    from plateauscope.views.report import attention_views, moment_steps, write_report
+    from plateauscope.views.sweep_figures import sweep_figures
     from plateauscope.views.view import write_view

@@ -96,7 +96,7 @@ class AnalysisSettings:
     """What the analysis records depend on; each record stores its own share of these."""
 
     n_examples: int = 256
-    """Prompt pairs for patching and examples for attention-to-z."""
+    """Prompt pairs for patching and examples for attention to the cue."""
     seed: int = 0
     """Seed of the prompt-pair / example / ablation-group samples."""
     ablation_groups: int = 8

@@ -1,4 +1,4 @@
-"""Exact activation patching: which components carry the selector z to the answer.
+"""Exact activation patching: which components carry the task's cue to the answer.
 
 Method. Each prompt pair from :func:`plateauscope.analysis.inputs.prompt_pairs` shares the base string B and
 differs in the selector: the clean prompt is (B, z), the corrupted one (B, z'). We run the

@@ -80,9 +80,12 @@ def check_task(task: Task, task_name: str) -> None:
     """What the protocol promises of a generated task; a one-line TaskError naming the part."""
     where = _where(task_name)
     tokens = getattr(task, "tokens", None)
-    if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.dtype != torch.long:
-        got = f"{tokens.dtype} {list(tokens.shape)}" if isinstance(tokens, torch.Tensor) else type(tokens).__name__
-        raise TaskError(f"{where}: tokens must be a [D, seq] torch.long tensor, got {got}")
+    if not isinstance(tokens, torch.Tensor):
+        raise TaskError(f"{where}: tokens must be a torch tensor of token ids, got {type(tokens).__name__}")
+    if tokens.dim() != 2:
+        raise TaskError(f"{where}: tokens must have 2 dimensions [D, seq], got shape {list(tokens.shape)}")
+    if tokens.dtype != torch.long:
+        raise TaskError(f"{where}: tokens must hold 64-bit integer ids (torch.long), got {tokens.dtype}")
     if tokens.shape[0] < 1 or tokens.shape[1] < 2:
         raise TaskError(f"{where}: tokens must hold at least one sequence of 2 or more tokens, got {list(tokens.shape)}")
     vocab = getattr(task, "vocab", None)
@@ -97,9 +100,32 @@ def check_task(task: Task, task_name: str) -> None:
                         f"got {positions!r}")
     if not 0 <= task.pred_pos < task.input_len:
         raise TaskError(f"{where}: pred_pos must lie in [0, {task.input_len}), got {task.pred_pos}")
+    check_attention_rules(task, where)
     if not isinstance(task.progress, ProgressMeasure):
         raise TaskError(f"{where}: progress must be a plateauscope.tasks.base.ProgressMeasure, "
                         f"got {type(task.progress).__name__}")
+
+
+def check_attention_rules(task: Task, where: str, sample: int = 64) -> None:
+    """Every attention rule (the cue among them) on a sample of the data: query positions in
+    ``[0, input_len)``, and for each query a ``[N, C]`` integer tensor of key positions at or before it
+    (causal attention sees nothing later), ``-1`` padding a row with fewer keys."""
+    tokens = task.tokens[:sample]
+    for name, rule in task.attention_rules().items():
+        part = "cue_positions" if name == "cue" else f"attention rule {name!r}"
+        bad = [q for q in rule.queries if not isinstance(q, int) or not 0 <= q < task.input_len]
+        if bad:
+            raise TaskError(f"{where}: {part}: query positions must lie in [0, {task.input_len}), got {bad}")
+        for q in rule.queries:
+            keys = rule.keys(tokens, q)
+            if not isinstance(keys, torch.Tensor) or keys.dim() != 2 or keys.shape[0] != tokens.shape[0] \
+                    or keys.dtype != torch.long:
+                got = f"{keys.dtype} {list(keys.shape)}" if isinstance(keys, torch.Tensor) else type(keys).__name__
+                raise TaskError(f"{where}: {part} at query {q} must be a [N, C] torch.long tensor of key positions "
+                                f"(N = {tokens.shape[0]} sequences), got {got}")
+            if keys.numel() and (int(keys.min()) < -1 or int(keys.max()) > q):
+                raise TaskError(f"{where}: {part} at query {q} must lie in [0, {q}] (the positions it can attend "
+                                f"to; -1 pads), got {int(keys.min())}..{int(keys.max())}")
 
 
 def _where(task_name: str) -> str:

@@ -1,0 +1,43 @@
+"""What a bench measured, saved as JSON beside it (``bench/results/<bench>-<machine>.json``) with the
+machine record and the commit, for ``bench/performance_table.py`` to put on the Performance page.
+
+A bench calls :func:`save` once with its rows; each row is one measure printed next to its target:
+``{"measure": ..., "value": ..., "unit": ..., "target": "<= 1.05" or None, "met": bool or None}``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from plateauscope.training.files import write_json_atomic
+from plateauscope.training.machine import machine_record
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def commit() -> str:
+    """The checkout's commit (with ``+dirty`` when it has uncommitted changes)."""
+    root = RESULTS.parent.parent
+    sha = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                           capture_output=True, text=True).stdout.strip()
+    return f"{sha}+dirty" if dirty else sha
+
+
+def row(measure: str, value: float, unit: str, target: str | None = None, met: bool | None = None) -> dict:
+    """One measure, its target (as printed, e.g. ``<= 1.05``) and whether it is met."""
+    return {"measure": measure, "value": value, "unit": unit, "target": target, "met": met}
+
+
+def save(bench: str, rows: list[dict], settings: dict | None = None) -> Path:
+    """Write this bench's rows with the machine record, the commit and the date; return the file."""
+    machine = machine_record()
+    slug = re.sub(r"[^a-z0-9]+", "-", f"{machine['cpu']} {' '.join(machine['isa'])}".lower()).strip("-")
+    path = RESULTS / f"{bench}-{slug}.json"
+    write_json_atomic(path, {"bench": bench, "commit": commit(), "date": datetime.date.today().isoformat(),
+                             "machine": machine, "settings": settings or {}, "rows": rows})
+    return path
