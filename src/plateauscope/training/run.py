@@ -1,18 +1,7 @@
 """The Run API: a run directory read back (config, dataset, metrics, the checkpoint series).
 
-The files and how they are written are :mod:`plateauscope.training.files`, whose names this module
-re-exports. Layout of a run directory::
-
-    config.json        RunConfig (with its task_name), the HookedTransformerConfig kwargs, vocabulary,
-                       the task's positions
-    dataset.jsonl      every example (the selector task: b, z, a, group, selector)
-    metrics.jsonl      one JSON object per evaluation
-    summary.json       tau, plateau span, final metrics (written at the end)
-    checkpoints/step_0000120.safetensors   model weights, step in name and metadata
-    resume.pt          latest optimiser / data-order / RNG state (tensors only: weights_only=True)
-
-Every file is written atomically (temporary file in the same folder, then ``os.replace``),
-so a crash never leaves half a file behind.
+The files, their layout and how they are written are :mod:`plateauscope.training.files`, whose
+names this module re-exports.
 """
 
 from __future__ import annotations
