@@ -41,3 +41,10 @@ def save(bench: str, rows: list[dict], settings: dict | None = None) -> Path:
     write_json_atomic(path, {"bench": bench, "commit": commit(), "date": datetime.date.today().isoformat(),
                              "machine": machine, "settings": settings or {}, "rows": rows})
     return path
+
+
+if __name__ == "__main__":  # the saved results, one line each
+    for saved in sorted(RESULTS.glob("*.json")):
+        result = json.loads(saved.read_text())
+        print(f"{saved.name}: {len(result['rows'])} rows, commit {result['commit']}, {result['date']}, "
+              f"{result['machine']['cpu']} [{' '.join(result['machine']['isa'])}]")
