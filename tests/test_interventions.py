@@ -175,7 +175,7 @@ def test_analyses_load_a_checkpoint_with_the_interventions_of_its_step(tmp_path)
     (["--transplant", "routing"], "transplant and donor go together"),
     (["--freeze-transplant"], "freeze_transplant needs a transplant"),
     (["--transplant", "readout", "--donor", "missing.safetensors"], "no such checkpoint file"),
-    (["--hide-cue-until", "5", "--no-z"], "has no cue to hide"),
+    (["--hide-cue-until", "5", "--set", "no_z=true"], "has no cue to hide"),
     (["--hide-cue-until", "5", "--task", "induction"], "sits at different positions"),
 ])
 def test_impossible_interventions_are_one_line_before_anything_is_written(tmp_path, capsys, flags, message):

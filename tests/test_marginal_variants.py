@@ -116,6 +116,6 @@ def test_impossible_marginal_variants_are_one_line(options, message):
 def test_the_command_line_refuses_a_pool_without_its_options(capsys):
     from plateauscope.cli.train import main
 
-    assert main(["--preset", "tiny", "--target-pool", "20", "--no-progress"]) == 2
+    assert main(["--preset", "tiny", "--set", "target_pool=20", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "target_pool needs target_uniqueness=group" in err

@@ -68,6 +68,27 @@ def test_exact_patching_matches_transformer_lens(tiny, kind, ours, reference):
     torch.testing.assert_close(res.normalised, ((ref - corrupt) / (clean - corrupt)).float(), atol=1e-5, rtol=0)
 
 
+def _clean_answer_logprob(last, pairs):
+    """Another metric than the default: the log-probability of the clean answer, per pair."""
+    return last.log_softmax(-1).gather(-1, pairs.clean_answer[:, None])[:, 0]
+
+
+def test_a_metric_callable_matches_transformer_lens_with_the_same_metric(tiny):
+    run, pairs = tiny
+    model = _model(run, "random_2layer")
+    with torch.no_grad():
+        _, clean_cache = model.run_with_cache(pairs.clean)
+        ref = tl_patching.get_act_patch_attn_head_out_by_pos(
+            model, pairs.corrupt, clean_cache,
+            lambda logits: _clean_answer_logprob(logits[:, pairs.pred_pos], pairs).mean())
+        clean = _clean_answer_logprob(model(pairs.clean)[:, pairs.pred_pos], pairs).mean().item()
+    res = P.patch_head_out_by_pos(model, pairs, max_batch=3 * N_PAIRS, metric=_clean_answer_logprob)
+    torch.testing.assert_close(res.raw, ref.float(), atol=1e-5, rtol=0)
+    assert res.clean_metric == pytest.approx(clean, abs=1e-5)
+    default = P.patch_head_out_by_pos(model, pairs, max_batch=3 * N_PAIRS)
+    assert not torch.allclose(default.raw, res.raw), "the metric argument changed nothing"
+
+
 def test_chunking_does_not_change_results(tiny):
     run, pairs = tiny
     model = _model(run, "random_2layer")

@@ -104,6 +104,23 @@ def test_a_task_file_trains_from_the_command_line(tmp_path, capsys):
     assert run.summary()["log_8"] == 2.0  # the task's own plateau height, under its own name
 
 
+def test_a_task_file_takes_its_options_with_set(tmp_path, capsys):
+    spec = f"{task_file(tmp_path)}:Copy"
+    out = tmp_path / "run"
+    assert train_main(["--task", spec, "--set", "n=32", "--out", str(out), "--max-steps", "2", "--batch-size", "8",
+                       "--no-progress"]) == 0
+    assert Run(out).config.task.n == 32 and Run(out).task().tokens.shape == (32, 6)
+    assert train_main(["--task", spec, "--set", "size=32", "--out", str(tmp_path / "r2"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no option named 'size': the {spec} task has n, seed; the model" in err, err
+    (tmp_path / "u").mkdir()
+    unseeded_file = task_file(tmp_path / "u", GOOD.replace("    seed: int = 0", "").replace("cfg.seed", "0"))
+    unseeded = f"{unseeded_file}:Copy"
+    assert train_main(["--task", unseeded, "--data-seed", "3", "--out", str(tmp_path / "r3"), "--no-progress"]) == 2
+    assert f"--data-seed: the {unseeded} task has no seed option" in capsys.readouterr().err
+    assert not (tmp_path / "r2").exists() and not (tmp_path / "r3").exists()
+
+
 @pytest.mark.parametrize("body, expected", [
     (GOOD.replace("class Copy(Task):", "class Other(Task):"), "no class 'Copy'"),
     (GOOD.replace("class Copy(Task):", "class Copy:"), "must subclass plateauscope.tasks.base.Task"),

@@ -96,16 +96,21 @@ def test_old_run_directory_loads_with_defaults(tmp_path, tiny_run):
 
 
 IMPOSSIBLE = [
-    (["--a-len", "1"], "unique targets need more than half"),
-    (["--a-len", "0"], "a_len must be at least 1"),
-    (["--tails", "by_first_char"], "more than half of the 36 targets allowed by tails=by_first_char"),
-    (["--direction", "forward", "--target-uniqueness", "group"], "A -> B is not a function"),
-    (["--direction", "forward", "--order", "zb"], "order=zb has no meaning for the forward task"),
-    (["--direction", "forward", "--selectors", "private"], "selectors=private has no meaning for the forward"),
-    (["--direction", "forward", "--no-z"], "no_z=True has no meaning for the forward task"),
-    (["--no-z", "--order", "zb"], "order=zb has no meaning with no_z"),
-    (["--no-z", "--selectors", "private"], "selectors=private has no meaning with no_z"),
-    (["--K", "37", "--a-len", "1", "--target-uniqueness", "group"], "cannot start with distinct characters"),
+    (["--set", "a_len=1"], "unique targets need more than half"),
+    (["--set", "a_len=0"], "a_len must be at least 1"),
+    (["--set", "tails=by_first_char"], "more than half of the 36 targets allowed by tails=by_first_char"),
+    (["--set", "direction=forward", "--set", "target_uniqueness=group"], "A -> B is not a function"),
+    (["--set", "direction=forward", "--set", "order=zb"], "order=zb has no meaning for the forward task"),
+    (["--set", "direction=forward", "--set", "selectors=private"], "selectors=private has no meaning for the forward"),
+    (["--set", "direction=forward", "--set", "no_z=true"], "no_z=True has no meaning for the forward task"),
+    (["--set", "no_z=true", "--set", "order=zb"], "order=zb has no meaning with no_z"),
+    (["--set", "no_z=true", "--set", "selectors=private"], "selectors=private has no meaning with no_z"),
+    (["--set", "K=37", "--set", "a_len=1", "--set", "target_uniqueness=group"],
+     "cannot start with distinct characters"),
+    (["--set", "Kk=3"], "no option named 'Kk': the selector task has n_b, K, "),
+    (["--set", "K=three"], "--set K=three: K takes an integer, got 'three'"),
+    (["--set", "no_z=maybe"], "no_z takes true or false"),
+    (["--set", "K"], "--set expects KEY=VALUE"),
 ]
 
 
@@ -118,11 +123,9 @@ def test_impossible_variant_is_one_line_exit_2(tmp_path, capsys, argv, message):
 
 
 def test_bad_choice_is_one_line_exit_2(capsys):
-    with pytest.raises(SystemExit) as info:
-        main(["--preset", "tiny", "--order", "ba"])
-    assert info.value.code == 2
+    assert main(["--preset", "tiny", "--set", "order=ba"]) == 2
     err = capsys.readouterr().err.strip()
-    assert "--order" in err and len(err.splitlines()) == 1, err
+    assert "order must be one of ('bz', 'zb'), got 'ba'" in err and len(err.splitlines()) == 1, err
 
 
 def test_group_uniqueness_without_distinct_first_char_needs_enough_strings():
@@ -134,10 +137,20 @@ def test_group_uniqueness_without_distinct_first_char_needs_enough_strings():
 def test_cli_trains_a_variant_and_prints_the_verdict(tmp_path, capsys):
     out = tmp_path / "v"
     argv = ["--preset", "tiny", "--no-progress", "--max-steps", "5", "--out", str(out),
-            "--a-len", "1", "--target-uniqueness", "group", "--order", "zb"]
+            "--set", "a_len=1", "--set", "target_uniqueness=group", "--set", "order=zb"]
     assert main(argv) == 0
     last = capsys.readouterr().out.strip().splitlines()[-1]
     verdict = rd.read_json(out / rd.SUMMARY_FILE)["plateau"]["verdict"]
     assert f"plateau verdict {verdict or 'none'}" in last and str(out) in last
     task = rd.read_json(out / rd.CONFIG_FILE)["run"]["task"]
     assert (task["a_len"], task["target_uniqueness"], task["order"]) == (1, "group", "zb")
+
+
+def test_set_reads_each_value_as_the_declared_type_of_its_field():
+    cfg = get_preset("tiny").with_options(["K=8", "order=zb", "no_z=false", "lr=2e-3", "masked_heads=0.1,0.0",
+                                           "grad_clip=1.5", "donor=none"])
+    assert (cfg.task.K, cfg.task.order, cfg.task.no_z, cfg.train.lr) == (8, "zb", False, 0.002)
+    assert cfg.train.masked_heads == ("0.1", "0.0") and cfg.train.grad_clip == 1.5 and cfg.train.donor is None
+    assert cfg == get_preset("tiny").replace(K=8, order="zb", no_z=False, lr=2e-3, masked_heads=("0.1", "0.0"),
+                                             grad_clip=1.5)
+

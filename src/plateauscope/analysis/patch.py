@@ -7,9 +7,12 @@ residual stream ``resid_pre``, an ``attn_out`` or ``mlp_out``, at all positions 
 its value from the clean run of the same pair, and measure how far the output moves back
 towards the clean answer.
 
-Metric. :func:`plateauscope.analysis.inputs.logit_diff`: the logit of the clean first target token A_gj[0]
-minus the logit of the corrupted one A_gj'[0], at the prediction position (the last ``<SEP>``),
-averaged over pairs. Positive = the model prefers the clean answer.
+Metric. A callable ``metric(last_logits, pairs)`` that maps the prediction position's logits
+``[N, vocab]`` to one value per pair ``[N]``; the sweep averages it over pairs (as
+TransformerLens's ``patching_metric``, but on the last position, the only one unembedded). The
+default, :func:`plateauscope.analysis.inputs.last_logit_diff`, is the task's logit difference: the
+logit of the clean answer token minus that of the corrupted one. Positive = the model prefers
+the clean answer.
 
 Normalisation. ``(patched - corrupt) / (clean - corrupt)``, where ``clean`` and ``corrupt`` are
 the metric on the unpatched clean and corrupted runs: 1 = the patch restores the clean
@@ -42,6 +45,8 @@ CLI::
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from jaxtyping import Bool, Float
 from torch import Tensor
@@ -67,13 +72,20 @@ from plateauscope.analysis.prefix import (
 from plateauscope.backend import Model
 from plateauscope.cli.common import format_table
 
+PairMetric = Callable[[Float[Tensor, "N vocab"], PromptPairs], Float[Tensor, " N"]]
+"""A patching metric: the prediction position's logits of N prompts -> one value per pair."""
+
+
+def _per_pair_logit_diff(last: Float[Tensor, "N vocab"], pairs: PromptPairs) -> Float[Tensor, " N"]:
+    return last_logit_diff(last, pairs, reduce=False)
+
 
 @torch.no_grad()
-def baselines(model: Model, pairs: PromptPairs, act_name: str | None = None
-              ) -> tuple[float, float, dict[str, Tensor]]:
+def baselines(model: Model, pairs: PromptPairs, act_name: str | None = None,
+              metric: PairMetric = _per_pair_logit_diff) -> tuple[float, float, dict[str, Tensor]]:
     """Clean and corrupted metrics, and the clean activations of ``act_name`` at every layer."""
     clean, corrupt, _ = _paired_runs(model, pairs, [act_name] if act_name else [])
-    return _mean_diff(clean.last_logits, pairs), _mean_diff(corrupt.last_logits, pairs), clean.acts
+    return metric(clean.last_logits, pairs).mean().item(), metric(corrupt.last_logits, pairs).mean().item(), clean.acts
 
 
 def _paired_runs(model: Model, pairs: PromptPairs, act_names: list[str]
@@ -88,10 +100,6 @@ def _paired_runs(model: Model, pairs: PromptPairs, act_names: list[str]
     return clean, corrupt, first
 
 
-def _mean_diff(last_logits: Float[Tensor, "N vocab"], pairs: PromptPairs) -> float:
-    return last_logit_diff(last_logits, pairs).item()
-
-
 @torch.no_grad()
 def patch_sweep(
     model: Model,
@@ -99,6 +107,7 @@ def patch_sweep(
     spec: PatchSpec,
     max_batch: int = 4096,
     progress: bool = False,
+    metric: PairMetric = _per_pair_logit_diff,
 ) -> PatchResult:
     """Run every patch of ``spec`` on the corrupted prompts; the generic engine of this module.
 
@@ -114,15 +123,16 @@ def patch_sweep(
 
     Patches sharing ``(l, s)`` run ``max(1, max_batch // N)`` at a time (N = number of pairs):
     the batch is replicated once per patch and, at each hooked layer, ``torch.where(mask,
-    clean, corrupt)`` writes each replica's clean entries. Returns the metric per patch in
-    ``spec.shape``.
+    clean, corrupt)`` writes each replica's clean entries. Returns ``metric`` (per pair, averaged
+    over pairs) per patch in ``spec.shape``.
     """
     n, n_pos = pairs.corrupt.shape
     if spec.masks.shape[2] != n_pos:
         raise ValueError(f"the spec is for {spec.masks.shape[2]} positions, the prompts have {n_pos}")
     device = model.cfg.device
     clean, corrupt, first = _paired_runs(model, pairs, [spec.act_name])
-    clean_metric, corrupt_metric = _mean_diff(clean.last_logits, pairs), _mean_diff(corrupt.last_logits, pairs)
+    clean_metric = metric(clean.last_logits, pairs).mean().item()
+    corrupt_metric = metric(corrupt.last_logits, pairs).mean().item()
     masks = spec.masks.to(device)
     active = masks.clone()
     active[:, :, : min(first, n_pos)] = False  # equal activations: patching them is a no-op
@@ -139,7 +149,6 @@ def patch_sweep(
     for key in torch.unique(start_layer[todo] * n_pos + start_pos[todo]).tolist():
         idx = (todo & (start_layer * n_pos + start_pos == key)).nonzero()[:, 0]
         groups += [(key // n_pos, key % n_pos, idx[i: i + per_chunk]) for i in range(0, len(idx), per_chunk)]
-    clean_answer, corrupt_answer = pairs.clean_answer.to(device), pairs.corrupt_answer.to(device)
     for layer, s, idx in tqdm(groups, desc=f"patch {spec.target}", disable=not progress or len(groups) <= 1,
                               dynamic_ncols=True, leave=False):
         p = len(idx)
@@ -151,8 +160,8 @@ def patch_sweep(
                 name = get_act_name(spec.act_name, later)
                 hooks.append((name, _make_hook(m, clean.acts[name][:, s:], p, n)))
         last = forward_from(model, pairs.corrupt.to(device), corrupt, pairs.pred_pos, hooks, s, layer, p)
-        diff = (last.gather(-1, clean_answer.repeat(p)[:, None]) - last.gather(-1, corrupt_answer.repeat(p)[:, None]))
-        raw[idx] = diff.view(p, n).double().mean(1)
+        per_pair = torch.stack([metric(replica, pairs) for replica in last.view(p, n, -1)])  # [p, N]
+        raw[idx] = per_pair.double().mean(1)
     raw = raw.reshape(spec.shape).float().cpu()
     return PatchResult(spec.target, spec.axes, raw, normalise(raw, clean_metric, corrupt_metric),
                        clean_metric, corrupt_metric, "exact", n)

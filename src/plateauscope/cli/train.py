@@ -11,17 +11,7 @@ from pathlib import Path
 from plateauscope.backend import BACKENDS, BackendError
 from plateauscope.tasks.loading import BUILTIN_TASKS, task_class
 from plateauscope.training import run as rd
-from plateauscope.training.config import (
-    DIRECTIONS,
-    FORWARDS,
-    ORDERS,
-    SELECTORS,
-    TAILS,
-    TARGET_UNIQUENESS,
-    TRANSPLANTS,
-    ConfigError,
-    RunConfig,
-)
+from plateauscope.training.config import FORWARDS, TRANSPLANTS, ConfigError, RunConfig
 from plateauscope.training.presets import PRESETS, get_preset, task_defaults
 from plateauscope.training.train import OneLineParser, _fmt, default_run_name, train
 
@@ -36,25 +26,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="starting configuration (default: demo; with --task, the task's own defaults)")
     p.add_argument("--task", help=f"the task: a built-in one ({', '.join(BUILTIN_TASKS)}), or your own as "
                                   "path/to/file.py:Class or module:Class (default: the preset's task)")
-    p.add_argument("--K", type=int, help="targets per base string (plateau height log K)")
-    p.add_argument("--n-b", type=int, help="number of base strings; D = n_b * K")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="an option of the task (or of the model or training config), repeatable: e.g. "
+                        "--set K=8 --set order=zb; a wrong name lists the valid ones")
     p.add_argument("--seed", type=int, help="seed of the initialisation and the data order")
-    p.add_argument("--data-seed", type=int, help="seed of the data set itself")
-    p.add_argument("--direction", choices=DIRECTIONS, help="backward: (B, z) -> A; forward: A -> B")
-    p.add_argument("--a-len", type=int, help="characters in a target A (1 or more)")
-    p.add_argument("--target-uniqueness", choices=TARGET_UNIQUENESS,
-                   help="global: every target differs (A -> B a function); group: only within a group")
-    p.add_argument("--tails", choices=TAILS, help="random, or by_first_char: A[1:] a fixed function of A[0]")
-    p.add_argument("--order", choices=ORDERS, help="bz: B then z in the prompt; zb: z then B")
-    p.add_argument("--selectors", choices=SELECTORS, help="shared K selectors, or private ones per group")
-    p.add_argument("--no-z", action="store_true", default=None, help="the (B) -> A control: no selector")
-    p.add_argument("--target-pool", type=int, metavar="M",
-                   help="every group draws its K targets from one shared pool of M strings (needs "
-                        "--target-uniqueness group --any-first-char)")
-    p.add_argument("--any-first-char", dest="distinct_first_char", action="store_false", default=None,
-                   help="a group's targets may share a first character")
-    p.add_argument("--first-char-zipf", type=float, metavar="S",
-                   help="the targets' first characters follow a Zipf law with exponent S (0: uniform)")
+    p.add_argument("--data-seed", type=int, help="seed of the data set itself (the task's seed option)")
     p.add_argument("--lr", type=float, help="AdamW learning rate")
     p.add_argument("--batch-size", type=int, help="examples per step")
     p.add_argument("--max-steps", type=int, help="steps to train at most")
@@ -94,18 +70,16 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         cfg = get_preset(args.preset or "demo")
         if args.task is not None and args.task != cfg.task_name:
             cfg = dataclasses.replace(cfg, task=task_class(args.task).Config(), task_name=args.task)
+    cfg = cfg.with_options(args.set)
     overrides = {name: getattr(args, attr) for name, attr in [
-        ("K", "K"), ("n_b", "n_b"), ("seed", "seed"), ("direction", "direction"), ("lr", "lr"),
-        ("batch_size", "batch_size"), ("max_steps", "max_steps"), ("stop_after_tau", "stop_after_tau"),
-        ("threads", "threads"), ("forward", "forward"), ("a_len", "a_len"),
-        ("target_uniqueness", "target_uniqueness"), ("tails", "tails"),
-        ("order", "order"), ("selectors", "selectors"), ("no_z", "no_z"), ("target_pool", "target_pool"),
-        ("distinct_first_char", "distinct_first_char"), ("first_char_zipf", "first_char_zipf"),
-        ("hide_cue_until", "hide_cue_until"),
-        ("masked_heads", "mask_heads"), ("transplant", "transplant"), ("donor", "donor"),
-        ("freeze_transplant", "freeze_transplant")] if getattr(args, attr) is not None}
+        ("seed", "seed"), ("lr", "lr"), ("batch_size", "batch_size"), ("max_steps", "max_steps"),
+        ("stop_after_tau", "stop_after_tau"), ("threads", "threads"), ("forward", "forward"),
+        ("hide_cue_until", "hide_cue_until"), ("masked_heads", "mask_heads"), ("transplant", "transplant"),
+        ("donor", "donor"), ("freeze_transplant", "freeze_transplant")] if getattr(args, attr) is not None}
     cfg = cfg.replace(**overrides)
     if args.data_seed is not None:
+        if "seed" not in {f.name for f in dataclasses.fields(cfg.task)}:
+            raise ConfigError(f"--data-seed: the {cfg.task_name} task has no seed option")
         cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, seed=args.data_seed))
     return cfg.validate()
 

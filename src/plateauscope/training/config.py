@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass, field, fields
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args, get_origin, get_type_hints
 
 from plateauscope.errors import ConfigError
 from plateauscope.tasks.loading import task_class
@@ -42,6 +42,10 @@ class JsonConfig:
             raise ConfigError(f"{cls.__name__}: unknown field(s) {', '.join(unknown)}")
         # JSON has no tuples: every sequence-valued field of these configs is a tuple.
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+    def validate(self) -> None:
+        """Raise a one-line ``ConfigError`` for a config that cannot work; a task of your own overrides
+        it (this default accepts everything). Called before training starts."""
 
 
 @dataclass(frozen=True)
@@ -373,7 +377,7 @@ class RunConfig(JsonConfig):
 
     def validate(self) -> RunConfig:
         """Validate the task, model and training configs together; return self."""
-        if hasattr(self.task, "validate"):
+        if hasattr(self.task, "validate"):  # a task config not built on JsonConfig may lack it
             self.task.validate()
         self.model.validate()
         self.train.validate()
@@ -387,8 +391,47 @@ class RunConfig(JsonConfig):
             if key == "seed":  # one seed moves the data order and the init; the data set stays
                 owners = ["model", "train"]
             if not owners:
-                raise ConfigError(f"no config field named {key!r} (the {self.task_name} task's fields: "
-                                  f"{', '.join(f.name for f in fields(self.task))})")
+                names = {name: ", ".join(f.name for f in fields(part)) for name, part in parts.items()}
+                raise ConfigError(f"no option named {key!r}: the {self.task_name} task has {names['task']}; "
+                                  f"the model {names['model']}; training {names['train']}")
             for owner in owners:
                 parts[owner] = dataclasses.replace(parts[owner], **{key: value})
         return RunConfig(**parts, preset=self.preset, task_name=self.task_name)
+
+    def with_options(self, assignments: list[str], flag: str = "--set") -> RunConfig:
+        """Apply ``KEY=VALUE`` texts from a command line, each value read as the declared type of the
+        field it sets (``true``/``false`` for flags, ``a,b`` for tuples, ``none`` for an optional field)."""
+        hints = {k: v for part in (self.train, self.model, self.task) for k, v in get_type_hints(type(part)).items()}
+        overrides = {}
+        for text in assignments:
+            key, sep, value = text.partition("=")
+            key, value = key.strip(), value.strip()
+            if not sep or not key:
+                raise ConfigError(f"{flag} expects KEY=VALUE, got {text!r}")
+            try:
+                overrides[key] = _read_value(value, hints.get(key, Any))
+            except ValueError as e:
+                raise ConfigError(f"{flag} {text}: {key} takes {e}, got {value!r}") from None
+        return self.replace(**overrides)
+
+
+def _read_value(text: str, hint: Any) -> Any:
+    """``text`` read as a value of type ``hint``; a ValueError names what was expected."""
+    lowered = text.lower()
+    args = [a for a in get_args(hint) if a is not type(None)]
+    if type(None) in get_args(hint):  # X | None
+        return None if lowered == "none" else _read_value(text, args[0] if len(args) == 1 else Any)
+    if get_origin(hint) is tuple:
+        item = args[0] if args else Any
+        return tuple(_read_value(t.strip(), item) for t in text.split(",") if t.strip())
+    if hint is bool:
+        if lowered not in ("true", "false"):
+            raise ValueError("true or false")
+        return lowered == "true"
+    for kind, name in ((int, "an integer"), (float, "a number")):
+        if hint is kind:
+            try:
+                return kind(text)
+            except ValueError:
+                raise ValueError(name) from None
+    return text
