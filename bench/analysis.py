@@ -76,7 +76,7 @@ def best_of(rounds: int, fn: Callable, *args, **kw) -> tuple[float, object]:
 def ensure_run(preset: str, out: Path) -> Run:
     """The complete run in ``out``: trained (or resumed) with the preset when it is not complete."""
     summary = out / "summary.json"
-    if not (summary.exists() and Run(out).summary().get("complete")):
+    if not (summary.exists() and Run(out).summary.get("complete")):
         print(f"training the {preset} run into {out} ...", flush=True)
         t0 = time.perf_counter()
         train(get_preset(preset), out, resume=True, device="cpu", progress=True)
@@ -86,7 +86,7 @@ def ensure_run(preset: str, out: Path) -> Run:
 
 def pick_checkpoints(run: Run) -> list[tuple[str, int]]:
     """(label, step): the last plateau step and the first checkpoint at or after tau."""
-    summary, steps = run.summary(), run.steps()
+    summary, steps = run.summary, run.steps
     tau, span = summary.get("tau"), summary.get("plateau_span")
     if tau is None or span is None:
         raise ConfigError(f"{run.path}: the run has no plateau or no tau; train it longer")
@@ -99,7 +99,7 @@ def compare_patching(run: Run, step: int, n_pairs: int, rounds: int) -> list[tup
     """(sweep, TransformerLens s, ours s, max |difference|) for each sweep at one checkpoint."""
     task = run.task()
     pairs = prompt_pairs(task, n_pairs, seed=0)
-    model = run.load_model(step)
+    model = run.model(step)
     metric = functools.partial(logit_diff, pairs=pairs)
 
     def reference(fn: Callable) -> Callable:
@@ -135,7 +135,7 @@ def time_analysis(run: Run, every: int) -> tuple[float, dict[str, float], int]:
                   "exact_edge_record", "pattern_record")}
     circuit_search = edges.faithful_circuit
     edge_record = analyze.edge_record
-    load = Run.load_model
+    load = Run.model
 
     def timed(label: str, fn: Callable) -> Callable:
         @functools.wraps(fn)
@@ -161,7 +161,7 @@ def time_analysis(run: Run, every: int) -> tuple[float, dict[str, float], int]:
         try:
             for name, fn in originals.items():
                 setattr(analyze, name, timed(labels[name], fn))
-            Run.load_model = timed("loading checkpoints", load)
+            Run.model = timed("loading checkpoints", load)
             # the edge record is its attribution plus the circuit search: time the two apart
             edges.faithful_circuit = timed(EDGE_PARTS[1], circuit_search)
             analyze.edge_record = timed("edge record", edge_record)
@@ -171,11 +171,11 @@ def time_analysis(run: Run, every: int) -> tuple[float, dict[str, float], int]:
         finally:
             for name, fn in originals.items():
                 setattr(analyze, name, fn)
-            Run.load_model = load
+            Run.model = load
             edges.faithful_circuit = circuit_search
             analyze.edge_record = edge_record
     parts[EDGE_PARTS[0]] = parts.pop("edge record", 0.0) - parts.get(EDGE_PARTS[1], 0.0)
-    n = len(pick_steps(run.steps(), every))
+    n = len(pick_steps(run.steps, every))
     return total, dict(parts), n
 
 

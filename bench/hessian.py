@@ -47,8 +47,8 @@ def load(run_dir: Path | None, step: int | None) -> tuple[torch.nn.Module, Selec
     if run_dir is not None and (run_dir / "config.json").exists():
         run = Run(run_dir)
         if step is None:
-            step = default_escape(run)[0] or run.steps()[-1]
-        return run.load_model(step), run.task(), f"{run_dir} step {step}"
+            step = default_escape(run)[0] or run.steps[-1]
+        return run.model(step), run.task(), f"{run_dir} step {step}"
     cfg = get_preset("paper")
     task = SelectorTask.generate(cfg.task)
     model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)

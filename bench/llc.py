@@ -63,10 +63,10 @@ def main() -> None:
 
     run = Run(args.ci_run)
     tokens = run.task().tokens
-    steps = run.steps()
+    steps = run.steps
     probe = [steps[len(steps) // 3], steps[-1]]
     t0 = time.perf_counter()
-    models = [run.load_model(s) for s in probe]
+    models = [run.model(s) for s in probe]
     load_s = (time.perf_counter() - t0) / len(probe)
     ci = [timed_estimate(m, tokens, run.task(), settings) for m in models]
     ci_wall, ci_cpu = sum(c[0] for c in ci) / len(ci), sum(c[1] for c in ci) / len(ci)

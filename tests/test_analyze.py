@@ -66,7 +66,7 @@ SMALL = AnalysisSettings(n_examples=128, ablation_groups=4)
 def analysed_run(ci_run, tmp_path_factory):
     """A private copy of the session's ci run (every 10th checkpoint), analysed with SMALL settings."""
     run = Run(ci_run)
-    out = copy_run(ci_run, tmp_path_factory.mktemp("analyse") / "ci", steps=run.steps()[::10] + run.steps()[-1:])
+    out = copy_run(ci_run, tmp_path_factory.mktemp("analyse") / "ci", steps=run.steps[::10] + run.steps[-1:])
     return out, analyze_run(out, n_exact=5, settings=SMALL, progress=False)
 
 
@@ -76,7 +76,7 @@ def test_series_end_to_end_on_the_ci_run(analysed_run):
     log_k = run.log_k
     first_below = next(r["step"] for r in run.metrics() if r["candidate_loss"] < 0.5 * log_k)
     assert analysed["tau"] == first_below
-    assert analysed["t_form"] is not None and 0 <= analysed["t_form"] <= run.steps()[-1]
+    assert analysed["t_form"] is not None and 0 <= analysed["t_form"] <= run.steps[-1]
     lo, hi = analysed["lead_bracket"]
     assert lo <= analysed["lead_fraction"] <= hi
     assert 0 < analysed["lead_fraction"] < 1  # the head forms during the plateau, before the drop
@@ -119,7 +119,7 @@ def test_cache_is_reused_and_extended(analysed_run):
     again = analyze_run(path, n_exact=5, settings=SMALL, progress=False)
     assert {f: (folder / f).read_text() for f in before} == before  # nothing recomputed
     assert again["head"] == analysed["head"] and again["t_form"] == analysed["t_form"]
-    extra = Run(path).steps()[1]
+    extra = Run(path).steps[1]
     analyze_run(path, steps=[extra], n_exact=0, settings=SMALL, progress=False)
     steps = [json.loads(line)["step"] for line in (folder / ATTENTION_FILE).read_text().splitlines()]
     assert steps.count(extra) == 1 and (folder / ATTENTION_FILE).read_text().startswith(before[ATTENTION_FILE])
@@ -127,7 +127,7 @@ def test_cache_is_reused_and_extended(analysed_run):
 
 def test_other_settings_recompute_and_keep_both(ci_run, tmp_path):
     run = Run(ci_run)
-    steps = [run.steps()[0], run.steps()[-1]]
+    steps = [run.steps[0], run.steps[-1]]
     path = copy_run(ci_run, tmp_path / "ci", steps=steps)
     folder = analysis_dir(path)
     first = analyze_run(path, n_exact=1, settings=AnalysisSettings(n_examples=32, ablation_groups=2), progress=False)
@@ -195,7 +195,7 @@ def test_edge_cache_follows_its_settings(tiny_run, tmp_path):
     from plateauscope.training.run import read_jsonl
 
     run = Run(tiny_run)
-    steps = [run.steps()[0], run.steps()[len(run.steps()) // 2], run.steps()[-1]]
+    steps = [run.steps[0], run.steps[len(run.steps) // 2], run.steps[-1]]
     path = copy_run(tiny_run, tmp_path / "tiny", steps=steps)
     folder = analysis_dir(path)
     base = AnalysisSettings(n_examples=16, ablation_groups=2)
@@ -217,7 +217,7 @@ def test_circuit_cache_follows_its_settings(tiny_run, tmp_path):
     """The circuit cache is keyed on its settings: another ablation kind recomputes it (and nothing else);
     the smoothing window only changes the summary, which records it."""
     run = Run(tiny_run)
-    steps = [run.steps()[0], run.steps()[-1]]
+    steps = [run.steps[0], run.steps[-1]]
     path = copy_run(tiny_run, tmp_path / "tiny", steps=steps)
     folder = analysis_dir(path)
     base = AnalysisSettings(n_examples=16, ablation_groups=2)

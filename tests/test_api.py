@@ -30,11 +30,11 @@ def test_every_public_name_resolves_and_the_type_checking_imports_match():
 def test_train_analyze_and_open_a_run_through_the_api(tmp_path):
     summary = ps.train("tiny", out=tmp_path / "run", progress=False, seed=3)
     run = ps.Run(tmp_path / "run")
-    assert run.config.train.seed == 3 and run.summary() == summary and len(run.steps()) > 2
-    result = ps.analyze(run, steps=run.steps()[-2:], n_exact=1, progress=False, edges=False)
+    assert run.config.train.seed == 3 and run.summary == summary and len(run.steps) > 2
+    result = ps.analyze(run, steps=run.steps[-2:], n_exact=1, progress=False, edges=False)
     assert result["head"] is not None
     assert ps.load_analysis(run.path)["attention"], "the analysis cache holds attention records"
-    model = run.load_model(run.steps()[-1])
+    model = run.model(run.steps[-1])
     pairs = ps.prompt_pairs(run.task(), 8)
     assert ps.patch(model, pairs, "heads").effect.shape[0] == model.cfg.n_layers
 
@@ -77,3 +77,30 @@ def test_the_first_command_still_works_as_an_alias(tiny_run, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "interp.patch", "--ckpt", str(tmp_path / "missing")],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "missing" in bad.stderr
+
+
+def test_run_analysis_is_typed_and_holds_what_the_cache_holds(tiny_run, tmp_path):
+    import shutil
+
+    import numpy as np
+    import torch
+
+    path = shutil.copytree(tiny_run, tmp_path / "tiny")
+    run = ps.Run(path)
+    ps.analyze(run, every=2, n_exact=2, progress=False)
+    analysis, raw = run.analysis(), ps.load_analysis(path)
+    assert isinstance(analysis, ps.Analysis) and analysis.steps == [r["step"] for r in raw["attention"]]
+    last = analysis.attention[-1]
+    assert last.to_cue.shape == (run.config.model.n_layers, run.config.model.n_heads)
+    np.testing.assert_array_equal(last.to_cue, np.array(raw["attention"][-1]["to_z_first"]))
+    assert analysis.summary is not None and analysis.summary.head == tuple(raw["selector"]["head"])
+    assert set(analysis.summary.formation) == set(raw["selector"]["t_form_rules"])
+    assert analysis.summary.circuit_verdict == raw["selector"]["circuit"]["verdict"]
+    assert {a.step for a in analysis.ablation} <= set(analysis.steps) and analysis.edges and analysis.circuit
+    # the stored head patching is what patching the checkpoint again gives
+    patched = analysis.patching[-1]
+    settings = raw["patch"][-1]["settings"]
+    pairs = ps.prompt_pairs(run.task(), settings["n_examples"], seed=settings["seed"])
+    again = ps.patch(run.model(patched.step), pairs, "heads")
+    torch.testing.assert_close(patched.sweeps["heads"].raw, again.raw, atol=1e-6, rtol=0)
+    assert patched.sweeps["heads"].clean_metric == pytest.approx(again.clean_metric, abs=1e-6)

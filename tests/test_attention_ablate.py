@@ -34,7 +34,7 @@ def handbuilt():
 @pytest.fixture(scope="module")
 def tiny(tiny_run):
     run = Run(tiny_run)
-    return run, run.load_model(run.steps()[-1]), run.task()
+    return run, run.model(run.steps[-1]), run.task()
 
 
 # ---- known answers on the hand-built model ---------------------------------------------------
@@ -152,7 +152,7 @@ def test_cli_prints_table_and_writes_json(tiny, tmp_path, capsys, module):
     d = json.loads(out.read_text())
     key = "to_z_first" if module is attention else "d_candidate_loss"
     assert len(d[key]) == model.cfg.n_layers and len(d[key][0]) == model.cfg.n_heads
-    assert d["step"] == run.steps()[-1]
+    assert d["step"] == run.steps[-1]
 
 
 @pytest.mark.parametrize("module", [attention, ablate])

@@ -63,10 +63,10 @@ def reference(run: Run, step: int) -> ReferenceModel:
 
 def plateau_and_after(run: Run) -> list[int]:
     """A checkpoint in the middle of the plateau and the last one (after the drop)."""
-    summary = run.summary()
+    summary = run.summary
     assert summary and summary["tau"] is not None and summary["plateau_span"], "the ci run must show both phases"
     lo, hi = summary["plateau_span"]
-    steps = run.steps()
+    steps = run.steps
     plateau = min((s for s in steps if lo <= s <= hi), key=lambda s: abs(s - (lo + hi) / 2))
     assert steps[-1] > summary["tau"]
     return [plateau, steps[-1]]
@@ -96,9 +96,9 @@ def test_only_hookedtransformer_shares_prefixes(tiny_run):
     reference forward run full sequences. test_analyses_equal_on_the_reference compares the two
     paths on HookedTransformer, and the full-sequence paths of the bridge and the reference."""
     run = Run(tiny_run)
-    model = run.load_model(run.steps()[-1], backend=INSTALLED)
+    model = run.model(run.steps[-1], backend=INSTALLED)
     assert shares_prefixes(model) == (INSTALLED == "hooked")
-    state, _ = load_checkpoint(run.checkpoint_path(run.steps()[-1]))
+    state, _ = load_checkpoint(run.checkpoint_path(run.steps[-1]))
     assert not shares_prefixes(ReferenceModel(run.hooked_config, state))
 
 
@@ -107,7 +107,7 @@ def test_fused_training_forward_equals_the_installed_backend(ci):
     parameters (the bridge's through views in HookedTransformer's layout). Against the backend's
     own forward, after the drop: logits in float32 to 1e-5 of their scale (as the reference forward
     below), and logits and every parameter's gradient in float64 to 1e-5."""
-    model = ci.load_model(ci.steps()[-1], backend=INSTALLED).train()
+    model = ci.model(ci.steps[-1], backend=INSTALLED).train()
     task = ci.task()
     batch = task.tokens[:64]
     with torch.no_grad():
@@ -136,7 +136,7 @@ def test_logits_equal_the_reference_forward(ci, phase):
     reference cast with ``.double()``) to 1e-5 absolute. Measured in float64: about 4e-14 on the
     bridge, about 1e-7 on HookedTransformer (it rounds some intermediates to its cfg.dtype, float32)."""
     step = plateau_and_after(ci)[phase]
-    model, ref = ci.load_model(step, backend=INSTALLED), reference(ci, step)
+    model, ref = ci.model(step, backend=INSTALLED), reference(ci, step)
     tokens = ci.task().tokens[:512, : ci.task().input_len]
     with torch.no_grad():
         got, want = model(tokens), ref(tokens)
@@ -157,7 +157,7 @@ def test_analyses_equal_on_the_reference(ci, phase):
     pairs = prompt_pairs(task, 48, seed=1)
     diffs: dict[str, float] = {}
     results = []
-    for model in (ci.load_model(step, backend=INSTALLED).double(), reference(ci, step).double()):
+    for model in (ci.model(step, backend=INSTALLED).double(), reference(ci, step).double()):
         att = attention_to_z(model, task, n_examples=128, seed=1)
         exact = {t: patch(model, pairs, t) for t in ("heads", "resid")}
         attrib = attribute_all(model, pairs, ["heads", "resid"])
@@ -190,12 +190,12 @@ def test_checkpoints_have_hookedtransformer_layout(tiny_run):
     (checked by the reference, which reads them) and float32 weights; loading and re-saving
     through the backend gives the same tensors bit for bit; the unembedding bias was trained."""
     run = Run(tiny_run)
-    last = run.steps()[-1]
+    last = run.steps[-1]
     state, _ = load_checkpoint(run.checkpoint_path(last))
     ReferenceModel(run.hooked_config, state)  # raises on any missing or extra key
     assert all(v.dtype == torch.float32 for k, v in state.items() if not k.endswith(".mask"))
     assert state["unembed.b_U"].abs().max() > 0
-    again = hooked_state_dict(run.load_model(last, backend=INSTALLED))
+    again = hooked_state_dict(run.model(last, backend=INSTALLED))
     assert set(again) == set(state)
     for key, value in state.items():
         assert again[key].shape == value.shape and torch.equal(again[key].cpu(), value), key
@@ -226,7 +226,7 @@ def test_series_opens_on_the_other_backend(tiny_run, tmp_path):
     theirs = load_file(str(out))
     run = Run(tiny_run)
     tokens = run.task().tokens[:, : run.task().input_len]
-    assert sorted(map(int, theirs)) == run.steps()
+    assert sorted(map(int, theirs)) == run.steps
     for step, model in run.models(backend=INSTALLED):
         with torch.no_grad():
             ours = model(tokens)

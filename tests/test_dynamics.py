@@ -125,7 +125,7 @@ def test_table_fits_and_report_on_a_tiny_sweep(tiny_sweep, tmp_path, capsys):
     assert len(sweep.rows) == 6 and len(sweep.curves) == 6
     for r in sweep.rows:  # the table's tau is the run's own summary tau
         run = Run(tiny_sweep / r["name"])
-        assert r["tau"] == run.summary()["tau"] and r["tau_tokens"] == r["tau"] * 32 * 4  # batch 32, 4 target characters
+        assert r["tau"] == run.summary["tau"] and r["tau_tokens"] == r["tau"] * 32 * 4  # batch 32, 4 target characters
         assert r[tau_key(0.3)] >= r["tau"] >= r[tau_key(0.7)]
     fit = analyze_sweep(sweep.rows, n_boot=200)["main"]["scaling"]
     assert fit["values"] == [80, 160, 320] and fit["slope"] > 0.5 and fit["ci"] is not None
@@ -196,7 +196,7 @@ def test_variant_table_on_a_tiny_variant_sweep(tmp_path, capsys):
     assert set(table) == {"default", "a_len=1,target_uniqueness=group,order=zb", "no_z=True"}
     for name, row in table.items():
         runs = [Run(tmp_path / "s" / r["name"]) for r in sweep.rows if r["variant"] == name]
-        verdicts = sorted((run.summary()["plateau"]["verdict"] or "none") for run in runs)
+        verdicts = sorted((run.summary["plateau"]["verdict"] or "none") for run in runs)
         assert row["verdict"] == "/".join(sorted(set(verdicts))) + f" ({len(runs)})"
     assert dynamics_cli.main(["--sweep", str(tmp_path / "s")]) == 0
     out = capsys.readouterr().out

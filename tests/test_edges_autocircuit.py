@@ -194,7 +194,7 @@ def test_random_model_with_layernorm_and_mlps(one_thread):
 
 def test_trained_ci_checkpoint(ci_run, one_thread):
     run = Run(ci_run)
-    model = run.load_model(run.steps()[-1]).to(DTYPE, print_details=False)
+    model = run.model(run.steps[-1]).to(DTYPE, print_details=False)
     assert_same_scores(model, prompt_pairs(run.task(), 64, 0))
 
 

@@ -213,7 +213,7 @@ FAST = ["--k", "2", "--n-bottom", "1", "--batch", "24", "--n-batches", "2", "--m
 
 def test_cli_series_cache_and_figures(tiny_run, tmp_path, capsys):
     tiny_run = copy_run(tiny_run, tmp_path / "tiny")
-    steps = Run(tiny_run).steps()
+    steps = Run(tiny_run).steps
     s0, s1 = steps[1], steps[-1]
     argv = ["--run", str(tiny_run), "--steps", str(s0), str(s1), "--escape-from", str(s0), "--escape-to", str(s1),
             "--json", str(tmp_path / "h.json"), *FAST]
@@ -243,11 +243,11 @@ def test_cli_series_cache_and_figures(tiny_run, tmp_path, capsys):
 
 def test_cli_single_checkpoint(tiny_run, tmp_path, capsys):
     run = Run(tiny_run)
-    ckpt = run.checkpoint_path(run.steps()[-1])
-    assert hessian_cli.main(["--ckpt", str(ckpt), "--escape-from", str(run.steps()[0]), "--json", str(tmp_path / "o.json"),
+    ckpt = run.checkpoint_path(run.steps[-1])
+    assert hessian_cli.main(["--ckpt", str(ckpt), "--escape-from", str(run.steps[0]), "--json", str(tmp_path / "o.json"),
                    *FAST]) == 0
     rec = json.loads((tmp_path / "o.json").read_text())
-    assert rec["step"] == run.steps()[-1] and rec["settings"]["escape_from"] == run.steps()[0]
+    assert rec["step"] == run.steps[-1] and rec["settings"]["escape_from"] == run.steps[0]
     assert "escape displacement" in capsys.readouterr().out
 
 
@@ -279,6 +279,6 @@ def test_cli_requires_a_target(capsys):
 def test_default_escape(tiny_run):
     run = Run(tiny_run)
     d_from, d_to = H.default_escape(run)
-    assert d_to == run.steps()[-1]
-    span = (run.summary() or {}).get("plateau_span")
+    assert d_to == run.steps[-1]
+    span = (run.summary or {}).get("plateau_span")
     assert (d_from is None) == (not span)

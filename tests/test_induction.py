@@ -158,7 +158,7 @@ def induction_run(tmp_path_factory):
 def test_induction_run_has_a_plateau_and_a_drop(induction_run):
     out, _ = induction_run
     run = Run(out)
-    summary = run.summary()
+    summary = run.summary
     assert summary["tau"] is not None and summary["plateau_span"] is not None
     first, last = run.metrics()[0], run.metrics()[-1]
     assert first["repeat_loss"] > 0.9 * run.progress.height and last["repeat_loss"] < 0.5 * run.progress.height
@@ -179,6 +179,6 @@ def test_analysis_finds_the_known_circuit(induction_run):
 def test_attention_rules_equal_the_head_detector_on_trained_checkpoints(induction_run):
     out, s = induction_run
     run = Run(out)
-    steps = run.steps()
+    steps = run.steps
     for step in (steps[0], s["tau"], steps[-1]):
-        check_against_detector(run.load_model(step), run.task())
+        check_against_detector(run.model(step), run.task())

@@ -159,7 +159,7 @@ def test_analyses_load_a_checkpoint_with_the_interventions_of_its_step(tmp_path)
     task = run.task()
     tokens = task.tokens[:16, : task.input_len]
     for step in (10, 40):
-        model = run.load_model(step)
+        model = run.model(step)
         params = dict(model.named_parameters())
         hidden = run.config.train.hide_cue_until > step
         expected = fused_logits(model.cfg, params, tokens, hidden_keys=tuple(range(*task.layout.z_span)) if hidden else (),

@@ -131,7 +131,7 @@ TINY = L.LLCSettings(num_chains=1, num_draws=6, num_burnin_steps=2, batch_size=8
 def test_cache_reused_only_when_settings_match(tiny_run, monkeypatch, tmp_path):
     tiny_run = copy_run(tiny_run, tmp_path / "tiny")
     run = Run(tiny_run)
-    steps = run.steps()[-2:]
+    steps = run.steps[-2:]
     calls = []
     real = L.estimate_llc
     monkeypatch.setattr(L, "estimate_llc", lambda *a, **k: calls.append(1) or real(*a, **k))
@@ -154,7 +154,7 @@ def test_cache_reused_only_when_settings_match(tiny_run, monkeypatch, tmp_path):
 def test_series_and_cli(tiny_run, capsys, tmp_path):
     tiny_run = copy_run(tiny_run, tmp_path / "tiny")
     s = L.llc_series(tiny_run, every=4, settings=TINY, progress=False)
-    assert s["steps"][-1] == Run(tiny_run).steps()[-1] and len(s["llc"]) == len(s["steps"])
+    assert s["steps"][-1] == Run(tiny_run).steps[-1] and len(s["llc"]) == len(s["steps"])
     c = s["calibration"]
     assert c["step"] == s["steps"][-1] and c["rel_change"] == pytest.approx(
         abs(c["llc_doubled"] - c["llc"]) / abs(c["llc_doubled"]))

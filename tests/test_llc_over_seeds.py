@@ -76,7 +76,7 @@ def write_llc(run_dir, steps: list[int], llc: list[float]) -> None:
     """An llc.json as plateauscope.analysis.llc writes it (only the fields the sweep summary reads)."""
     run = Run(run_dir)
     analysis_dir(run_dir).mkdir(exist_ok=True)
-    tau = (run.summary() or {})["tau"]
+    tau = (run.summary or {})["tau"]
     (analysis_dir(run_dir) / LLC_SUMMARY_FILE).write_text(
         json.dumps({"steps": steps, "llc": llc, "tau": tau, "all_stationary": True}))
 
@@ -87,22 +87,22 @@ def test_rows_of_a_sweep_read_each_runs_llc_and_plateau(tiny_sweep, tmp_path):
     for i, path in enumerate(runs[1:]):  # the first run has no LLC: it has no row
         run = Run(path)
         if i % 2:  # a plateau long enough for a plateau value (the tiny runs' own are a few checkpoints)
-            summary = {**run.summary(), "plateau_span": [0, run.summary()["tau"]]}
+            summary = {**run.summary, "plateau_span": [0, run.summary["tau"]]}
             (path / "summary.json").write_text(json.dumps(summary))
-        rise = (run.summary()["plateau_span"] or [0, run.summary()["tau"] // 2])[1]
-        write_llc(path, run.steps(), [1.0 + 0.01 * (k % 2) + (5.0 if s > rise else 0.0)
-                                      for k, s in enumerate(run.steps())])
+        rise = (run.summary["plateau_span"] or [0, run.summary["tau"] // 2])[1]
+        write_llc(path, run.steps, [1.0 + 0.01 * (k % 2) + (5.0 if s > rise else 0.0)
+                                      for k, s in enumerate(run.steps)])
     rows = LS.llc_rows(sweep_dir)
     assert [r["name"] for r in rows] == [p.name for p in runs[1:]]
     for r, path in zip(rows, runs[1:]):
         run = Run(path)
-        window = LS.plateau_window(run.summary()["plateau_span"])
-        assert r["window"] == window and r["tau"] == run.summary()["tau"]
+        window = LS.plateau_window(run.summary["plateau_span"])
+        assert r["window"] == window and r["tau"] == run.summary["tau"]
         if window is None:
             assert r["t_llc"] is None and r["t_loss"] is None
             continue
         llc = json.loads((path / "analysis" / LLC_SUMMARY_FILE).read_text())["llc"]
-        assert r["t_llc"] == LS.llc_departure(run.steps(), llc, window)["t_llc"]
+        assert r["t_llc"] == LS.llc_departure(run.steps, llc, window)["t_llc"]
         assert r["t_loss"] == LS.loss_fall_step(run.metrics(), window)
         assert r["loss_fall_at_llc"] == LS.loss_fall_at(run.metrics(), window, r["t_llc"])
     assert any(r["t_llc"] is not None for r in rows)

@@ -149,7 +149,7 @@ def test_shared_prefix_evaluation_equals_scoring_every_sequence(tiny_run, kind):
 
     run = Run(tiny_run)
     task = run.task()
-    model = run.load_model(run.steps()[-1]) if kind == "trained" else \
+    model = run.model(run.steps[-1]) if kind == "trained" else \
         build_hooked_transformer({**run.hooked_config, "n_layers": 2}, seed=3).eval()
     evalset = EvalSet.build(task, n_eval_groups=6, n_tracked_groups=5, seed=1)
     ref = _brute_force_evaluate(model, task, evalset)
@@ -204,7 +204,7 @@ def test_hooks_added_fire_inside_and_are_gone_after(tiny_run):
     from plateauscope.training.run import Run
 
     run = Run(tiny_run)
-    model, task = run.load_model(run.steps()[-1]), run.task()
+    model, task = run.model(run.steps[-1]), run.task()
     tokens = task.tokens[:4, : task.layout.input_len]
     seen = []
     zero = [("blocks.0.hook_resid_pre", lambda act, hook: seen.append(hook.name) or act * 0)]

@@ -126,7 +126,7 @@ def test_compare_end_to_end(tiny_noise_sweep, tiny_sweep, capsys):
     out = capsys.readouterr().out
     # The table's means are the runs' own summary taus, averaged over the two seeds.
     for bs in (16, 32):
-        taus = [Run(tiny_noise_sweep / f"lr0.003_bs{bs}_ds{s}_seed{s}").summary()["tau"] for s in (0, 1)]
+        taus = [Run(tiny_noise_sweep / f"lr0.003_bs{bs}_ds{s}_seed{s}").summary["tau"] for s in (0, 1)]
         line = next(x for x in out.splitlines() if x.strip().startswith(f"batch {bs} "))
         assert f"{np.mean(taus):,.0f} [" in line and f"{np.mean(taus) * bs * 4:,.0f} [" in line
     assert "smaller batches wait longer (tau in tokens): 16 against 32" in out

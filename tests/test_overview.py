@@ -93,7 +93,7 @@ def test_report_writes_the_overview_of_an_analysed_run(ci_analysed, tmp_path):
     run = Run(ci_analysed)
     svg, caption = build_overview(ci_analysed)
     root = ET.fromstring(svg)
-    summary = run.summary()
+    summary = run.summary
     assert f"τ = {summary['tau']}" in caption and summary["plateau"]["verdict"] in caption
     assert summary["machines"] and summary["machines"][-1]["cpu"] in caption
     steps, values = _read_back(root, "progress", "ytick-loss")

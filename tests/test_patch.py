@@ -30,7 +30,7 @@ def tiny(tiny_run):
 def _model(run, kind):
     """The trained 1-layer tiny model, or a seeded random 2-layer one (patches in several layers)."""
     if kind == "trained":
-        return run.load_model(run.steps()[-1])
+        return run.model(run.steps[-1])
     return build_hooked_transformer({**run.hooked_config, "n_layers": 2}, seed=1).eval()
 
 
@@ -155,7 +155,7 @@ def test_cli_prints_table_and_writes_json(tiny_run, tmp_path, capsys):
     data = json.loads(out.read_text())
     assert data["exact"]["axes"] == ["layer", "head"] and data["exact"]["shape"] == [1, 2]
     assert data["attribution"]["shape"] == [1, 2]
-    assert data["step"] == Run(tiny_run).steps()[-1] and data["n_examples"] == 16
+    assert data["step"] == Run(tiny_run).steps[-1] and data["n_examples"] == 16
 
 
 def test_cli_by_position_target_at_a_step(tiny_run, capsys):

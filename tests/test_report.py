@@ -25,7 +25,7 @@ def test_report_cli_writes_one_file(ci_analysed, tmp_path, capsys):
     assert str(out) in capsys.readouterr().out
     text = out.read_text(encoding="utf-8")
     assert text.startswith("<!DOCTYPE html>") and "Summary" in text and "cv-view" in text
-    verdict = report.Run(ci_analysed).summary()["plateau"]["verdict"]
+    verdict = report.Run(ci_analysed).summary["plateau"]["verdict"]
     assert f"plateau verdict (marginal | global marginal | shelf | mixed, on the set loss)</th><td>{verdict}:" in text
     assert f"plateau: {verdict}" in text  # in the loss figure's title
 

@@ -124,9 +124,9 @@ def test_ensemble_equals_solo_runs_when_members_stop_apart_and_after_a_kill(tmp_
     summaries = train_ensemble(cfgs, outs, resume=True, device="cpu", progress=False)
     for n, out, summary in zip(names, outs, summaries):
         solo = Run(tiny_sweep / n)
-        assert summary["final_step"] == solo.summary()["final_step"] and summary["tau"] == solo.summary()["tau"]
+        assert summary["final_step"] == solo.summary["final_step"] and summary["tau"] == solo.summary["tau"]
         assert _metrics(out) == _metrics(solo.path)
-        last = solo.steps()[-1]
+        last = solo.steps[-1]
         a = rd.load_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(last))[0]
         b = rd.load_checkpoint(solo.checkpoint_path(last))[0]
         assert a.keys() == b.keys()
@@ -144,7 +144,7 @@ def test_hooked_ensemble_equals_solo_runs_to_float_rounding(tmp_path, one_thread
     train_ensemble(cfgs, outs, device="cpu", progress=False)
     for cfg, out in zip(cfgs, outs):
         solo = train(cfg, tmp_path / f"solo_{out.name}", device="cpu", progress=False)
-        assert solo["final_step"] == Run(out).summary()["final_step"]
+        assert solo["final_step"] == Run(out).summary["final_step"]
         _close(_metrics(out), _metrics(tmp_path / f"solo_{out.name}"), ENSEMBLE_TOL)
 
 

@@ -101,7 +101,7 @@ def test_a_task_file_trains_from_the_command_line(tmp_path, capsys):
     assert train_main(["--task", spec, "--out", str(out), "--max-steps", "6", "--batch-size", "8", "--no-progress"]) == 0
     run = Run(out)
     assert run.config.task_name == spec and run.task().tokens.shape == (64, 6) and len(run.metrics()) > 1
-    assert run.summary()["log_8"] == 2.0  # the task's own plateau height, under its own name
+    assert run.summary["log_8"] == 2.0  # the task's own plateau height, under its own name
 
 
 def test_a_task_file_takes_its_options_with_set(tmp_path, capsys):

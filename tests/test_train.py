@@ -28,7 +28,7 @@ def _strip_wall(records):
 
 def test_ci_preset_shows_plateau_then_drop(ci_run):
     run = Run(ci_run)
-    summary = run.summary()
+    summary = run.summary
     records = run.metrics()
     log_k = run.log_k
     tau = summary["tau"]
@@ -45,7 +45,7 @@ def test_ci_preset_shows_plateau_then_drop(ci_run):
     assert final["candidate_loss"] < 0.5 * log_k
     assert final["delta_z"] > 0.5 * log_k
     # Dense: many checkpoints before tau.
-    assert sum(s < tau for s in run.steps()) >= 100
+    assert sum(s < tau for s in run.steps) >= 100
 
 
 @pytest.mark.slow
@@ -110,10 +110,10 @@ def test_kill_and_resume_is_bit_identical(tmp_path, tiny_run):
 def test_checkpoint_loads_into_plain_transformer_lens(tiny_run):
     run = Run(tiny_run)
     cfg = json.loads((tiny_run / rd.CONFIG_FILE).read_text())
-    step = run.steps()[-1]
+    step = run.steps[-1]
     plain = HookedTransformer(HookedTransformerConfig(**cfg["hooked_transformer_config"]))
     plain.load_state_dict(load_file(tiny_run / rd.CHECKPOINT_DIR / rd.checkpoint_name(step)), strict=False)
-    ours = run.load_model(step)
+    ours = run.model(step)
     tokens = run.task().tokens[:8, : run.task().input_len]
     assert torch.equal(plain(tokens), ours(tokens))
     assert cfg["vocab"][:2] == ["<BOS>", "<SEP>"] and cfg["layout"]["first_target_pred_pos"] == 10
@@ -121,7 +121,7 @@ def test_checkpoint_loads_into_plain_transformer_lens(tiny_run):
 
 def test_series_api(tiny_run):
     run = Run(tiny_run)
-    steps = run.steps()
+    steps = run.steps
     assert steps[0] == 0 and steps == sorted(steps)
     loaded = [s for s, _ in run.models(steps[:2])]
     assert loaded == steps[:2]
@@ -188,7 +188,7 @@ def test_cli_errors_are_one_line_with_exit_2(tmp_path, capsys):
 
 
 def test_log_spaced_early_checkpoints(tiny_run):
-    steps = Run(tiny_run).steps()
+    steps = Run(tiny_run).steps
     assert {1, 2, 3} <= set(steps) and math.gcd(*[s for s in steps if s >= 5]) == 5
 
 

@@ -72,7 +72,7 @@ def test_the_installed_wheel_trains_analyses_and_reports_outside_the_checkout(wh
     _run([str(command), "view", "--run", "run"], work, env)
     assert (work / "run" / "report.html").stat().st_size > 0 and (work / "run" / "view.html").stat().st_size > 0
     opened = _run([str(python), "-c", "import plateauscope as ps; r = ps.Run('run'); "
-                   "print(len(r.steps()), r.summary()['tau'] is None or r.summary()['tau'] >= 0, ps.__version__)"],
+                   "print(len(r.steps), r.summary['tau'] is None or r.summary['tau'] >= 0, ps.__version__)"],
                   work, env).split()
     assert int(opened[0]) > 1 and opened[1] == "True" and opened[2] == _version()
     # the project's first command, as an alias

@@ -5,7 +5,7 @@
     summary = ps.train("ci", out="runs/ci")          # a preset name or a RunConfig
     ps.analyze("runs/ci", every=2)                   # the analysis cache beside the checkpoints
     run = ps.Run("runs/ci")
-    model = run.load_model(run.steps()[-1])          # a TransformerLens model
+    model = run.model(run.steps[-1])          # a TransformerLens model
     ps.write_report(run.path); ps.write_view(run.path)
 
 The names below are the public API; each is imported on first use, so ``import plateauscope``
@@ -23,7 +23,7 @@ _API: dict[str, str] = {
     # training and runs
     "train": "plateauscope.api:train",
     "train_seeds": "plateauscope.api:train_seeds",
-    "Run": "plateauscope.training.run:Run",
+    "Run": "plateauscope.api:Run",
     "RunError": "plateauscope.training.run:RunError",
     "RunConfig": "plateauscope.training.config:RunConfig",
     "ModelConfig": "plateauscope.training.config:ModelConfig",
@@ -43,6 +43,7 @@ _API: dict[str, str] = {
     # analyses
     "analyze": "plateauscope.api:analyze",
     "load_analysis": "plateauscope.analysis.analyze:load_analysis",
+    "Analysis": "plateauscope.analysis.records:Analysis",
     "AnalysisSettings": "plateauscope.analysis.analyze:AnalysisSettings",
     "patch_sweep": "plateauscope.analysis.patch:patch_sweep",
     "patch": "plateauscope.analysis.patch:patch",
@@ -108,7 +109,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from plateauscope.analysis.patch import patch, patch_sweep
     from plateauscope.analysis.snap import snap_statistics
     from plateauscope.analysis.summary import format_summary as format_routing_summary
-    from plateauscope.api import analyze, load_task, train, train_seeds
+    from plateauscope.analysis.records import Analysis
+    from plateauscope.api import Run, analyze, load_task, train, train_seeds
     from plateauscope.dynamics import analyze_sweep, bootstrap_median, interventions, load_sweep
     from plateauscope.sweeps.catalogue import SWEEPS, get_sweep
     from plateauscope.sweeps.executors import run_sweep
@@ -122,7 +124,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     )
     from plateauscope.training.files import MANIFEST_FILE as SWEEP_MANIFEST
     from plateauscope.training.presets import PRESETS, get_preset
-    from plateauscope.training.run import Run, RunError
+    from plateauscope.training.run import RunError
     from plateauscope.views import figures
     from plateauscope.views.report import attention_views, moment_steps, write_report
     from plateauscope.views.sweep_figures import sweep_figures

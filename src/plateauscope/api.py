@@ -12,13 +12,24 @@ from pathlib import Path
 from typing import Any
 
 from plateauscope.analysis.analyze import AnalysisSettings, analyze_run
+from plateauscope.analysis.records import Analysis, read_analysis
 from plateauscope.tasks.base import Task
 from plateauscope.tasks.loading import build_task, task_class
 from plateauscope.training.config import ConfigError, RunConfig
 from plateauscope.training.ensemble import train_ensemble
 from plateauscope.training.presets import get_preset, task_defaults
-from plateauscope.training.run import Run
+from plateauscope.training import run as run_directory
 from plateauscope.training.train import train as train_run
+
+
+class Run(run_directory.Run):
+    """A run directory: its config, steps, models, metrics and summary
+    (:class:`plateauscope.training.run.Run`), and its analysis, typed."""
+
+    def analysis(self, settings: AnalysisSettings | None = None) -> Analysis:
+        """The analysis cache made with ``settings`` (default: those of the latest ``analyze``), as typed
+        records (:mod:`plateauscope.analysis.records`)."""
+        return read_analysis(self.path, settings)
 
 
 def run_config(config: str | RunConfig = "demo", task: str | None = None, **overrides: Any) -> RunConfig:
@@ -63,7 +74,7 @@ def analyze(run: str | Path | Run, *, every: int = 1, steps: list[int] | None = 
             progress: bool = True, backend: str | None = None, edges: bool = True, **settings: Any) -> dict[str, Any]:
     """Analyse a run's checkpoints into its cache (what the cache lacks) and return the run's summary
     of the analyses (the routing head, t_form by each rule, the lead, the circuit and edges)."""
-    path = run.path if isinstance(run, Run) else Path(run)
+    path = run.path if isinstance(run, run_directory.Run) else Path(run)
     return analyze_run(path, steps=steps, every=every, n_exact=n_exact, progress=progress, backend=backend,
                        edges=edges, settings=AnalysisSettings(**settings) if settings else None)
 

@@ -183,7 +183,7 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     for capability, what in (("cue", "the analyses follow the cue"), ("pairs", "patching")):
         if capability not in task.capabilities:
             raise RunError(f"{run.path}: {task.missing(capability, what)}")
-    chosen = pick_steps(run.steps(), every, steps)
+    chosen = pick_steps(run.steps, every, steps)
     if not chosen:
         raise RunError(f"{run.path}: the run has no checkpoints")
     if has_interventions(run.config.train):
@@ -191,7 +191,7 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
                  "them as they were at its step", run.path)
     records = run.metrics()
     tau = compute_tau(records, run.progress)
-    summary = run.summary() or {}
+    summary = run.summary or {}
     plateau_start = (summary.get("plateau_span") or [chosen[0]])[0]
     landmarks = [plateau_start] + ([tau // 2, tau] if tau else [])
     exact = set(exact_steps(chosen, n_exact, landmarks))
@@ -238,7 +238,7 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
                 for k in ABLATION_KINDS}
 
     for step in tqdm(sorted(set(todo)), desc=f"analyse {run.path.name}", disable=not progress, dynamic_ncols=True):
-        model = run.load_model(step, device, backend)
+        model = run.model(step, device, backend)
         fresh: dict[str, Any] = {}
         for name, file in CACHE_FILES.items():
             if step in wanted[name] and step not in done[name]:

@@ -88,6 +88,20 @@ class PatchResult:
             "normalised": strict_json(self.normalised.detach().cpu().double().tolist()),
         }
 
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> PatchResult:
+        """The inverse of :meth:`to_dict` (``None`` back to NaN)."""
+        def tensor(values: Any) -> Tensor:
+            return torch.tensor(_nan_for_none(values), dtype=torch.float32).reshape(d["shape"])
+        return cls(d["target"], tuple(d["axes"]), tensor(d["raw"]), tensor(d["normalised"]), d["clean_metric"],
+                   d["corrupt_metric"], d.get("method", "exact"), d.get("n_pairs", 0))
+
+
+def _nan_for_none(values: Any) -> Any:
+    if isinstance(values, list):
+        return [_nan_for_none(v) for v in values]
+    return float("nan") if values is None else values
+
 
 def normalise(raw: Float[Tensor, "*shape"], clean: float, corrupt: float) -> Float[Tensor, "*shape"]:
     """``(raw - corrupt) / (clean - corrupt)``; all NaN when ``|clean - corrupt| < 1e-6``."""

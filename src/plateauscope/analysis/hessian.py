@@ -227,8 +227,8 @@ def load_hessian(run_dir: str | Path, settings: dict[str, Any] | None = None) ->
 
 def default_escape(run: Run) -> tuple[int | None, int | None]:
     """The checkpoint nearest the middle of the plateau span (from the summary), and the last one."""
-    steps = run.steps()
-    span = (run.summary() or {}).get("plateau_span")
+    steps = run.steps
+    span = (run.summary or {}).get("plateau_span")
     if not steps or not span:
         return None, steps[-1] if steps else None
     mid = (span[0] + span[1]) / 2
@@ -239,7 +239,7 @@ def displacement(run: Run, step_from: int, step_to: int, device: str = "cpu") ->
     """Flat trainable-parameter displacement ``theta(step_to) - theta(step_from)``."""
     if step_from == step_to:
         raise ValueError(f"the escape direction needs two different checkpoints, got {step_from} twice")
-    a, b = run.load_model(step_from, device), run.load_model(step_to, device)
+    a, b = run.model(step_from, device), run.model(step_to, device)
     spec = ParamSpec.of(a)
     return spec.flatten(b) - spec.flatten(a)
 
@@ -251,7 +251,7 @@ def analyze_series(run_dir: str | Path, steps: Sequence[int] | None = None, *, k
                    method: str = "vjp", device: str = "cpu", progress: bool = True) -> list[dict[str, Any]]:
     """Geometry records of the chosen steps (default: the escape endpoints), computing only what the cache lacks."""
     run = Run(run_dir)
-    available = run.steps()
+    available = run.steps
     if not available:
         raise RunError(f"{run.path}: the run has no checkpoints")
     d_from, d_to = default_escape(run)

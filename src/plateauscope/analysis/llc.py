@@ -296,7 +296,7 @@ def llc_series(run_dir: str | Path, steps: list[int] | None = None, every: int =
     settings.validate()
     require_devinterp()
     run = Run(run_dir)
-    chosen = pick_steps(run.steps(), every, steps)
+    chosen = pick_steps(run.steps, every, steps)
     if not chosen:
         raise RunError(f"{run.path}: the run has no checkpoints")
     start = time.perf_counter()
@@ -310,7 +310,7 @@ def llc_series(run_dir: str | Path, steps: list[int] | None = None, every: int =
     sel_path = analysis_dir(run.path) / SELECTOR_FILE
     selector = read_json(sel_path) if sel_path.exists() else {}
     t_form = selector.get("t_form")
-    summary = run.summary() or {}
+    summary = run.summary or {}
     plateau_start = (summary.get("plateau_span") or [chosen[0]])[0]
     llc = [r["llc"] for r in records]
     drifts = [d for r in records for d in r["drift"]]

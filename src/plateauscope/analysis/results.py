@@ -134,7 +134,7 @@ def cached_series(run: Run, path: Path, settings: Mapping[str, Any], steps: list
     have = {r["step"]: r for r in load_records(path, settings)}
     for step in tqdm([s for s in steps if s not in have], desc=f"{desc} {run.path.name}", disable=not progress,
                      dynamic_ncols=True):
-        record = {"step": step, "settings": dict(settings), **compute(step, run.load_model(step, device))}
+        record = {"step": step, "settings": dict(settings), **compute(step, run.model(step, device))}
         append_records(path, [record])
         have[step] = strict_json(record)
     return [have[s] for s in steps]

@@ -46,7 +46,7 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
     cue = progress.cue_effect_key or ""
     steps = [r["step"] for r in attn]
     series = [r["to_z_first"][layer][head] for r in attn]
-    summary = run.summary() or {}
+    summary = run.summary or {}
     plateau_start = (summary.get("plateau_span") or [steps[0]])[0]
     form = sel.formation_step(steps, series, plateau_start)
     eval_steps = [r["step"] for r in records]

@@ -40,7 +40,7 @@ def main(argv: list[str] | None = None) -> int:
         run, step = resolve_ckpt(args.ckpt, args.step)
         if args.groups < 1:
             raise CliError(f"--groups must be at least 1, got {args.groups}")
-        model = run.load_model(step, device=args.device, backend=args.backend)
+        model = run.model(step, device=args.device, backend=args.backend)
         res = ablate_each_head(model, run.task(), args.kind, args.groups, args.seed)
         log_k = run.log_k
         print(f"{run.path} step {step}: {args.kind} ablation of each head, {res.n_groups} eval groups; "

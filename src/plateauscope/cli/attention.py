@@ -28,7 +28,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def body(args: argparse.Namespace) -> None:
         run, step = resolve_ckpt(args.ckpt, args.step)
-        model = run.load_model(step, device=args.device, backend=args.backend)
+        model = run.model(step, device=args.device, backend=args.backend)
         res = attention_to_z(model, run.task(), args.n_examples, args.seed)
         print(f"{run.path} step {step}: attention from the first-target position to z "
               f"({res.n_examples} examples); top head L{res.top_head()[0]}H{res.top_head()[1]}")

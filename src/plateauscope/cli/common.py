@@ -45,7 +45,7 @@ def resolve_ckpt(path: Path, step: int | None) -> tuple[Run, int]:
             raise RunError(f"{path}: holds step {file_step}, not --step {step}")
         return run, file_step
     run = Run(path)
-    steps = run.steps()
+    steps = run.steps
     if not steps:
         raise RunError(f"{path}: the run has no checkpoints")
     if step is None:

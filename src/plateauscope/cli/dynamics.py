@@ -71,7 +71,7 @@ def llc_all(sweep_dir: Path, every: int, settings: LLCSettings = LLCSettings(), 
     done = []
     for name in sweep_runs(sweep_dir)[1]:
         path = sweep_dir / name
-        if (path / rd.METRICS_FILE).exists() and Run(path).steps():
+        if (path / rd.METRICS_FILE).exists() and Run(path).steps:
             llc_series(path, every=every, settings=settings, progress=progress)
             done.append(name)
     return done
@@ -83,7 +83,7 @@ def analyze_all(sweep_dir: Path, every: int, n_exact: int) -> list[str]:
     done = []
     for name in sweep_runs(sweep_dir)[1]:
         path = sweep_dir / name
-        if not (path / rd.METRICS_FILE).exists() or not Run(path).steps():
+        if not (path / rd.METRICS_FILE).exists() or not Run(path).steps:
             continue
         if not {"cue", "pairs"} <= Run(path).task().capabilities:
             continue

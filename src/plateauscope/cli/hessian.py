@@ -103,7 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         disp = displacement(run, e_from, e_to, args.device) if e_from is not None else None
         settings = {k: v for k, v in opts.items() if k not in ("device", "progress")}
         rec = {"step": step, "settings": settings_key({**settings, "escape_from": e_from, "escape_to": e_to}),
-               **geometry(run.load_model(step, args.device), run.task(), k=args.k, n_bottom=args.n_bottom,
+               **geometry(run.model(step, args.device), run.task(), k=args.k, n_bottom=args.n_bottom,
                           batch=args.batch, n_batches=args.n_batches, seed=args.seed, tol=args.tol,
                           max_iter=args.max_iter, displacement=disp, method=args.method,
                           progress=not args.no_progress)}

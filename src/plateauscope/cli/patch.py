@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         run, step = resolve_ckpt(args.ckpt, args.step)
         task = run.task()
         pairs = prompt_pairs(task, args.n_examples, args.seed)
-        model = run.load_model(step, device=args.device, backend=args.backend)
+        model = run.model(step, device=args.device, backend=args.backend)
         pos_names = task.position_labels(pairs.corrupt.shape[1])
         results: dict[str, PatchResult] = {}
         if args.method in ("exact", "both"):

@@ -114,7 +114,7 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
     """One run's row: its factors, taus, tokens, plateau, lead fraction and snap statistics."""
     cfg = run.config
     metrics = run.metrics()
-    summary = run.summary() or {}
+    summary = run.summary or {}
     # the selector task's factors; another task's runs are told apart by its name (no D / K fits)
     direction, progress = getattr(cfg.task, "direction", cfg.task_name), run.progress
     log_k = progress.height

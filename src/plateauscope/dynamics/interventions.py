@@ -112,7 +112,7 @@ def intervention_rows(sweep_dir: str | Path, with_baselines: bool = False) -> li
         base_dir = path / str(base_name)
         if base_name is None or not (base_dir / rd.SUMMARY_FILE).exists():
             continue
-        summary, tau_0 = run.summary() or {}, rd.read_json(base_dir / rd.SUMMARY_FILE).get("tau")
+        summary, tau_0 = run.summary or {}, rd.read_json(base_dir / rd.SUMMARY_FILE).get("tau")
         metrics = run.metrics()
         if not metrics:
             continue

@@ -98,7 +98,7 @@ def llc_rows(sweep_dir: str | Path) -> list[dict[str, Any]]:
         if not llc_file.exists():
             continue
         run, llc = Run(path), rd.read_json(llc_file)
-        window = plateau_window((run.summary() or {}).get("plateau_span"))
+        window = plateau_window((run.summary or {}).get("plateau_span"))
         sel_file = analysis_dir(path) / SELECTOR_FILE
         rules = (rd.read_json(sel_file) if sel_file.exists() else {}).get("t_form_rules") or {}
         row = {"name": name, "seed": run.config.train.seed, "tau": llc["tau"], "window": window,

@@ -148,7 +148,7 @@ def resolve_relative(spec: SweepSpec, point: Point, out: Path) -> Point:
         options["hide_cue_until"] = max(1, round(options.pop("hide_cue_at") * tau))
     if "transplant" in options and "donor" not in options:
         base = rd.Run(base_dir)
-        options["donor"] = str(base.checkpoint_path(base.steps()[-1]).resolve())
+        options["donor"] = str(base.checkpoint_path(base.steps[-1]).resolve())
     return dataclasses.replace(point, cfg=point_config(spec, options))
 
 

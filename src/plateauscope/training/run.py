@@ -81,6 +81,7 @@ class Run:
         """The plateau height of the progress measure (log K for the selector task)."""
         return self.progress.height
 
+    @property
     def steps(self) -> list[int]:
         """Steps with a checkpoint, ascending."""
         folder = self.path / CHECKPOINT_DIR
@@ -92,12 +93,12 @@ class Run:
         """The checkpoint file of ``step``, or a one-line RunError naming the steps that exist."""
         path = self.path / CHECKPOINT_DIR / checkpoint_name(step)
         if not path.is_file():
-            have = self.steps()
+            have = self.steps
             span = f"{have[0]}..{have[-1]}, {len(have)} checkpoints" if have else "none"
             raise RunError(f"{self.path}: no checkpoint at step {step} (steps: {span})")
         return path
 
-    def load_model(self, step: int, device: str | torch.device = "cpu", backend: str | None = None) -> Model:
+    def model(self, step: int, device: str | torch.device = "cpu", backend: str | None = None) -> Model:
         """The model at ``step``, in eval mode, on ``backend`` (``hooked``: TransformerLens 3.x
         HookedTransformer, ``bridge``: 4.x TransformerBridge; None: the installed one). An
         uninstalled backend raises ``plateauscope.backend.BackendError`` (one line).
@@ -117,13 +118,14 @@ class Run:
     def models(self, steps: list[int] | None = None, device: str = "cpu",
                backend: str | None = None) -> Iterator[tuple[int, Model]]:
         """Lazily load the series, one model at a time."""
-        for step in self.steps() if steps is None else steps:
-            yield step, self.load_model(step, device, backend)
+        for step in self.steps if steps is None else steps:
+            yield step, self.model(step, device, backend)
 
     def metrics(self) -> list[dict]:
         """The records of ``metrics.jsonl``, one per evaluation."""
         return read_jsonl(self.path / METRICS_FILE)
 
+    @property
     def summary(self) -> dict | None:
         """``summary.json``, or None while the run is unfinished."""
         path = self.path / SUMMARY_FILE
@@ -132,7 +134,7 @@ class Run:
     def plateau(self) -> dict | None:
         """The plateau verdict block: ``summary.json``'s, or computed from the metrics and the task for
         runs written before it existed (None for a task without references, or an empty run)."""
-        summary = self.summary() or {}
+        summary = self.summary or {}
         if "plateau" in summary:
             return summary["plateau"]
         records = self.metrics() if (self.path / METRICS_FILE).exists() else []

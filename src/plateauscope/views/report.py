@@ -100,7 +100,7 @@ def _views(run: Run, step: int, layers: Sequence[int], examples: Sequence[int],
     """Per-layer views and, when ``top_heads`` is not empty, one view per example of just those heads."""
     task = run.task()
     tokens = task.tokens[list(examples)]
-    patterns = attention_patterns(run.load_model(step), tokens, task.input_len)  # [N, L, H, q, k]
+    patterns = attention_patterns(run.model(step), tokens, task.input_len)  # [N, L, H, q, k]
     sel = tuple(selector_head) if selector_head is not None else None
     out, top = [], []
     for n, ex in enumerate(examples):
@@ -153,7 +153,7 @@ def _bracket(b: Sequence[float | int] | None, fmt: str = "{}") -> str:
 def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, Any],
                  snap: dict[str, Any]) -> list[tuple[str, str]]:
     """The summary table as ``(name, value)`` text pairs."""
-    summary = run.summary() or {}
+    summary = run.summary or {}
     sel = selector
     span = summary.get("plateau_span")
     set0 = next((r.get("set_loss") for r in metrics if r.get("set_loss") is not None), None)
@@ -200,7 +200,7 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
           if snap["n_groups"] else []),
         ("attribution vs exact patching (heads)",
          f"Spearman median {median(agree):.3f}, min {min(agree):.3f} over {len(agree)} steps" if agree else "n/a"),
-        ("analysed checkpoints", f"{sel.get('analysed_steps')} of {len(run.steps())}"),
+        ("analysed checkpoints", f"{sel.get('analysed_steps')} of {len(run.steps)}"),
     ]
     return rows
 
@@ -278,7 +278,7 @@ def build_overview(run_dir: str | Path) -> tuple[str, str]:
     trained the run (the last of ``summary.json``'s ``machines``, when recorded)."""
     run = Run(run_dir)
     analysis, sel = _analysed(run)
-    machines = (run.summary() or {}).get("machines") or []
+    machines = (run.summary or {}).get("machines") or []
     return overview_svg(run.metrics(), analysis["attention"], sel, run.progress, run.plateau(),
                         describe(machines[-1]) if machines else None)
 
@@ -295,7 +295,7 @@ def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str
              f'<p class="sub">{html.escape(str(run.path.resolve()))} - preset {html.escape(cfg.preset or "none")}, '
              f"task {html.escape(run.task().describe())}, {len(run.task().tokens)} sequences; "
              f"{cfg.model.n_layers} layers x {cfg.model.n_heads} heads, d_model {cfg.model.d_model}; "
-             f"{len(run.steps())} checkpoints up to step {run.steps()[-1] if run.steps() else 'n/a'}</p>",
+             f"{len(run.steps)} checkpoints up to step {run.steps[-1] if run.steps else 'n/a'}</p>",
              "<h2>Summary</h2>", table_html(summary_rows(run, metrics, sel, snap))]
     svg, caption = build_overview(run.path)
     parts += ["<h2>At a glance</h2>", f'<div class="figure">{svg}</div>', f'<p class="caption">{html.escape(caption)}</p>']
@@ -318,8 +318,8 @@ def _attention_section(run: Run, sel: dict[str, Any], n_examples: int, seed: int
     head = sel.get("head")
     layers = sorted({0, int(head[0])}) if head else [0]
     tau = sel.get("tau")
-    moments = moment_steps(run.steps(), sel.get("plateau_start"), tau, sel.get("t_form"))
-    targets = moment_targets(run.steps(), sel.get("plateau_start"), tau, sel.get("t_form"))
+    moments = moment_steps(run.steps, sel.get("plateau_start"), tau, sel.get("t_form"))
+    targets = moment_targets(run.steps, sel.get("plateau_start"), tau, sel.get("t_form"))
     tops = top_heads(sel)
     examples = run.task().sample_examples(n_examples, seed).tolist()
     parts = ["<h2>Attention patterns (CircuitsVis)</h2>",
