@@ -8,8 +8,8 @@ Trains a preset (default ``ci``) for each seed (model and data seed varied toget
   positions, float32;
 * ``hooked``: ``--forward hooked``, HookedTransformer's own forward, float32 (every run before
   the fused forward existed);
-* ``bf16``: the fused forward under CPU bf16 autocast. Not an option of ``plateauscope.training.train``: it is
-  measured here to decide whether it should become one.
+* ``bf16``: the fused forward and backward under CPU bf16 autocast (a ``TrainingHooks.step_context``). Not a
+  training option: it is measured here to decide whether it should become one.
 
 Each run is analysed (``plateauscope.analysis.analyze``, every 10th checkpoint; cached), and the bench prints
 per mode the median over seeds, with a bootstrap 95% interval of the median, of tau, the plateau's
@@ -23,47 +23,31 @@ interval. Runs already trained are reused, so a second call only prints.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 
-import plateauscope.training.train as train_module
 from plateauscope.analysis.analyze import analyze_run
 from plateauscope.analysis.results import median
 from plateauscope.dynamics import bootstrap_median, run_row
-from plateauscope.training.fused import fused_logits
 from plateauscope.training.presets import get_preset
 from plateauscope.training.run import Run
-from plateauscope.training.train import train
+from plateauscope.training.train import NO_HOOKS, TrainingHooks, train
 
 MODES = ("fused", "trimmed", "hooked", "bf16")
-
-
-@contextlib.contextmanager
-def bf16_autocast() -> Iterator[None]:
-    """The training loop's fused forward under CPU bf16 autocast (logits back in float32)."""
-    def logits(*args):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            return fused_logits(*args).float()
-
-    train_module.fused_logits = logits
-    try:
-        yield
-    finally:
-        train_module.fused_logits = fused_logits
 
 
 def train_mode(preset: str, mode: str, seed: int, out: Path) -> float:
     """Train (or finish) one run; its wall seconds per step as logged (``wall_s`` of the last record)."""
     cfg = get_preset(preset).replace(seed=seed, forward="fused" if mode == "bf16" else mode)
     cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, seed=seed))  # the data seed too
-    with bf16_autocast() if mode == "bf16" else contextlib.nullcontext():
-        train(cfg, out, resume=out.exists(), device="cpu", progress=False)
+    # bf16: the fused forward and backward under CPU autocast (the loss itself autocasts to float32)
+    hooks = TrainingHooks(step_context=lambda: torch.autocast("cpu", dtype=torch.bfloat16)) if mode == "bf16" \
+        else NO_HOOKS
+    train(cfg, out, resume=out.exists(), device="cpu", progress=False, hooks=hooks)
     last = Run(out).metrics()[-1]
     return last["wall_s"] / max(last["step"], 1)
 

@@ -40,7 +40,6 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-import plateauscope.training.train as train_module
 from plateauscope.tasks.loading import build_task
 from plateauscope.training import run as rd
 from plateauscope.training.config import RunConfig
@@ -48,7 +47,7 @@ from plateauscope.training.fused import fused_logits
 from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
 from plateauscope.training.presets import get_preset
 from plateauscope.training.schedule import resume_steps, scheduled_steps
-from plateauscope.training.train import adamw, train
+from plateauscope.training.train import TrainingHooks, adamw, train
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -164,24 +163,16 @@ def measured_eval_share(cfg: RunConfig, steps: int) -> tuple[list[tuple[bool, fl
     """Train ``cfg`` for ``steps`` steps (its own schedule, no early stop) with every evaluation timed:
     ([(whether it scored the tracked examples, seconds)] per evaluation, wall seconds of the whole run)."""
     spent: list[tuple[bool, float]] = []
-    inner = train_module.evaluation_record
+    tracked_every = cfg.train.tracked_every
 
-    def timed(model, task, evalset, *a, **kw):
+    def on_evaluation(record: dict, seconds: float) -> None:
+        spent.append((tracked_every is None or record["step"] % tracked_every == 0, seconds))
+
+    with tempfile.TemporaryDirectory() as d:
         t0 = time.perf_counter()
-        try:
-            return inner(model, task, evalset, *a, **kw)
-        finally:
-            tracked = len(getattr(evalset, "tracked_seqs", ())) > 0
-            spent.append((tracked, time.perf_counter() - t0))
-
-    train_module.evaluation_record = timed
-    try:
-        with tempfile.TemporaryDirectory() as d:
-            t0 = time.perf_counter()
-            train(cfg.replace(max_steps=steps, stop_after_tau=None), Path(d) / "run", device="cpu", progress=False)
-            wall = time.perf_counter() - t0
-    finally:
-        train_module.evaluation_record = inner
+        train(cfg.replace(max_steps=steps, stop_after_tau=None), Path(d) / "run", device="cpu", progress=False,
+              hooks=TrainingHooks(on_evaluation=on_evaluation))
+        wall = time.perf_counter() - t0
     return spent, wall
 
 

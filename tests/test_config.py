@@ -34,7 +34,7 @@ def test_replace_routes_flat_overrides():
     cfg = get_preset("ci").replace(K=3, lr=3e-3, seed=7)
     assert cfg.task.K == 3 and cfg.train.lr == 3e-3
     assert cfg.model.seed == 7 and cfg.train.seed == 7 and cfg.task.seed == get_preset("ci").task.seed
-    with pytest.raises(ConfigError, match="no config field named 'Kay'"):
+    with pytest.raises(ConfigError, match="no option named 'Kay': the selector task has n_b, K, "):
         cfg.replace(Kay=3)
 
 

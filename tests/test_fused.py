@@ -219,3 +219,17 @@ def test_trimmed_refuses_a_task_with_its_own_loss_in_one_line(tmp_path):
     with pytest.raises(ConfigError, match="--forward trimmed does not support positional_embedding_type=rotary"):
         train(cfg.replace(positional_embedding_type="rotary"), tmp_path / "r", device="cpu", progress=False)
     assert not (tmp_path / "r").exists()
+
+
+def test_a_seed_ensemble_calls_the_same_hooks(tmp_path):
+    from plateauscope.training.train import TrainingHooks
+
+    cfg = get_preset("tiny").replace(max_steps=6)
+    losses, evaluations = [], []
+    hooks = TrainingHooks(on_step=lambda step, loss: losses.append((step, tuple(loss.shape))),
+                          on_evaluation=lambda record, seconds: evaluations.append(record["step"]))
+    outs = [tmp_path / f"member{s}" for s in (0, 1)]
+    train_ensemble([cfg.replace(seed=s) for s in (0, 1)], outs, device="cpu", progress=False, hooks=hooks)
+    assert losses == [(step, (2,)) for step in range(1, 7)]
+    member_steps = [r["step"] for r in rd.read_jsonl(outs[0] / rd.METRICS_FILE)]
+    assert sorted(evaluations) == sorted(member_steps * 2)

@@ -160,7 +160,7 @@ def test_cli(tmp_path, capsys, monkeypatch):
         (["--out", str(out)], "give --preset"),
         (["--preset", "tiny", "--grid", "K=3", "--out", str(out)], "not both"),
         (["--base", "tiny", "--grid", "K", "--out", str(out)], "expects KEY=VALUE"),
-        (["--base", "tiny", "--grid", "bogus=1", "--out", str(out)], "no config field named 'bogus'"),
+        (["--base", "tiny", "--grid", "bogus=1", "--out", str(out)], "no option named 'bogus': the selector task has"),
         (["--preset", "tiny", "--seeds", "a,b", "--out", str(out)], "invalid literal"),
         (["--preset", "tiny", "--workers", "0", "--out", str(out)], "--workers must be at least 1"),
     ]

@@ -177,7 +177,7 @@ def test_cli_errors_are_one_line_with_exit_2(tmp_path, capsys):
     cases = [
         (["--preset", "tiny", "--out", str(out), "--no-progress"], "already holds a run"),
         (["--preset", "tiny", "--out", str(out), "--resume", "--lr", "0.5", "--no-progress"], "different configuration"),
-        (["--preset", "tiny", "--K", "2000", "--out", str(tmp_path / "d")], "K=2000 is larger"),
+        (["--preset", "tiny", "--set", "K=2000", "--out", str(tmp_path / "d")], "K=2000 is larger"),
         (["--preset", "tiny", "--batch-size", "9999", "--out", str(tmp_path / "e")], "larger than the data set"),
         (["--preset", "tiny", "--device", "tpu", "--out", str(tmp_path / "g")], "--device must be"),
     ]
@@ -222,3 +222,29 @@ def test_summary_lists_the_machine_and_a_resume_elsewhere_warns(tmp_path, caplog
     assert len(warnings) == 1 and "Some Other CPU [avx2]" in warnings[0] and "not bit-identical" in warnings[0]
     assert "\n" not in warnings[0]
     assert summary["machines"] == [other, here]
+
+
+def test_hooks_see_every_step_and_evaluation_and_change_nothing(tmp_path):
+    from plateauscope.training.train import TrainingHooks
+
+    cfg = get_preset("tiny").replace(max_steps=12)
+    steps, evaluations, entered = [], [], []
+
+    class Counting:
+        def __enter__(self):
+            entered.append(1)
+
+        def __exit__(self, *exc):
+            return False
+
+    hooks = TrainingHooks(on_step=lambda step, loss: steps.append((step, float(loss))),
+                          on_evaluation=lambda record, seconds: evaluations.append((record["step"], seconds)),
+                          step_context=Counting)
+    train(cfg, tmp_path / "hooked", device="cpu", progress=False, hooks=hooks)
+    train(cfg, tmp_path / "plain", device="cpu", progress=False)
+    records = Run(tmp_path / "hooked").metrics()
+    assert [s for s, _ in steps] == list(range(1, 13)) and len(entered) == 12
+    assert [s for s, _ in evaluations] == [r["step"] for r in records] and all(t >= 0 for _, t in evaluations)
+    assert all(math.isfinite(loss) for _, loss in steps)
+    strip = lambda rs: [{k: v for k, v in r.items() if k != "wall_s"} for r in rs]  # noqa: E731
+    assert strip(records) == strip(Run(tmp_path / "plain").metrics())

@@ -1,4 +1,4 @@
-"""Head ablation: which heads the model needs to use z.
+"""Head ablation: which heads the model needs to use the task's cue.
 
 Method: replace one head's output (``hook_z`` of its layer, ``[batch, pos, head, d_head]``,
 i.e. the head's contribution before ``W_O``) on every position, and score the eval set again:

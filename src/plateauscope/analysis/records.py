@@ -109,6 +109,10 @@ class FormationTime:
     t_form_bracket: tuple[int, int] | None
     lead_fraction: float | None
     lead_bracket: tuple[float, float] | None
+    start_value: float | None
+    """The rule's signal at the plateau start (None for a threshold rule)."""
+    final_value: float | None
+    """The rule's signal at the last analysed step (None for a threshold rule)."""
 
 
 @dataclass(frozen=True)
@@ -189,7 +193,7 @@ def _edges(r: dict[str, Any]) -> EdgesAtStep:
 
 def _formation(r: dict[str, Any]) -> FormationTime:
     return FormationTime(r.get("t_form"), _pair(r.get("t_form_bracket")), r.get("lead_fraction"),
-                         _pair(r.get("lead_bracket")))
+                         _pair(r.get("lead_bracket")), r.get("start_value"), r.get("final_value"))
 
 
 def _summary(r: dict[str, Any]) -> RoutingSummary:

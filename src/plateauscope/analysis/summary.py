@@ -97,7 +97,7 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
     return {
         "head": [layer, head],
         "label": f"L{layer}H{head}",
-        "rule": "argmax over heads of attention-to-z x max(normalised head patching effect, 0) at the final analysed step",
+        "rule": "argmax over heads of attention to the cue x max(normalised head patching effect, 0) at the final analysed step",
         "scores": scores,
         "tau": tau,
         "tau_bracket": [tau_lo, tau] if tau is not None else None,
@@ -144,8 +144,10 @@ def format_summary(s: dict[str, Any], progress: ProgressMeasure | None = None) -
             lines.append(f"ablation {name:<12} step {a['step']:>6}: {label} {a['base_candidate_loss']:.3f} -> "
                          f"zero {a['zero_candidate_loss']:.3f}, mean {a['mean_candidate_loss']:.3f} ({hl} = {s['log_k']:.3f})")
     lines.append(f"falls back to the marginal when ablated at the end: {s['falls_back_to_marginal']}")
+    cue_effect = progress.cue_effect_key if progress and progress.cue_effect_key else "cue effect"
     for rule, r in (s.get("t_form_rules") or {}).items():
         lb = [round(x, 3) for x in r["lead_bracket"]] if r["lead_bracket"] else None
+        rule = cue_effect if rule == "delta_z" else rule  # the threshold rule on the task's cue-effect field
         lines.append(f"t_form {rule:<12} {na(r['t_form'], '{}'):>6}  bracket {r['t_form_bracket']}  lead "
                      f"{na(r['lead_fraction'])}  bracket {lb}")
     for name, r in (s.get("attention_rules") or {}).items():

@@ -42,17 +42,18 @@ def main(argv: list[str] | None = None) -> int:
             raise CliError(f"--groups must be at least 1, got {args.groups}")
         model = run.model(step, device=args.device, backend=args.backend)
         res = ablate_each_head(model, run.task(), args.kind, args.groups, args.seed)
-        log_k = run.log_k
+        log_k, progress = run.log_k, run.progress
+        label, height = progress.label, progress.height_label
+        cue = f", {progress.cue_effect_key} {res.base['delta_z']:.3f}" if progress.cue_effect_key else ""
         print(f"{run.path} step {step}: {args.kind} ablation of each head, {res.n_groups} eval groups; "
-              f"unablated candidate loss {res.base['candidate_loss']:.3f} (log K {log_k:.3f}), "
-              f"delta_z {res.base['delta_z']:.3f}")
-        print("\nchange in candidate loss (ablated - unablated)")
+              f"unablated {label} {res.base['candidate_loss']:.3f} ({height} {log_k:.3f}){cue}")
+        print(f"\nchange in {label} (ablated - unablated)")
         print(format_table(*head_table(res.d_candidate_loss)))
         i = int(res.d_candidate_loss.flatten().argmax())
         layer, head = divmod(i, model.cfg.n_heads)
         back = falls_back_to_marginal(res, layer, head, log_k)
-        print(f"\nlargest effect: L{layer}H{head}, candidate loss {float(res.candidate_loss[layer, head]):.3f}; "
-              f"falls back to the marginal (within 0.25 log K of log K): {'yes' if back else 'no'}")
+        print(f"\nlargest effect: L{layer}H{head}, {label} {float(res.candidate_loss[layer, head]):.3f}; "
+              f"falls back to the marginal (within 0.25 {height} of {height}): {'yes' if back else 'no'}")
         falls_back = [[falls_back_to_marginal(res, la, h, log_k) for h in range(model.cfg.n_heads)]
                       for la in range(model.cfg.n_layers)]
         write_json(args.json, {"run": str(run.path), "step": step, "seed": args.seed, "log_k": log_k,

@@ -62,12 +62,16 @@ class ProgressMeasure:
     cue_effect_key: str | None = None
     """A logged field that is ~0 while the cue is ignored and large once it is used (``delta_z``);
     the plateau requires it below ``0.1 height``. None: no such field."""
-    label: str = "candidate loss"
-    """A name for figures and captions."""
-    height_label: str = "log K"
-    """How captions write the height."""
-    cue_label: str = "Δz"
-    """How captions write the cue effect."""
+    label: str = ""
+    """A name for figures and captions (default: ``key`` with spaces)."""
+    height_label: str = "the plateau height"
+    """How captions write the height (the selector task: log K)."""
+    cue_label: str = "cue effect"
+    """How captions write the cue effect (the selector task: Δz)."""
+
+    def __post_init__(self) -> None:
+        if not self.label:
+            object.__setattr__(self, "label", self.key.replace("_", " "))
 
     def crossed(self, record: dict, threshold: float = 0.5) -> bool:
         """Whether one ``metrics.jsonl`` record has made the drop (below / above the threshold)."""

@@ -246,8 +246,9 @@ class SelectorTask(Task):
     def progress(self) -> ProgressMeasure:
         """Candidate loss against log K going backward; exact-match accuracy forward (no candidates)."""
         if self.cfg.direction == "backward":
-            return ProgressMeasure("candidate_loss", self.cfg.log_k, "log_k", True, "delta_z", "candidate loss")
-        return ProgressMeasure("accuracy", self.cfg.log_k, "log_k", False, None, "exact-match accuracy")
+            return ProgressMeasure("candidate_loss", self.cfg.log_k, "log_k", True, "delta_z", "candidate loss",
+                                   "log K", "Δz")
+        return ProgressMeasure("accuracy", self.cfg.log_k, "log_k", False, None, "exact-match accuracy", "log K", "Δz")
 
     def build_evalset(self, n_eval: int, n_tracked: int, seed: int) -> Any:
         """``plateauscope.tasks.selector_metrics.EvalSet``: the seeded evaluation and tracked groups."""

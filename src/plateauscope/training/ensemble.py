@@ -59,12 +59,15 @@ from plateauscope.tasks.base import Task
 from plateauscope.tasks.loading import build_task, canonical_task_name
 from plateauscope.training import run as rd
 from plateauscope.training.config import ConfigError, RunConfig
+from plateauscope.training.files import load_resume_point, save_checkpoint_and_state
 from plateauscope.training.interventions import has_interventions
 from plateauscope.training.machine import machine_record
 from plateauscope.training.metrics import compute_tau
 from plateauscope.training.model import build_hooked_transformer
 from plateauscope.training.schedule import resume_steps, scheduled_steps
 from plateauscope.training.train import (
+    NO_HOOKS,
+    TrainingHooks,
     adamw,
     check_forward,
     deterministic,
@@ -73,11 +76,9 @@ from plateauscope.training.train import (
     evaluation_sets,
     finish,
     fused_loss,
-    load_resume_point,
     machines_on_resume,
     prepare_run_dir,
     resolve_device,
-    save_checkpoint_and_state,
     stop_due,
     train_step,
 )
@@ -185,12 +186,14 @@ def resume_step(out: Path) -> int:
 
 @deterministic
 def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bool = False, device: str = "auto",
-                   progress: bool = True, stop_at_step: int | None = None) -> list[dict]:
+                   progress: bool = True, stop_at_step: int | None = None,
+                   hooks: TrainingHooks = NO_HOOKS) -> list[dict]:
     """Train S runs that differ only in their seed as one vectorised model; one summary per run.
 
     Each ``out_dirs[i]`` receives the run directory a solo ``train(cfgs[i], out_dirs[i])`` would
     write. ``resume`` continues killed members and skips complete ones; ``stop_at_step``
-    abandons every member after that step, as a kill would (for tests).
+    abandons every member after that step, as a kill would (for tests); ``hooks`` are the solo
+    loop's (:class:`plateauscope.training.train.TrainingHooks`).
     """
     if not cfgs or len(cfgs) != len(out_dirs):
         raise ConfigError(f"an ensemble needs one run directory per config, got {len(cfgs)} and {len(out_dirs)}")
@@ -281,9 +284,12 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
             # 1. Evaluate each member on its fixed evaluation set, as a solo run would.
             if step in eval_steps:
                 for j, m in enumerate(members):
+                    started = time.perf_counter()
                     evaluator.load_state_dict(member_weights(j), strict=False)
                     record = evaluation_record(evaluator, task, evaluation_set(m.evalsets, step, tc), step, tc,
-                                               time.perf_counter() - m.t0)
+                                               started - m.t0)
+                    if hooks.on_evaluation:
+                        hooks.on_evaluation(record, time.perf_counter() - started)
                     m.records.append(record)
                     m.metrics_file.write(json.dumps(record) + "\n")
                     m.metrics_file.flush()
@@ -326,9 +332,12 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
 
             # 5-6. All members' losses in one vectorised pass, then the solo run's update step
             # (their summed loss has each member's own gradient; clipping is per member).
-            train_step(lambda b: ensemble_loss(template, params, buffers, b, task, tc.forward), batches, optimizer,
-                       tc, step, clip=lambda max_norm: clip_member_grads(params, max_norm))
+            with hooks.step_context():
+                loss = train_step(lambda b: ensemble_loss(template, params, buffers, b, task, tc.forward), batches,
+                                  optimizer, tc, step, clip=lambda max_norm: clip_member_grads(params, max_norm))
             step += 1
+            if hooks.on_step:
+                hooks.on_step(step, loss)
             bar.update(1)
     finally:
         for m in members:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 import re
 import tempfile
 from pathlib import Path
@@ -118,6 +119,62 @@ def load_resume_state(path: Path) -> dict[str, Any]:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any failure means the same thing to the user
         raise RunError(f"{path}: cannot read the resume state ({_one_line(e)})") from None
+
+
+@dataclass
+class ResumePoint:
+    """What ``resume.pt`` and the latest checkpoint hold: enough to continue bit for bit."""
+
+    step: int
+    weights: dict[str, torch.Tensor]
+    optimizer: dict
+    """``torch.optim.AdamW.state_dict()`` of the run's parameters (in ``model.parameters()`` order)."""
+    data_gen: torch.Tensor
+    perm: torch.Tensor
+    cursor: int
+    wall_s: float
+    torch_rng: torch.Tensor
+    records: list[dict]
+    """Metrics before ``step`` (the loop evaluates ``step`` again; anything later came from the
+    killed process), or up to and including it when the run is complete."""
+    complete: bool
+    """The run had finished: nothing is left to train."""
+    backend: str = "hooked"
+    """The backend that trained the run (resume states written before backends existed: hooked)."""
+    machines: list[dict] = field(default_factory=list)
+    """The machines that trained the run so far (``plateauscope.training.machine.machine_record``), in order;
+    empty for resume states written before they were recorded."""
+
+
+def load_resume_point(out: Path, max_steps: int) -> ResumePoint | None:
+    """The state to resume the run in ``out`` from, or None when it has none (a fresh start)."""
+    resume_path = out / RESUME_FILE
+    if not resume_path.exists():
+        return None
+    state = load_resume_state(resume_path)
+    step = int(state["step"])
+    weights, _ = load_checkpoint(out / CHECKPOINT_DIR / checkpoint_name(step))
+    summary_path = out / SUMMARY_FILE
+    complete = step >= max_steps or (summary_path.exists() and bool(read_json(summary_path).get("complete")))
+    return ResumePoint(step=step, weights=weights, optimizer=state["optimizer"], data_gen=state["data_gen"],
+                       perm=state["perm"], cursor=int(state["cursor"]), wall_s=float(state["wall_s"]),
+                       torch_rng=state["torch_rng"], complete=complete, backend=str(state.get("backend", "hooked")),
+                       machines=list(state.get("machines", [])),
+                       records=[r for r in read_jsonl(out / METRICS_FILE)
+                                if r["step"] < step or (complete and r["step"] == step)])
+
+
+def save_checkpoint_and_state(out: Path, step: int, weights: dict[str, torch.Tensor], optimizer: dict | None,
+                              data_gen: torch.Generator, perm: torch.Tensor, cursor: int, wall_s: float,
+                              backend: str = "hooked", machines: list[dict] | None = None) -> None:
+    """Checkpoint the weights (HookedTransformer layout); at a resume point (an ``optimizer`` state
+    given, not None), also write the state needed to resume exactly from here, with the backend
+    whose parameter order the optimiser state follows and the machines that trained the run so far."""
+    save_checkpoint(out / CHECKPOINT_DIR / checkpoint_name(step), weights, step)
+    if optimizer is not None:
+        save_resume_state(out / RESUME_FILE, {
+            "step": step, "optimizer": optimizer, "data_gen": data_gen.get_state(), "perm": perm, "cursor": cursor,
+            "wall_s": wall_s, "torch_rng": torch.get_rng_state(), "backend": backend, "machines": machines or []})
 
 
 def read_json(path: Path) -> Any:

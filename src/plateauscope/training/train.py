@@ -10,6 +10,7 @@ and RNG state, so the weights after N + M steps equal those of an uninterrupted 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import functools
 import json
@@ -36,6 +37,7 @@ from plateauscope.tasks.base import ProgressMeasure, Task, TaskError
 from plateauscope.tasks.loading import build_task, canonical_task_name
 from plateauscope.training import run as rd
 from plateauscope.training.config import ConfigError, RunConfig, TrainConfig
+from plateauscope.training.files import load_resume_point, save_checkpoint_and_state
 from plateauscope.training.fused import fused_logits, unsupported_reason
 from plateauscope.training.interventions import (
     Interventions,
@@ -84,9 +86,28 @@ def deterministic(fn: Callable[P, R]) -> Callable[P, R]:
     return wrapper
 
 
+@dataclass(frozen=True)
+class TrainingHooks:
+    """What the training loop calls besides its own steps (the benches time the loop with these).
+    A hook observes; it must not change the model, the optimiser or the data order."""
+
+    on_step: Callable[[int, Tensor], None] | None = None
+    """After each update: the number of updates so far and the step's detached loss (one per member
+    in a seed ensemble)."""
+    on_evaluation: Callable[[dict, float], None] | None = None
+    """After each evaluation: its ``metrics.jsonl`` record and the seconds the evaluation took (once
+    per member in a seed ensemble)."""
+    step_context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    """A context entered around each step's forward and backward, e.g. ``torch.autocast``."""
+
+
+NO_HOOKS = TrainingHooks()
+
+
 @deterministic
 def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str = "auto",
-          progress: bool = True, stop_at_step: int | None = None, backend: str | None = None) -> dict:
+          progress: bool = True, stop_at_step: int | None = None, backend: str | None = None,
+          hooks: TrainingHooks = NO_HOOKS) -> dict:
     """Train one run into ``out_dir`` and return its summary.
 
     ``backend``: ``hooked`` (TransformerLens 3.x HookedTransformer) or ``bridge`` (4.x
@@ -168,9 +189,12 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
             # 1. Evaluate on the fixed evaluation set (no training RNG is touched).
             stop = False
             if step in eval_steps:
+                started = time.perf_counter()
                 with interventions.applied(model, step):
                     record = evaluation_record(model, task, evaluation_set(evalsets, step, tc), step, tc,
-                                               time.perf_counter() - t0)
+                                               started - t0)
+                if hooks.on_evaluation:
+                    hooks.on_evaluation(record, time.perf_counter() - started)
                 records.append(record)
                 metrics_file.write(json.dumps(record) + "\n")
                 metrics_file.flush()
@@ -195,10 +219,12 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
 
             # 4-5. The task's loss (on its loss positions: logits at p predict the token at p + 1),
             # then the update: warmup, backward, clipping, AdamW (the step the seed ensemble takes too).
-            with interventions.applied(model, step):
-                train_step(loss_of, batch, optimizer, tc, step,
-                           clip=lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
+            with interventions.applied(model, step), hooks.step_context():
+                loss = train_step(loss_of, batch, optimizer, tc, step,
+                                  clip=lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
             step += 1
+            if hooks.on_step:
+                hooks.on_step(step, loss)
             bar.update(1)
     finally:
         metrics_file.close()
@@ -321,62 +347,6 @@ def _differences(a: dict, b: dict, prefix: str = "") -> list[tuple[str, object, 
         elif x != y:
             out.append((f"{prefix}{key}", x, y))
     return out
-
-
-@dataclass
-class ResumePoint:
-    """What ``resume.pt`` and the latest checkpoint hold: enough to continue bit for bit."""
-
-    step: int
-    weights: dict[str, torch.Tensor]
-    optimizer: dict
-    """``torch.optim.AdamW.state_dict()`` of the run's parameters (in ``model.parameters()`` order)."""
-    data_gen: torch.Tensor
-    perm: torch.Tensor
-    cursor: int
-    wall_s: float
-    torch_rng: torch.Tensor
-    records: list[dict]
-    """Metrics before ``step`` (the loop evaluates ``step`` again; anything later came from the
-    killed process), or up to and including it when the run is complete."""
-    complete: bool
-    """The run had finished: nothing is left to train."""
-    backend: str = "hooked"
-    """The backend that trained the run (resume states written before backends existed: hooked)."""
-    machines: list[dict] = dataclasses.field(default_factory=list)
-    """The machines that trained the run so far (``plateauscope.training.machine.machine_record``), in order;
-    empty for resume states written before they were recorded."""
-
-
-def load_resume_point(out: Path, max_steps: int) -> ResumePoint | None:
-    """The state to resume the run in ``out`` from, or None when it has none (a fresh start)."""
-    resume_path = out / rd.RESUME_FILE
-    if not resume_path.exists():
-        return None
-    state = rd.load_resume_state(resume_path)
-    step = int(state["step"])
-    weights, _ = rd.load_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(step))
-    summary_path = out / rd.SUMMARY_FILE
-    complete = step >= max_steps or (summary_path.exists() and bool(rd.read_json(summary_path).get("complete")))
-    return ResumePoint(step=step, weights=weights, optimizer=state["optimizer"], data_gen=state["data_gen"],
-                       perm=state["perm"], cursor=int(state["cursor"]), wall_s=float(state["wall_s"]),
-                       torch_rng=state["torch_rng"], complete=complete, backend=str(state.get("backend", "hooked")),
-                       machines=list(state.get("machines", [])),
-                       records=[r for r in rd.read_jsonl(out / rd.METRICS_FILE)
-                                if r["step"] < step or (complete and r["step"] == step)])
-
-
-def save_checkpoint_and_state(out: Path, step: int, weights: dict[str, torch.Tensor], optimizer: dict | None,
-                              data_gen: torch.Generator, perm: torch.Tensor, cursor: int, wall_s: float,
-                              backend: str = "hooked", machines: list[dict] | None = None) -> None:
-    """Checkpoint the weights (HookedTransformer layout); at a resume point (an ``optimizer`` state
-    given, not None), also write the state needed to resume exactly from here, with the backend
-    whose parameter order the optimiser state follows and the machines that trained the run so far."""
-    rd.save_checkpoint(out / rd.CHECKPOINT_DIR / rd.checkpoint_name(step), weights, step)
-    if optimizer is not None:
-        rd.save_resume_state(out / rd.RESUME_FILE, {
-            "step": step, "optimizer": optimizer, "data_gen": data_gen.get_state(), "perm": perm, "cursor": cursor,
-            "wall_s": wall_s, "torch_rng": torch.get_rng_state(), "backend": backend, "machines": machines or []})
 
 
 def machines_on_resume(out: Path, before: list[dict], here: dict) -> list[dict]:
