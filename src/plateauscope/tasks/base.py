@@ -128,7 +128,13 @@ class Task(ABC):
 
     A subclass sets ``name`` and ``Config`` (a frozen dataclass with ``to_dict`` / ``from_dict``
     and ``validate``, e.g. built on ``plateauscope.training.config.JsonConfig``), and implements the abstract
-    members. ``generate(cfg)`` must be deterministic in the config.
+    members. ``generate(cfg)`` must be deterministic in the config. ``Config.validate()`` raises a
+    one-line ``plateauscope.errors.ConfigError`` for an impossible config (``JsonConfig``'s accepts
+    everything); ``plateauscope train --set KEY=VALUE`` sets a ``Config`` field.
+
+    Optional class attributes: ``default_model`` (a ``ModelConfig``) and ``default_train`` (a
+    ``TrainConfig``), what ``plateauscope train --task`` uses without a preset (default: their
+    defaults). The task is checked when it is loaded (``plateauscope.tasks.loading.build_task``).
     """
 
     name: ClassVar[str]
@@ -217,7 +223,11 @@ class Task(ABC):
         ``loss``, ``accuracy`` and the progress measure's fields."""
 
     def plateau_reference(self) -> dict | None:
-        """The exact know-nothing references of the plateau verdict (capability ``plateau_reference``)."""
+        """The exact know-nothing references of the plateau verdict (capability ``plateau_reference``),
+        or None for no verdict. A dict: ``metric`` (the logged field the verdict reads, default
+        ``set_loss``), ``marginal`` (its value once the marginal is learned, default 0), the metric's
+        own name -> its value for a model that knows nothing, and optionally ``global_marginal``
+        (``{metric: value}`` for a model that knows the data set's global marginal)."""
         return None
 
     def summary_fields(self) -> dict:
@@ -238,7 +248,9 @@ class Task(ABC):
 
     def cue_positions(self, tokens: Int[Tensor, "N seq"], query: int) -> Int[Tensor, "N C"]:
         """For each sequence, the positions of the cue that the query at position ``query`` must read
-        (``C = 0``: this task has no cue there). They may differ between sequences (induction)."""
+        (``C = 0``: this task has no cue there), a ``torch.long`` tensor. They may differ between
+        sequences (induction); a sequence with fewer than ``C`` cue positions pads its row with -1.
+        Every other entry must lie in ``[0, query]`` (the positions the query can attend to)."""
         return torch.empty(len(tokens), 0, dtype=torch.long)
 
     def attention_rules(self) -> dict[str, AttentionRule]:
