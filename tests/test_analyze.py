@@ -18,7 +18,7 @@ from plateauscope.analysis.results import (
     ATTENTION_FILE,
     CIRCUIT_FILE,
     PATCH_FILE,
-    SELECTOR_FILE,
+    ROUTING_FILE,
     analysis_dir,
     pick_steps,
 )
@@ -138,9 +138,9 @@ def test_other_settings_recompute_and_keep_both(ci_run, tmp_path):
     assert len(attention) == 2 * n_lines  # recomputed for the new settings, the old records kept
     assert sorted({r["settings"]["n_examples"] for r in attention}) == [32, 48]
     assert first["settings"]["n_examples"] == 32 and second["settings"]["n_examples"] == 48
-    # Records follow the settings asked for; by default those of the latest analysis (selector.json).
+    # Records follow the settings asked for; by default those of the latest analysis (routing.json).
     new = load_analysis(path)
-    assert json.loads((folder / SELECTOR_FILE).read_text())["settings"]["n_examples"] == 48
+    assert json.loads((folder / ROUTING_FILE).read_text())["settings"]["n_examples"] == 48
     assert all(r["settings"]["n_examples"] == 48 for r in new["attention"]) and new["selector"] is not None
     old = load_analysis(path, AnalysisSettings(n_examples=32, ablation_groups=2))
     assert [r["step"] for r in old["attention"]] == steps and old["selector"] is None
@@ -235,4 +235,23 @@ def test_circuit_cache_follows_its_settings(tiny_run, tmp_path):
     before = (folder / CIRCUIT_FILE).read_text()
     smoothed = analyze_run(path, n_exact=2, settings=AnalysisSettings(16, 0, 2, smooth=3), progress=False)
     assert (folder / CIRCUIT_FILE).read_text() == before and smoothed["smoothing"]["window"] == 3
-    assert json.loads((folder / SELECTOR_FILE).read_text())["settings"]["smooth"] == 3
+    assert json.loads((folder / ROUTING_FILE).read_text())["settings"]["smooth"] == 3
+
+
+def test_an_older_analysis_summary_is_read_and_then_replaced(tiny_run, tmp_path):
+    """Run directories analysed before the summary was renamed hold ``analysis/selector.json``: it is
+    read as the summary, and the next analysis writes ``routing.json`` in its place."""
+    from plateauscope.analysis.results import LEGACY_ROUTING_FILE
+    from plateauscope.views.report import write_report
+
+    run = Run(tiny_run)
+    path = copy_run(tiny_run, tmp_path / "tiny", steps=[run.steps[0], run.steps[-1]])
+    folder = analysis_dir(path)
+    settings = AnalysisSettings(n_examples=16, ablation_groups=2)
+    summary = analyze_run(path, n_exact=1, settings=settings, progress=False, edges=False)
+    (folder / ROUTING_FILE).rename(folder / LEGACY_ROUTING_FILE)
+    assert load_analysis(path)["selector"] == json.loads((folder / LEGACY_ROUTING_FILE).read_text())
+    assert load_analysis(path)["selector"]["head"] == summary["head"]
+    assert write_report(path).exists()  # the report finds the older summary
+    analyze_run(path, n_exact=1, settings=settings, progress=False, edges=False)
+    assert (folder / ROUTING_FILE).exists() and not (folder / LEGACY_ROUTING_FILE).exists()

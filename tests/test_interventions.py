@@ -247,10 +247,10 @@ def test_the_lead_is_counted_from_the_release_and_is_the_selectors_lead_without_
     rows = {r["name"]: r for r in intervention_rows(out, with_baselines=True)}
     assert len(rows) == 14 and list(rows)[:2] == ["ds0_seed0", "ds1_seed1"]  # the unmodified runs first
     assert rows["ds0_seed0"]["condition"] == "unmodified" and rows["ds0_seed0"]["wait_ratio"] == 1
-    rules = json.loads((base / "analysis" / "selector.json").read_text())["t_form_rules"]
+    rules = json.loads((base / "analysis" / "routing.json").read_text())["t_form_rules"]
     for rule in RULES:  # S = 0: the selector's own lead fraction
         assert rows["ds0_seed0"][f"lead_{rule}"] == pytest.approx(rules[rule]["lead_fraction"])
-    hidden_rules = json.loads((hidden / "analysis" / "selector.json").read_text())["t_form_rules"]
+    hidden_rules = json.loads((hidden / "analysis" / "routing.json").read_text())["t_form_rules"]
     r = rows["ds0_hide1_seed0"]
     t_form = hidden_rules["attention"]["t_form"]
     assert t_form is not None and t_form > r["S"]  # the cue was masked in the analysis too: nothing rose before S

@@ -20,7 +20,7 @@ Results go to ``RUN/analysis/`` as one JSON-lines file per analysis (``plateausc
 record stores the settings it was made with (:class:`AnalysisSettings`), and a second call only
 computes the steps that have no record with the same settings. Where exact and attribution patching both ran, their
 agreement (Spearman rank correlation, max error) is reported, so the fast mode can be trusted,
-or not, with numbers. ``selector.json`` (``plateauscope.analysis.summary``) holds the routing head, t_form, tau
+or not, with numbers. ``routing.json`` (``plateauscope.analysis.summary``) holds the routing head, t_form, tau
 and the lead fraction (``plateauscope.analysis.selector``), t_form and the lead by each of the three rules
 (``t_form_rules``) and the circuit verdict (``circuit``: ``single head`` / ``conjunctive`` / ``redundant`` /
 ``unresolved`` / ``none``).
@@ -63,13 +63,15 @@ from plateauscope.analysis.results import (
     CIRCUIT_FILE,
     EDGE_EXACT_FILE,
     EDGES_FILE,
+    LEGACY_ROUTING_FILE,
     PATCH_FILE,
     PATTERNS_FILE,
-    SELECTOR_FILE,
+    ROUTING_FILE,
     analysis_dir,
     append_records,
     load_records,
     pick_steps,
+    routing_summary_path,
     settings_key,
     write_json_result,
 )
@@ -137,8 +139,8 @@ class AnalysisSettings:
 
 
 def stored_settings(run_dir: str | Path) -> AnalysisSettings:
-    """The settings of the run's latest analysis (``selector.json``), or the defaults."""
-    path = analysis_dir(run_dir) / SELECTOR_FILE
+    """The settings of the run's latest analysis (``routing.json``), or the defaults."""
+    path = routing_summary_path(run_dir)
     stored = read_json(path).get("settings") if path.exists() else None
     return AnalysisSettings.from_dict(stored) if stored else AnalysisSettings()
 
@@ -153,7 +155,7 @@ def load_analysis(run_dir: str | Path, settings: AnalysisSettings | None = None)
     folder = analysis_dir(run_dir)
     out: dict[str, Any] = {name: load_records(folder / file, settings.for_cache(name))
                            for name, file in CACHE_FILES.items()}
-    sel_path = folder / SELECTOR_FILE
+    sel_path = routing_summary_path(run_dir)
     selector = read_json(sel_path) if sel_path.exists() else None
     out["selector"] = selector if selector and selector.get("settings") == settings.to_dict() else None
     return out
@@ -247,5 +249,6 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     cache = load_analysis(run.path, settings)
     result = {**summarize(run, cache, tau, records, settings.smooth),
               "edges": edges_summary(cache["edges"], cache["edge_exact"]), "settings": settings.to_dict()}
-    write_json_result(folder / SELECTOR_FILE, result)
+    write_json_result(folder / ROUTING_FILE, result)
+    (folder / LEGACY_ROUTING_FILE).unlink(missing_ok=True)  # an older analysis's summary, now replaced
     return result

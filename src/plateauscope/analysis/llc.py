@@ -52,12 +52,12 @@ from torch import Tensor
 from plateauscope.analysis.results import (
     LLC_FILE,
     LLC_SUMMARY_FILE,
-    SELECTOR_FILE,
     analysis_dir,
     cached_series,
     load_records,
     na,
     pick_steps,
+    routing_summary_path,
     write_json_result,
 )
 from plateauscope.tasks.base import Task
@@ -291,7 +291,7 @@ def llc_series(run_dir: str | Path, steps: list[int] | None = None, every: int =
     """The LLC over the chosen checkpoints, with the calibration and the landmarks; written to ``llc.json``.
 
     ``calib_step`` (default: the last chosen step) is where the draws are doubled. t_form comes
-    from ``selector.json`` (``plateauscope analyze``) when it exists; tau from ``metrics.jsonl``.
+    from ``routing.json`` (``plateauscope analyze``) when it exists; tau from ``metrics.jsonl``.
     """
     settings.validate()
     require_devinterp()
@@ -307,7 +307,7 @@ def llc_series(run_dir: str | Path, steps: list[int] | None = None, every: int =
         run.checkpoint_path(c_step)
         calibration = calibrate(run, c_step, settings, device, progress)
     tau = compute_tau(run.metrics(), run.progress)
-    sel_path = analysis_dir(run.path) / SELECTOR_FILE
+    sel_path = routing_summary_path(run.path)
     selector = read_json(sel_path) if sel_path.exists() else {}
     t_form = selector.get("t_form")
     summary = run.summary or {}
@@ -345,7 +345,7 @@ def format_summary(s: dict[str, Any]) -> str:
         if at:
             lines.append(f"  {name:<14} step {at['step']:>6}: LLC {at['llc']:.2f}")
     lines.append(f"  LLC half-change step {na(s['llc_half_change_step'], '{}')}; t_form {na(s['t_form'], '{}')} "
-                 f"({s['selector_head'] or 'no selector.json'}); tau {na(s['tau'], '{}')}")
+                 f"({s['selector_head'] or 'no routing.json'}); tau {na(s['tau'], '{}')}")
     lines.append(f"  stationary chains at {sum(s['stationary'])}/{len(s['stationary'])} checkpoints "
                  f"(max |drift| {s['max_abs_drift']:.2f}, allowed {s['settings']['max_drift']})")
     c = s["calibration"]

@@ -50,8 +50,10 @@ LLC_FILE = "llc.jsonl"
 """Local learning coefficient records, one per (step, SGLD settings)."""
 LLC_SUMMARY_FILE = "llc.json"
 """The LLC series summary of the latest ``plateauscope llc``."""
-SELECTOR_FILE = "selector.json"
-"""The selector-head summary of the latest ``plateauscope.analysis.analyze`` call (with its settings)."""
+ROUTING_FILE = "routing.json"
+"""The routing-head summary of the latest ``plateauscope.analysis.analyze`` call (with its settings)."""
+LEGACY_ROUTING_FILE = "selector.json"
+"""What :data:`ROUTING_FILE` was called before; read when the new file is absent."""
 REPORT_FILE = "report.html"
 """A run's report, in the run directory."""
 VIEW_FILE = "view.html"
@@ -64,6 +66,14 @@ DYNAMICS_CSV_FILE = "dynamics.csv"
 """A sweep's per-run table, in the sweep directory."""
 VARIANTS_CSV_FILE = "variants.csv"
 """A sweep's per-task-variant table (plateau kind), in the sweep directory."""
+
+
+def routing_summary_path(run_dir: str | Path) -> Path:
+    """The routing-head summary of a run: ``analysis/routing.json``, or an older analysis's
+    ``analysis/routing.json`` when only that exists (where a new one is written otherwise)."""
+    folder = analysis_dir(run_dir)
+    legacy = folder / LEGACY_ROUTING_FILE
+    return legacy if legacy.exists() and not (folder / ROUTING_FILE).exists() else folder / ROUTING_FILE
 
 
 def analysis_dir(run_dir: str | Path) -> Path:

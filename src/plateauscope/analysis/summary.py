@@ -1,4 +1,4 @@
-"""The routing-head summary of an analysed series (``selector.json``), and its text.
+"""The routing-head summary of an analysed series (``routing.json``), and its text.
 
 From the cached analysis records of a run (``plateauscope.analysis.analyze.load_analysis``): the routing head (the
 selector head of the selector task: attention to the cue times the head-patching effect at the

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import plateauscope.views.report as _module
 from plateauscope.analysis.analyze import analyze_run
-from plateauscope.analysis.results import REPORT_FILE, SELECTOR_FILE, analysis_dir
+from plateauscope.analysis.results import REPORT_FILE, analysis_dir, routing_summary_path
 from plateauscope.cli.common import run_cli
 from plateauscope.training.run import Run, RunError
 from plateauscope.views.report import write_report
@@ -32,7 +32,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.examples < 1:
             raise RunError(f"--examples must be at least 1, got {args.examples}")
         run = Run(args.run)
-        if args.analyze and not (analysis_dir(run.path) / SELECTOR_FILE).exists():
+        if args.analyze and not routing_summary_path(run.path).exists():
             print(f"no analysis cache in {analysis_dir(run.path)}: analysing every {args.every}. checkpoint first",
                   file=sys.stderr)
             analyze_run(run.path, every=max(args.every, 1), progress=True)

@@ -68,7 +68,7 @@ from typing import Any
 
 import numpy as np
 
-from plateauscope.analysis.results import SELECTOR_FILE, analysis_dir, median, na
+from plateauscope.analysis.results import median, na, routing_summary_path
 from plateauscope.analysis.selector import RULES
 from plateauscope.analysis.snap import SNAP_HI, snap_statistics
 from plateauscope.cli.common import format_table
@@ -123,7 +123,7 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
     tokens_per_step = cfg.train.batch_size * run.task().tokens_per_example()
     snap = snap_statistics(metrics, tau)
     span = summary.get("plateau_span")
-    path = analysis_dir(run.path) / SELECTOR_FILE
+    path = routing_summary_path(run.path)
     selector = rd.read_json(path) if path.exists() else {}
     rules = selector.get("t_form_rules") or {}
     circuit = selector.get("circuit") or {}

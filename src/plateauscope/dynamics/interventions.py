@@ -36,7 +36,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from plateauscope.analysis.results import SELECTOR_FILE, analysis_dir, median, na
+from plateauscope.analysis.results import median, na, routing_summary_path
 from plateauscope.analysis.selector import RULES
 from plateauscope.cli.common import format_table
 from plateauscope.dynamics import bootstrap_median
@@ -82,7 +82,7 @@ def release_leads(run_dir: Path, tau: int | None, S: int) -> dict[str, float | N
     where it was not analysed, or a rule found no t_form); and ``attention_start``: the selector
     head's attention to z at the plateau start as a fraction of its final value (near 1 where the
     routing was given: then the attention t_form times a small rise)."""
-    path = analysis_dir(run_dir) / SELECTOR_FILE
+    path = routing_summary_path(run_dir)
     rules = (rd.read_json(path).get("t_form_rules") or {}) if path.exists() else {}
     leads = {}
     for rule in RULES:

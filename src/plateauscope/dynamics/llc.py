@@ -1,6 +1,6 @@
 """When the LLC leaves its plateau value, over the seeds of a sweep, against t_form, the training loss and tau.
 
-Per run (its ``analysis/llc.json`` from ``plateauscope llc``, its ``selector.json`` from
+Per run (its ``analysis/llc.json`` from ``plateauscope llc``, its ``routing.json`` from
 ``plateauscope analyze`` and its metrics):
 
 * **the LLC's plateau value**: the mean and standard deviation of the LLC at the analysed
@@ -28,13 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from plateauscope.analysis.results import (
-    LLC_SUMMARY_FILE,
-    SELECTOR_FILE,
-    analysis_dir,
-    median,
-    na,
-)
+from plateauscope.analysis.results import LLC_SUMMARY_FILE, analysis_dir, median, na, routing_summary_path
 from plateauscope.analysis.selector import RULES
 from plateauscope.cli.common import format_table
 from plateauscope.dynamics import bootstrap_median, sweep_runs
@@ -99,7 +93,7 @@ def llc_rows(sweep_dir: str | Path) -> list[dict[str, Any]]:
             continue
         run, llc = Run(path), rd.read_json(llc_file)
         window = plateau_window((run.summary or {}).get("plateau_span"))
-        sel_file = analysis_dir(path) / SELECTOR_FILE
+        sel_file = routing_summary_path(path)
         rules = (rd.read_json(sel_file) if sel_file.exists() else {}).get("t_form_rules") or {}
         row = {"name": name, "seed": run.config.train.seed, "tau": llc["tau"], "window": window,
                "n_checkpoints": len(llc["steps"]), "all_stationary": llc["all_stationary"],

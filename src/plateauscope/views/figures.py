@@ -1,7 +1,7 @@
 """Figures of a run and its analysis: results in, ``(plotly Figure, one-sentence caption)`` out.
 
 Every function here is pure: it takes already loaded records (``Run.metrics()``,
-``plateauscope.analysis.analyze.load_analysis``, ``selector.json``) and returns a ``(figure, caption)`` pair;
+``plateauscope.analysis.analyze.load_analysis``, ``routing.json``) and returns a ``(figure, caption)`` pair;
 nothing is read from disk, nothing is shown. Each figure has a title and axis labels; the
 caption says, in one sentence, what the reader should see. Landmarks are drawn as labelled
 vertical lines: ``tau`` (first step with candidate loss < 0.5 log K), ``tau/2`` and ``t_form``

@@ -103,7 +103,7 @@ def overview_svg(metrics: list[dict[str, Any]], attention: list[dict[str, Any]],
                  progress: ProgressMeasure, plateau: dict[str, Any] | None = None,
                  machine: str | None = None, field: str = "to_z_first") -> tuple[str, str]:
     """The SVG and its caption from a run's ``metrics.jsonl`` records, its attention analysis records,
-    its ``selector.json`` and ``summary.json``'s ``plateau`` block; ``machine`` names where it trained."""
+    its ``routing.json`` and ``summary.json``'s ``plateau`` block; ``machine`` names where it trained."""
     key, height, hl = progress.key, progress.height, progress.height_label
     rec = [r for r in metrics if r.get(key) is not None]
     if not rec:

@@ -38,10 +38,10 @@ from plateauscope.analysis.results import (
     LLC_SUMMARY_FILE,
     OVERVIEW_FILE,
     REPORT_FILE,
-    SELECTOR_FILE,
     analysis_dir,
     median,
     na,
+    routing_summary_path,
 )
 from plateauscope.analysis.snap import snap_statistics
 from plateauscope.training.machine import describe
@@ -268,7 +268,7 @@ def _analysed(run: Run) -> tuple[dict[str, Any], dict[str, Any]]:
     """The run's analysis cache and its selector summary, or a one-line error saying what to run."""
     analysis = load_analysis(run.path)
     if analysis["selector"] is None:
-        raise RunError(f"{run.path}: no analysis cache ({analysis_dir(run.path) / SELECTOR_FILE}); "
+        raise RunError(f"{run.path}: no analysis cache ({routing_summary_path(run.path)}); "
                        f"run `plateauscope analyze --run {run.path}` first (or pass --analyze)")
     return analysis, analysis["selector"]
 

@@ -12,7 +12,7 @@ ablation, patterns) and ``metrics.jsonl`` and returns the dict that
   logits, and the progress measure with the head mean-ablated (only at the exact steps);
 * the attention patterns of a few examples, as cached (uint8, base64);
 * the loss curves: the progress measure, the set loss and the cue effect where the task logs them;
-  t_form and tau from the run's summary (``selector.json``);
+  t_form and tau from the run's summary (``routing.json``);
 * a caption computed from the same numbers.
 """
 
