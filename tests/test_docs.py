@@ -95,3 +95,7 @@ def test_the_performance_table_renders_rows_with_their_machine(tmp_path):
     assert "| 1,234 s |  |  |" in out
     with pytest.raises(ValueError, match="markers"):
         perf.render("# no markers\n", tmp_path)
+
+
+def test_the_readme_is_a_front_page_of_at_most_800_words():
+    assert len((ROOT / "README.md").read_text().split()) <= 800  # what ``wc -w`` counts
