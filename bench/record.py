@@ -33,11 +33,15 @@ def row(measure: str, value: float, unit: str, target: str | None = None, met: b
     return {"measure": measure, "value": value, "unit": unit, "target": target, "met": met}
 
 
+def machine_slug(machine: dict) -> str:
+    """A file-name part for a machine record: its CPU and instruction sets."""
+    return re.sub(r"[^a-z0-9]+", "-", f"{machine['cpu']} {' '.join(machine['isa'])}".lower()).strip("-")
+
+
 def save(bench: str, rows: list[dict], settings: dict | None = None) -> Path:
     """Write this bench's rows with the machine record, the commit and the date; return the file."""
     machine = machine_record()
-    slug = re.sub(r"[^a-z0-9]+", "-", f"{machine['cpu']} {' '.join(machine['isa'])}".lower()).strip("-")
-    path = RESULTS / f"{bench}-{slug}.json"
+    path = RESULTS / f"{bench}-{machine_slug(machine)}.json"
     write_json_atomic(path, {"bench": bench, "commit": commit(), "date": datetime.date.today().isoformat(),
                              "machine": machine, "settings": settings or {}, "rows": rows})
     return path

@@ -12,7 +12,7 @@ Trains a preset (default ``ci``) for each seed (model and data seed varied toget
   training option: it is measured here to decide whether it should become one.
 
 Each run is analysed (``plateauscope.analysis.analyze``, every 10th checkpoint; cached), and the bench prints
-per mode the median over seeds, with a bootstrap 95% interval of the median, of tau, the plateau's
+per mode the median over seeds, with the order-statistic interval of the median (its coverage stated), of tau, the plateau's
 length, the lead fraction (by ``plateauscope.analysis.selector``'s chosen t_form rule), the plateau verdicts,
 and the training time per step; then whether each mode's median lies inside the reference mode's
 interval. Runs already trained are reused, so a second call only prints.
@@ -32,7 +32,8 @@ import torch
 
 from plateauscope.analysis.analyze import analyze_run
 from plateauscope.analysis.results import median
-from plateauscope.dynamics import bootstrap_median, run_row
+from plateauscope.dynamics import run_row
+from plateauscope.dynamics.intervals import median_interval
 from plateauscope.training.presets import get_preset
 from plateauscope.training.run import Run
 from plateauscope.training.train import NO_HOOKS, TrainingHooks, train
@@ -53,9 +54,9 @@ def train_mode(preset: str, mode: str, seed: int, out: Path) -> float:
 
 
 def interval(values: list[float]) -> str:
-    """``median [lo, hi]`` over seeds (bootstrap 95% interval of the median)."""
-    ci = bootstrap_median(values)
-    return f"{median(values):8.3f} [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else f"{median(values):8.3f}"
+    """``median [lo, hi] coverage`` over seeds (the order-statistic interval of the median)."""
+    ci = median_interval(values)
+    return f"{median(values):8.3f} {ci.text('{:.3f}')} {ci.label}" if ci else f"{median(values):8.3f}"
 
 
 def main() -> None:
@@ -93,11 +94,11 @@ def main() -> None:
 
     keys = [("tau", "tau (steps)"), ("plateau_length", "plateau length (steps)"),
             ("lead_fraction", "lead fraction"), ("ms_per_step", "ms per step, as logged")]
-    print(f"\n{args.preset}, seeds {args.seeds}: median over seeds [bootstrap 95% interval of the median]")
+    print(f"\n{args.preset}, seeds {args.seeds}: median over seeds [order-statistic interval of the median]")
     for key, label in keys:
         print(f"  {label}")
         ref = [r[key] for r in rows[args.reference] if r[key] is not None]
-        ref_ci = bootstrap_median(ref)
+        ref_ci = median_interval(ref)
         for mode in modes:
             vals = [r[key] for r in rows[mode] if r[key] is not None]
             if not vals:
@@ -105,7 +106,7 @@ def main() -> None:
                 continue
             inside = ""
             if mode != args.reference and ref_ci and key != "ms_per_step":
-                ok = ref_ci[0] <= median(vals) <= ref_ci[1]
+                ok = ref_ci.contains(median(vals))
                 inside = f"  median {'inside' if ok else 'OUTSIDE'} the {args.reference} interval"
             print(f"    {mode:<7} {interval(vals)}  ({', '.join(f'{v:g}' for v in vals)}){inside}")
     print("  plateau verdicts")

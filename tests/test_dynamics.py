@@ -17,7 +17,6 @@ from plateauscope.cli import dynamics as dynamics_cli
 from plateauscope.dynamics import (
     analyze_sweep,
     batch_effect,
-    bootstrap_median,
     direction_ratios,
     k_dependence,
     load_sweep,
@@ -48,23 +47,24 @@ def test_fit_recovers_a_known_exponent_from_noisy_runs():
             for D in (1000, 2000, 4000, 8000, 16000) for s in range(5)]
     # Runs at another K (a K grid) must not leak into the D fit: it takes the largest family.
     rows += [_row(D=5000, K=K, seed=s, tau=3000) for K in (3, 36) for s in range(2)]
-    fit = scaling_law(rows, n_boot=500)
+    fit = scaling_law(rows)
     assert fit["n_runs"] == 25 and fit["values"] == [1000, 2000, 4000, 8000, 16000] and fit["family"]["K"] == 10
     assert abs(fit["slope"] - alpha) < 0.08
     lo, hi = fit["ci"]
     assert lo < alpha < hi and hi - lo < 0.3
     # Threshold sensitivity: taus scaled by a constant change c, not the exponent.
-    assert abs(scaling_law(rows, threshold=0.3, n_boot=50)["slope"] - fit["slope"]) < 0.01
-    # One run per value: a slope, but no interval to resample.
+    assert abs(scaling_law(rows, threshold=0.3)["slope"] - fit["slope"]) < 0.01
+    # Two runs: a slope, but no interval (a least-squares t interval needs 3).
     assert power_law([_row(D=D, tau=D) for D in (100, 200)], "D", "tau")["ci"] is None
+    assert fit["ci"].label == "95% least-squares t interval (n = 25)"
     assert power_law([_row(D=100, tau=5)], "D", "tau") is None
 
 
 def test_k_independence_noise_factors_and_direction():
     rng = np.random.default_rng(2)
     k_rows = [_row(D=5040, K=K, seed=s, tau=1000 * np.exp(rng.normal(0, 0.05))) for K in (3, 10, 36) for s in range(3)]
-    k = k_dependence(k_rows, n_boot=300)
-    assert abs(k["slope"]) < 0.1 and k["ci"][0] < 0 < k["ci"][1]
+    k = k_dependence(k_rows)
+    assert abs(k["slope"]) < 0.1 and k["ci"].low < 0 < k["ci"].high
     # Batch: tau in tokens falls with batch size (smallest batch 1.8x the largest).
     b_rows = [_row(D=3000, batch_size=b, tau=t) for b, t in ((32, 3600), (64, 1400), (128, 600), (256, 280))]
     b = batch_effect(b_rows)
@@ -79,7 +79,7 @@ def test_k_independence_noise_factors_and_direction():
               _row(D=3000, tau=800), _row(D=3000, direction="forward", tau=None, final_step=6000)]
     ratios = direction_ratios(d_rows)
     assert [(d["D"], d["ratio"], d["censored"]) for d in ratios] == [(2000, 2.0, False), (3000, 7.5, True)]
-    result = analyze_sweep(k_rows + b_rows + lr_rows + d_rows, n_boot=50)
+    result = analyze_sweep(k_rows + b_rows + lr_rows + d_rows)
     assert result["main"]["snap"]["groups_above_at_half_tau"] == 0
     text = "\n".join(f"{a}: {b}" for a, b in dynamics.summary_lines(result))
     assert "paper 1.19" in text and "D=3000: >=" in text and "tau@0.3" in text
@@ -92,27 +92,23 @@ def test_seed_summary_medians_intervals_heads_and_verdicts():
     rows = [_row(seed=i, selector_head=heads[i], selector_layer=int(heads[i][1]), circuit="distributed",
                  circuit_heads="L0H1 L0H2", **{f"lead_{r}": leads[r][i] for r in RULES}) for i in range(5)]
     rows.append(_row(seed=9))  # not analysed: left out
-    s = seed_summary(rows, n_boot=500)
+    s = seed_summary(rows)
     assert s["runs"] == 5 and s["layer0"] == 4
     assert s["lead"]["attention"]["median"] == pytest.approx(0.5) and s["lead"]["delta_z"]["n"] == 4
     assert s["lead"]["delta_z"]["median"] == pytest.approx(0.75)  # mean of the middle two of 0.6 0.7 0.8 0.9
-    assert s["lead"]["patch_share"]["ci"] == pytest.approx([0.3, 0.3])  # no spread, no interval width
-    lo, hi = s["lead"]["attention"]["ci"]
-    assert 0.4 <= lo <= 0.5 <= hi <= 0.6  # an interval of medians lies within the values
-    # The bootstrap, by brute force: the same draws, one median at a time.
-    x = np.array(leads["attention"])
-    idx = np.random.default_rng(0).integers(0, 5, size=(500, 5))
-    meds = [np.median(x[i]) for i in idx]
-    assert [lo, hi] == pytest.approx([np.percentile(meds, 2.5), np.percentile(meds, 97.5)])
-    assert bootstrap_median([0.5]) is None and seed_summary([_row()]) is None
+    assert tuple(s["lead"]["patch_share"]["ci"]) == pytest.approx((0.3, 0.3))  # no spread, no interval width
+    # Five runs: the order-statistic interval of the median is the range, with coverage 1 - 2 / 2^5.
+    ci = s["lead"]["attention"]["ci"]
+    assert (ci.low, ci.high, ci.coverage) == pytest.approx((0.4, 0.6, 0.9375))
+    assert s["lead"]["delta_z"]["ci"].coverage == pytest.approx(0.875)  # 4 runs with a lead by delta_z
+    assert seed_summary([_row()]) is None
     text = "\n".join(seed_lines(s))
     assert "selector head in layer 0: 4 of 5" in text and "head L2H0, circuit distributed (L0H1 L0H2)" in text
 
 
 def test_analyze_every_run_then_the_seed_summary(tiny_sweep, tmp_path, capsys):
     sweep_dir = shutil.copytree(tiny_sweep, tmp_path / "sweep")
-    assert dynamics_cli.main(["--sweep", str(sweep_dir), "--analyze", "--every", "10", "--n-exact", "3",
-                              "--n-boot", "50"]) == 0
+    assert dynamics_cli.main(["--sweep", str(sweep_dir), "--analyze", "--every", "10", "--n-exact", "3"]) == 0
     out = capsys.readouterr().out
     assert "over 6 analysed runs" in out and "selector head in layer 0: 6 of 6" in out  # a 1-layer model
     for r in load_sweep(sweep_dir).rows:
@@ -127,10 +123,10 @@ def test_table_fits_and_report_on_a_tiny_sweep(tiny_sweep, tmp_path, capsys):
         run = Run(tiny_sweep / r["name"])
         assert r["tau"] == run.summary["tau"] and r["tau_tokens"] == r["tau"] * 32 * 4  # batch 32, 4 target characters
         assert r[tau_key(0.3)] >= r["tau"] >= r[tau_key(0.7)]
-    fit = analyze_sweep(sweep.rows, n_boot=200)["main"]["scaling"]
+    fit = analyze_sweep(sweep.rows)["main"]["scaling"]
     assert fit["values"] == [80, 160, 320] and fit["slope"] > 0.5 and fit["ci"] is not None
     csv_path = tmp_path / "t.csv"
-    assert dynamics_cli.main(["--sweep", str(tiny_sweep), "--csv", str(csv_path), "--report", "--n-boot", "100"]) == 0
+    assert dynamics_cli.main(["--sweep", str(tiny_sweep), "--csv", str(csv_path), "--report"]) == 0
     printed = capsys.readouterr().out
     assert "scaling law alpha" in printed and "D160_seed1" in printed
     with open(csv_path) as f:
@@ -139,14 +135,13 @@ def test_table_fits_and_report_on_a_tiny_sweep(tiny_sweep, tmp_path, capsys):
     assert page.startswith("<!DOCTYPE html>") and "Scaling law" in page
     # Self-contained: plotly.js inlined once, nothing loaded from elsewhere; one div per figure.
     assert page.count("* plotly.js v") == 1 and "<script src=" not in page
-    assert page.count('<div id="fig-') == len(sweep_figures(sweep, analyze_sweep(sweep.rows, n_boot=10)))
+    assert page.count('<div id="fig-') == len(sweep_figures(sweep, analyze_sweep(sweep.rows)))
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     for argv, message in [(["--sweep", str(tmp_path / "missing")], "no such sweep directory"),
-                          (["--sweep", str(tmp_path / "empty")], "no runs with metrics"),
-                          (["--sweep", str(tmp_path / "empty"), "--n-boot", "0"], "--n-boot must be")]:
+                          (["--sweep", str(tmp_path / "empty")], "no runs with metrics")]:
         assert dynamics_cli.main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and message in err, err

@@ -82,7 +82,10 @@ def analysis_dir(run_dir: str | Path) -> Path:
 
 
 def strict_json(obj: Any) -> Any:
-    """``obj`` with every NaN / infinity replaced by None (tuples become lists): valid strict JSON."""
+    """``obj`` with every NaN / infinity replaced by None (tuples become lists, and an object with a
+    ``to_dict``, such as an interval, its dict): valid strict JSON."""
+    if hasattr(obj, "to_dict"):
+        return strict_json(obj.to_dict())
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, Mapping):

@@ -51,8 +51,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--csv", type=Path, help=f"where to write the table (default SWEEP/{DYNAMICS_CSV_FILE})")
     p.add_argument("--json", type=Path, help="also write the fits as JSON to this file")
     p.add_argument("--report", action="store_true", help=f"also write SWEEP/{SWEEP_REPORT_FILE}")
-    p.add_argument("--n-boot", type=int, default=2000, help="bootstrap resamples for the intervals (default 2000)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the bootstrap (default 0)")
     p.add_argument("--analyze", action="store_true",
                    help="first analyse every run of the sweep with a cue (plateauscope analyze; cached)")
     p.add_argument("--every", type=int, default=10, help="with --analyze: every N-th checkpoint (default 10)")
@@ -95,8 +93,6 @@ def analyze_all(sweep_dir: Path, every: int, n_exact: int) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """``plateauscope dynamics``: the sweep's table and fits (and, with --report, its page)."""
     def body(args: argparse.Namespace) -> None:
-        if args.n_boot < 1:
-            raise CliError(f"--n-boot must be at least 1, got {args.n_boot}")
         if args.every < 1 or args.n_exact < 1:
             raise CliError("--every and --n-exact must be at least 1")
         if args.llc is not None and args.llc < 1:
@@ -109,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.llc:
             llc_all(args.sweep, args.llc)
         sweep = load_sweep(args.sweep)
-        result = analyze_sweep(sweep.rows, args.n_boot, args.seed)
+        result = analyze_sweep(sweep.rows)
         csv_path = args.csv or sweep.path / DYNAMICS_CSV_FILE
         write_text_atomic(csv_path, table_csv(sweep.rows))
         print(table_text(sweep.rows))
@@ -118,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{what}: {text}")
         m = result["main"]
         if m["batch"] or m["lr"] or other:
-            compare = (f"{other.name} ({other.path})", analyze_sweep(other.rows, args.n_boot, args.seed)["main"]) \
+            compare = (f"{other.name} ({other.path})", analyze_sweep(other.rows)["main"]) \
                 if other else None
             print()
             print("\n".join(noise_lines(m, compare)))
@@ -142,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         if llc:
             print("\nthe LLC against the training loss, t_form and tau (plateauscope llc per run):")
             print(llc_table_text(llc))
-            print("\n".join(llc_summary_lines(llc_summary(llc, args.n_boot, args.seed))))
+            print("\n".join(llc_summary_lines(llc_summary(llc))))
         print()
         print("\n".join(seed_lines(result["seeds"])))
         print(f"\ntable: {csv_path}")

@@ -1,6 +1,6 @@
 """The paper's dynamics from a sweep directory: one row per run, and the fits across runs.
 
-    plateauscope dynamics --sweep DIR [--analyze [--every 10]] [--csv FILE] [--report] [--n-boot 2000]
+    plateauscope dynamics --sweep DIR [--analyze [--every 10]] [--csv FILE] [--report]
 
 (the command, the figures and the page are ``plateauscope.views.sweep_report`` and ``plateauscope.views.sweep_figures``;
 this module computes).
@@ -13,16 +13,16 @@ direction, preset, D, K, learning rate, batch size - except the one that varies 
 the largest such family is used):
 
 * scaling law: ``log tau = log c + alpha log D``, least squares over runs; alpha's 95% interval
-  is the 2.5 / 97.5 percentile of a bootstrap that resamples the runs *within each D* (over
-  seeds) and refits. The paper reports alpha = 1.19 (its code's fit: 1.194 [1.137, 1.308]).
-  With a single run per D there is nothing to resample and no interval is given.
+  is the least-squares t interval (n - 2 degrees of freedom; none with fewer than 3 runs). The
+  paper reports alpha = 1.19 (its code's fit: 1.194 [1.137, 1.308]).
 * K-independence: the same fit with K in place of D at fixed D (slope ~0 in the paper).
 * noise: mean tau *in tokens* (step x batch size x target tokens) and in steps per batch size, as a
   ratio to the largest batch (the paper: the smallest batch is 1.8x slower in tokens), and mean tau
   in steps per learning rate as a ratio to the smallest (the paper: monotone, up to 3.6x slower);
-  ``trend`` says whether the means rise or fall monotonically with the factor. Each mean and ratio
-  has a bootstrap 95% interval (seeds resampled within each value); ``plateauscope.dynamics.noise`` reads
-  the paper's claims from them.
+  ``trend`` says whether the means rise or fall monotonically with the factor. The means are
+  geometric means over seeds; each has a t interval on logs and each ratio Welch's t interval on
+  the log ratio (95% from 3 seeds up, the range of 2 seeds below: ``plateauscope.dynamics.intervals``);
+  ``plateauscope.dynamics.noise`` reads the paper's claims from them.
 * collective snap, per run from the tracked groups' accuracies (``plateauscope.analysis.snap.snap_statistics``):
   the share of groups >= 80% accurate at tau/2 (the paper: 0 of 200) and the median snap
   window in units of tau (the paper: about 0.5); totals over the backward runs.
@@ -45,9 +45,9 @@ the largest such family is used):
   with the seed range [min, max]. A t_marginal / tau below 1 means the marginal came first.
 * seeds (:func:`seed_summary`), over the runs analysed by ``plateauscope analyze`` (or
   ``--analyze``, which analyses every run of the sweep first): the median lead fraction by each
-  t_form rule of ``plateauscope.analysis.selector`` (``attention``, ``patch_share``, ``delta_z``) with a
-  bootstrap 95% interval (runs resampled with replacement, the median recomputed; 2.5 / 97.5
-  percentiles), the selector head per seed and how many are in layer 0, and the circuit verdict
+  t_form rule of ``plateauscope.analysis.selector`` (``attention``, ``patch_share``, ``delta_z``) with
+  the order-statistic interval of the median and the coverage it has at that n (75% at 3 runs), the
+  selector head per seed and how many are in layer 0, and the circuit verdict
   per seed (``plateauscope.analysis.circuit``). All runs of the sweep are pooled: run it on one configuration
   over seeds (``plateauscope sweep --preset seeds-ci``).
 
@@ -72,6 +72,13 @@ from plateauscope.analysis.results import median, na, routing_summary_path
 from plateauscope.analysis.selector import RULES
 from plateauscope.analysis.snap import SNAP_HI, snap_statistics
 from plateauscope.cli.common import format_table
+from plateauscope.dynamics.intervals import (
+    geometric_mean,
+    geometric_mean_interval,
+    median_interval,
+    ratio_interval,
+    slope_interval,
+)
 from plateauscope.tasks.base import ProgressMeasure
 from plateauscope.training import run as rd
 from plateauscope.training.interventions import has_interventions
@@ -293,9 +300,9 @@ def fit_loglog(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
     return float(slope), float(intercept)
 
 
-def power_law(rows: list[dict], factor: str = "D", key: str = "tau", n_boot: int = 2000,
-              seed: int = 0) -> dict[str, Any] | None:
-    """Fit ``key = c * factor^slope`` over the largest family; bootstrap over seeds within each value.
+def power_law(rows: list[dict], factor: str = "D", key: str = "tau") -> dict[str, Any] | None:
+    """Fit ``key = c * factor^slope`` over the largest family (least squares on log-log axes), with the
+    slope's least-squares t interval (``plateauscope.dynamics.intervals.slope_interval``).
 
     None when no family has two distinct values of ``factor`` with a tau.
     """
@@ -305,73 +312,57 @@ def power_law(rows: list[dict], factor: str = "D", key: str = "tau", n_boot: int
     x = np.array([r[factor] for r in fam], dtype=float)
     y = np.array([r[key] for r in fam], dtype=float)
     slope, intercept = fit_loglog(x, y)
-    by_value = [np.flatnonzero(x == v) for v in np.unique(x)]
-    ci = None
-    if any(len(idx) > 1 for idx in by_value):
-        rng = np.random.default_rng(seed)
-        boots = np.empty(n_boot)
-        for b in range(n_boot):
-            pick = np.concatenate([rng.choice(idx, size=len(idx)) for idx in by_value])
-            boots[b] = fit_loglog(x[pick], y[pick])[0]
-        ci = [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]
-    return {"factor": factor, "key": key, "slope": slope, "c": math.exp(intercept), "ci": ci, "n_runs": len(fam),
-            "values": sorted({r[factor] for r in fam}), "seeds_per_value": [int(len(i)) for i in by_value],
+    return {"factor": factor, "key": key, "slope": slope, "c": math.exp(intercept),
+            "ci": slope_interval(np.log(x), np.log(y)), "n_runs": len(fam),
+            "values": sorted({r[factor] for r in fam}), "seeds_per_value": [int((x == v).sum()) for v in np.unique(x)],
             "family": {f: fam[0][f] for f in FACTORS if f != factor}}
 
 
-def factor_effect(rows: list[dict], factor: str, key: str, reference: str, n_boot: int = 2000,
-                  seed: int = 0) -> dict[str, Any] | None:
-    """Mean ``key`` per value of ``factor`` (over seeds) and its ratio to the ``reference`` value
-    (``"min"`` or ``"max"`` of the factor), over the largest family; ``trend`` is ``rising``,
-    ``falling`` (monotone in the factor), ``not monotone``, or ``unknown`` when a value with runs
-    without tau (below) breaks the order.
+def factor_effect(rows: list[dict], factor: str, key: str, reference: str) -> dict[str, Any] | None:
+    """The geometric mean of ``key`` per value of ``factor`` (over seeds) and its ratio to the
+    ``reference`` value (``"min"`` or ``"max"`` of the factor), over the largest family; ``trend`` is
+    ``rising``, ``falling`` (monotone in the factor), ``not monotone``, or ``unknown`` when a value
+    with runs without tau (below) breaks the order.
 
-    Each value's ``mean_ci`` and ``ratio_ci`` are the 2.5 / 97.5 percentiles of a bootstrap that
-    resamples the runs *within each value* (over seeds, unpaired) and recomputes the means and the
-    ratio; None for a value of one run (and for every ratio when the reference has one). Rows marked ``censored`` (a run that stopped before tau,
-    its last step standing in) make their value's mean a lower bound: ``censored`` counts them, and
-    ``bound`` says what the ratio is (``>=`` with a censored value, ``<=`` with a censored reference).
+    Intervals (``plateauscope.dynamics.intervals``): each value's ``mean_ci`` is the t interval of
+    its mean log, exponentiated, and each ``ratio_ci`` Welch's t interval of the ratio of geometric
+    means, both 95% from 3 seeds up; with 2 seeds they are ranges, labelled so; with 1, None. Rows
+    marked ``censored`` (a run that stopped before tau, its last step standing in) make their value's
+    mean a lower bound: ``censored`` counts them, ``bound`` says what the ratio is (``>=`` with a
+    censored value, ``<=`` with a censored reference), and the interval ends they enter print open.
     """
     fam = largest_family(rows, factor, lambda r: r[key])
     if not fam:
         return None
     values = sorted({r[factor] for r in fam})
-    samples = [np.array([r[key] for r in fam if r[factor] == v], dtype=float) for v in values]
-    means = np.array([s.mean() for s in samples])
+    samples = [[r[key] for r in fam if r[factor] == v] for v in values]
+    flags = [[bool(r.get("censored")) for r in fam if r[factor] == v] for v in values]
+    means = np.array([geometric_mean(s) for s in samples])
     ref = 0 if reference == "min" else len(values) - 1
-    censored = [sum(bool(r.get("censored")) for r in fam if r[factor] == v) for v in values]
+    censored = [sum(f) for f in flags]
     diffs = np.diff(means)
     trend = "rising" if (diffs > 0).all() else "falling" if (diffs < 0).all() else \
         "unknown (runs without tau)" if any(censored) else "not monotone"  # a bound cannot break an order
-    mean_ci: list[list[float] | None] = [None] * len(values)
-    ratio_ci: list[list[float] | None] = [None] * len(values)
-    if any(len(s) > 1 for s in samples):
-        rng = np.random.default_rng(seed)
-        boot = np.stack([s[rng.integers(0, len(s), size=(n_boot, len(s)))].mean(axis=1) for s in samples], axis=1)
-        ratios = boot / boot[:, ref:ref + 1]
-        # a value of one run has no spread to resample: no interval for it, nor for ratios to it
-        mean_ci = [[float(np.percentile(boot[:, i], 2.5)), float(np.percentile(boot[:, i], 97.5))]
-                   if len(samples[i]) > 1 else None for i in range(len(values))]
-        ratio_ci = [[float(np.percentile(ratios[:, i], 2.5)), float(np.percentile(ratios[:, i], 97.5))]
-                    if len(samples[i]) > 1 and len(samples[ref]) > 1 else None for i in range(len(values))]
     bounds = [("?" if c and censored[ref] else ">=" if c else "<=" if censored[ref] else "") if i != ref else ""
               for i, c in enumerate(censored)]
-    out_values = [{"value": v, "mean": float(m), "ratio": float(m / means[ref]), "n": len(s), "mean_ci": mc,
-                   "ratio_ci": rc, "censored": c, "bound": b}
-                  for v, m, s, mc, rc, c, b in zip(values, means, samples, mean_ci, ratio_ci, censored, bounds)]
+    out_values = [{"value": v, "mean": float(m), "ratio": float(m / means[ref]), "n": len(s),
+                   "mean_ci": geometric_mean_interval(s, f),
+                   "ratio_ci": ratio_interval(s, samples[ref], f, flags[ref]) if i != ref else None,
+                   "censored": c, "bound": b}
+                  for i, (v, m, s, f, c, b) in enumerate(zip(values, means, samples, flags, censored, bounds))]
     return {"factor": factor, "key": key, "reference": values[ref], "values": out_values,
             "max_ratio": max(v["ratio"] for v in out_values), "trend": trend,
             "family": {f: fam[0][f] for f in FACTORS if f != factor}}
 
 
-def scaling_law(rows: list[dict], threshold: float = 0.5, n_boot: int = 2000, seed: int = 0) -> dict | None:
+def scaling_law(rows: list[dict], threshold: float = 0.5) -> dict | None:
     """alpha in tau = c * D^alpha (backward runs)."""
-    return power_law([r for r in rows if r["direction"] == "backward"], "D", tau_key(threshold), n_boot, seed)
+    return power_law([r for r in rows if r["direction"] == "backward"], "D", tau_key(threshold))
 
 
-def k_dependence(rows: list[dict], threshold: float = 0.5, n_boot: int = 2000, seed: int = 0) -> dict | None:
+def k_dependence(rows: list[dict], threshold: float = 0.5) -> dict | None:
     """The slope of log tau against log K at fixed D (backward runs)."""
-    return power_law([r for r in rows if r["direction"] == "backward"], "K", tau_key(threshold), n_boot, seed)
+    return power_law([r for r in rows if r["direction"] == "backward"], "K", tau_key(threshold))
 
 
 def _waits(rows: list[dict], threshold: float, unit: str) -> list[dict]:
@@ -388,17 +379,16 @@ def _waits(rows: list[dict], threshold: float, unit: str) -> list[dict]:
     return out
 
 
-def batch_effect(rows: list[dict], threshold: float = 0.5, n_boot: int = 2000, seed: int = 0,
-                 unit: str = "tokens") -> dict | None:
+def batch_effect(rows: list[dict], threshold: float = 0.5, unit: str = "tokens") -> dict | None:
     """tau in tokens (``unit="tokens"``) or in steps per batch size, as a ratio to the largest batch
     (backward runs; a run without tau counts as a lower bound)."""
-    return factor_effect(_waits(rows, threshold, unit), "batch_size", "wait", "max", n_boot, seed)
+    return factor_effect(_waits(rows, threshold, unit), "batch_size", "wait", "max")
 
 
-def lr_effect(rows: list[dict], threshold: float = 0.5, n_boot: int = 2000, seed: int = 0) -> dict | None:
+def lr_effect(rows: list[dict], threshold: float = 0.5) -> dict | None:
     """tau in steps per learning rate, as a ratio to the smallest (backward runs; a run without tau
     counts as a lower bound)."""
-    return factor_effect(_waits(rows, threshold, "steps"), "lr", "wait", "min", n_boot, seed)
+    return factor_effect(_waits(rows, threshold, "steps"), "lr", "wait", "min")
 
 
 def direction_ratios(rows: list[dict], key: str = "tau") -> list[dict[str, Any]]:
@@ -436,25 +426,16 @@ def snap_summary(rows: list[dict]) -> dict[str, Any] | None:
             "median_window_tau": median(windows), "median_spread_tau": median(spreads)}
 
 
-def bootstrap_median(values: list[float], n_boot: int = 2000, seed: int = 0) -> list[float] | None:
-    """2.5 / 97.5 percentiles of the median over ``n_boot`` resamples (with replacement) of ``values``."""
-    if len(values) < 2:
-        return None
-    x = np.asarray(values, dtype=float)
-    idx = np.random.default_rng(seed).integers(0, len(x), size=(n_boot, len(x)))
-    meds = np.median(x[idx], axis=1)
-    return [float(np.percentile(meds, 2.5)), float(np.percentile(meds, 97.5))]
-
-
-def seed_summary(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict[str, Any] | None:
-    """Over the analysed runs: median lead per t_form rule with a bootstrap interval, head and verdict per seed."""
+def seed_summary(rows: list[dict]) -> dict[str, Any] | None:
+    """Over the analysed runs: median lead per t_form rule with its order-statistic interval, head and
+    verdict per seed."""
     rs = [r for r in rows if r.get("selector_head")]
     if not rs:
         return None
     leads = {}
     for rule in RULES:
         vals = [r[f"lead_{rule}"] for r in rs if r.get(f"lead_{rule}") is not None]
-        leads[rule] = {"median": median(vals), "ci": bootstrap_median(vals, n_boot, seed), "n": len(vals),
+        leads[rule] = {"median": median(vals), "ci": median_interval(vals), "n": len(vals),
                        "values": vals}
     return {"runs": len(rs), "lead": leads,
             "per_seed": [{"name": r["name"], "seed": r["seed"], "head": r["selector_head"],
@@ -466,9 +447,9 @@ def seed_lines(s: dict[str, Any] | None) -> list[str]:
     """The seed summary as text lines."""
     if not s:
         return ["seeds: no analysed runs (plateauscope dynamics --sweep DIR --analyze)"]
-    lines = [f"over {s['runs']} analysed runs (median lead fraction, bootstrap 95% interval of the median):"]
+    lines = [f"over {s['runs']} analysed runs (median lead fraction [interval of the median]):"]
     for rule, d in s["lead"].items():
-        ci = f"[{d['ci'][0]:.3f}, {d['ci'][1]:.3f}]" if d["ci"] else "(no interval)"
+        ci = f"{d['ci'].text('{:.3f}')} ({d['ci'].label})" if d["ci"] else "(no interval)"
         vals = ", ".join(f"{v:.2f}" for v in d["values"])
         lines.append(f"  lead by {rule:<12} {na(d['median'])} {ci}  n={d['n']}  ({vals})")
     lines.append(f"  selector head in layer 0: {s['layer0']} of {s['runs']}")
@@ -478,29 +459,28 @@ def seed_lines(s: dict[str, Any] | None) -> list[str]:
     return lines
 
 
-def analyze_sweep(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> dict[str, Any]:
+def analyze_sweep(rows: list[dict]) -> dict[str, Any]:
     """Every fit, at tau's threshold 0.5 (``main``) and at 0.3 / 0.7 (``sensitivity``); the seed summary.
     Runs with an intervention (``plateauscope.dynamics.interventions``) are left out of all of them."""
     rows = [r for r in rows if not r.get("intervention")]
     def fits(t: float) -> dict[str, Any]:
-        return {"scaling": scaling_law(rows, t, n_boot, seed), "k": k_dependence(rows, t, n_boot, seed),
-                "batch": batch_effect(rows, t, n_boot, seed),
-                "batch_steps": batch_effect(rows, t, n_boot, seed, unit="steps"), "lr": lr_effect(rows, t, n_boot, seed),
+        return {"scaling": scaling_law(rows, t), "k": k_dependence(rows, t), "batch": batch_effect(rows, t),
+                "batch_steps": batch_effect(rows, t, unit="steps"), "lr": lr_effect(rows, t),
                 "direction": direction_ratios(rows, tau_key(t))}
 
     return {"main": {**fits(0.5), "direction_acc50": direction_ratios(rows, "t_acc50"), "snap": snap_summary(rows)},
             "sensitivity": {str(t): fits(t) for t in THRESHOLDS if t != 0.5},
-            "seeds": seed_summary(rows, n_boot, seed)}
+            "seeds": seed_summary(rows)}
 
 
 # ---- text ---------------------------------------------------------------------------------
 
 
 def fit_text(fit: dict | None) -> str:
-    """A fit's slope with its bootstrap interval, as text."""
+    """A fit's slope with its interval, as text."""
     if fit is None:
         return "n/a"
-    ci = f" [{fit['ci'][0]:.2f}, {fit['ci'][1]:.2f}]" if fit["ci"] else " (no interval: one run per value)"
+    ci = f" {fit['ci'].text()}" if fit["ci"] else " (no interval: fewer than 3 runs)"
     return f"{fit['slope']:.2f}{ci}"
 
 
@@ -509,7 +489,7 @@ def effect_text(eff: dict | None, unit: str = "") -> str:
     if eff is None:
         return "n/a"
     def ratio(v: dict) -> str:
-        ci = f" [{v['ratio_ci'][0]:.2f}, {v['ratio_ci'][1]:.2f}]" if v["ratio_ci"] and v["value"] != eff["reference"] else ""
+        ci = f" {v['ratio_ci'].text()}" if v["ratio_ci"] else ""
         return f"{v['value']:g}: {v['bound']}{v['ratio']:.2f}x{ci}"
 
     parts = ", ".join(ratio(v) for v in eff["values"])

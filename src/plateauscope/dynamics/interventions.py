@@ -19,8 +19,9 @@ same seed without intervention (tau_0, its tau):
   comes after its release. With the routing given, the routing is there at step 0: a lead
   measures only what still rises after it.
 
-Per condition, over seeds: the median of ``wait / tau_0`` with a bootstrap 95% interval
-(``plateauscope.dynamics.bootstrap_median``), how many seeds reached tau, the verdicts, and the median
+Per condition, over seeds: the median of ``wait / tau_0`` with the order-statistic interval of the
+median and the coverage it has at that seed count (``plateauscope.dynamics.intervals.median_interval``:
+75% at 3 seeds, the range of 2 below), how many seeds reached tau, the verdicts, and the median
 lead by each rule over the analysed seeds (with its interval). ``with_baselines`` adds the
 unmodified runs as a condition of their own (wait 1 by definition), the reference for the leads. A run that did
 not reach tau is *censored*: its wait is at least its last step - S (an unfinished run, of a sweep
@@ -39,7 +40,7 @@ from typing import Any
 from plateauscope.analysis.results import median, na, routing_summary_path
 from plateauscope.analysis.selector import RULES
 from plateauscope.cli.common import format_table
-from plateauscope.dynamics import bootstrap_median
+from plateauscope.dynamics.intervals import median_interval
 from plateauscope.training import run as rd
 from plateauscope.training.interventions import INTERVENTION_OPTIONS, has_interventions
 from plateauscope.training.metrics import compute_tau
@@ -143,9 +144,9 @@ def intervention_rows(sweep_dir: str | Path, with_baselines: bool = False) -> li
     return sorted(rows, key=lambda r: r["condition"] != "unmodified")  # stable: the sweep's order otherwise
 
 
-def intervention_table(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> list[dict[str, Any]]:
+def intervention_table(rows: list[dict]) -> list[dict[str, Any]]:
     """Per condition (in the sweep's order): seeds, how many reached tau, the median wait / tau_0 with
-    its bootstrap interval and the per-seed values, the verdicts and the median starting loss."""
+    its order-statistic interval and the per-seed values, the verdicts and the median starting loss."""
     out = []
     for condition in dict.fromkeys(r["condition"] for r in rows):
         rs = [r for r in rows if r["condition"] == condition]
@@ -159,37 +160,44 @@ def intervention_table(rows: list[dict], n_boot: int = 2000, seed: int = 0) -> l
                     "unfinished": sum(not r.get("finished", True) for r in rs),
                     "median_S": median([r["S"] for r in rs]), "wait_ratio": mid,
                     "lower_bound": any(c and v <= mid for v, c in values),
-                    "wait_ratio_ci": bootstrap_median(ratios, n_boot, seed), "wait_ratios": values,
+                    "wait_ratio_ci": median_interval(ratios), "wait_ratios": values,
                     "verdicts": verdicts,
                     "start_loss": median([r["start_loss_over_height"] for r in rs
                                           if r["start_loss_over_height"] is not None]),
                     "set_loss_at_S": median([r["set_loss_at_S"] for r in rs if r["set_loss_at_S"] is not None]),
                     "baseline_set_loss_at_S": median([r["baseline_set_loss_at_S"] for r in rs
                                                       if r["baseline_set_loss_at_S"] is not None]),
-                    **_lead_summary(rs, n_boot, seed)})
+                    **_lead_summary(rs)})
     return out
 
 
-def _lead_summary(rs: list[dict], n_boot: int, seed: int) -> dict[str, Any]:
+def _lead_summary(rs: list[dict]) -> dict[str, Any]:
     """Per rule: the median lead over the analysed runs of ``rs``, its interval and how many had one."""
     out: dict[str, Any] = {}
     for rule in RULES:
         leads = [r[f"lead_{rule}"] for r in rs if r.get(f"lead_{rule}") is not None]
         out[f"lead_{rule}"] = median(leads)
-        out[f"lead_{rule}_ci"] = bootstrap_median(leads, n_boot, seed)
+        out[f"lead_{rule}_ci"] = median_interval(leads)
         out[f"lead_{rule}_n"] = len(leads)
     out["attention_start"] = median([r["attention_start"] for r in rs if r.get("attention_start") is not None])
     return out
 
 
+def _coverage(ci) -> str:
+    """How much an interval of a median covers at its n: ``75%``, or ``range`` for 2 seeds."""
+    return "range" if ci.coverage is None else f"{100 * ci.coverage:.0f}%"
+
+
 def _interval(row: dict) -> str:
     ci, ge = row["wait_ratio_ci"], ">=" if row["lower_bound"] else ""
-    return f"{ge}{na(row['wait_ratio'], '{:.2f}')}" + (f" [{ge}{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+    return f"{ge}{na(row['wait_ratio'], '{:.2f}')}" + (
+        f" [{ge}{ci.low:.2f}, {ci.high:.2f}] {_coverage(ci)}" if ci else "")
 
 
 def intervention_table_text(table: list[dict]) -> str:
     """The table as aligned text."""
-    header = ["condition", "seeds", "reached tau", "median S", "(tau - S) / tau_0 [95%]", "per seed", "verdicts",
+    header = ["condition", "seeds", "reached tau", "median S", "(tau - S) / tau_0 [interval] coverage", "per seed",
+              "verdicts",
               "start loss / log K", "set loss at S (unmodified)"]
     body = [[r["condition"], f"{r['seeds']}" + (f" ({r['unfinished']} unfinished)" if r["unfinished"] else ""),
              r["reached"], na(r["median_S"], "{:.0f}"), _interval(r),
@@ -203,15 +211,15 @@ def intervention_table_text(table: list[dict]) -> str:
 
 def _lead(row: dict, rule: str) -> str:
     ci = row[f"lead_{rule}_ci"]
-    return na(row[f"lead_{rule}"], "{:.2f}") + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+    return na(row[f"lead_{rule}"], "{:.2f}") + (f" {ci.text()} {_coverage(ci)}" if ci else "")
 
 
 def lead_table_text(table: list[dict]) -> str:
-    """Per condition: the median lead from the release by each t_form rule [95%], over the analysed
+    """Per condition: the median lead from the release by each t_form rule [interval, its coverage], over the analysed
     seeds that had one (their count in brackets after the rule's value); empty when none was analysed."""
     if not any(r[f"lead_{rule}_n"] for r in table for rule in RULES):
         return ""
-    header = ["condition", *(f"lead by {rule} [95%] (seeds)" for rule in RULES), "attention at start / final"]
+    header = ["condition", *(f"lead by {rule} [interval] (seeds)" for rule in RULES), "attention at start / final"]
     body = [[r["condition"], *(f"{_lead(r, rule)} ({r[f'lead_{rule}_n']})" for rule in RULES),
              na(r["attention_start"], "{:.2f}")] for r in table]
     return format_table(body, header)
@@ -223,10 +231,10 @@ def _compare_to_one(row: dict) -> str:
     if row["wait_ratio"] is None or ci is None:
         return "unclear"
     if row["lower_bound"]:  # only "longer" survives a lower bound
-        return "longer" if ci[0] > 1 else "unclear"
-    if ci[1] < 1:
+        return "longer" if ci.low > 1 else "unclear"
+    if ci.high < 1:
         return "shorter"
-    if ci[0] > 1:
+    if ci.low > 1:
         return "longer"
     return "same" if SAME_WAIT[0] <= row["wait_ratio"] <= SAME_WAIT[1] else "unclear"
 
@@ -260,9 +268,9 @@ def reading(table: list[dict]) -> list[str]:
         verdict = "the intervals overlap: neither half alone is shown to be the bottleneck"
         if routing and readout and routing["wait_ratio_ci"] and readout["wait_ratio_ci"] and \
                 not (routing["lower_bound"] and readout["lower_bound"]):
-            if routing["wait_ratio_ci"][1] < readout["wait_ratio_ci"][0] and not routing["lower_bound"]:
+            if routing["wait_ratio_ci"].high < readout["wait_ratio_ci"].low and not routing["lower_bound"]:
                 verdict = "given the routing, tau comes sooner than given the readout: the routing is the bottleneck"
-            elif readout["wait_ratio_ci"][1] < routing["wait_ratio_ci"][0] and not readout["lower_bound"]:
+            elif readout["wait_ratio_ci"].high < routing["wait_ratio_ci"].low and not readout["lower_bound"]:
                 verdict = "given the readout, tau comes sooner than given the routing: the readout is the bottleneck"
         lines.append(f"Transplants: {text}. Reading: {verdict}.")
     routes = [r for r in table if r["condition"].startswith("one route")]

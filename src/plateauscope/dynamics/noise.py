@@ -2,11 +2,15 @@
 
 The paper (claim 4): smaller batches delay the transition, 1.8x counted in tokens (the smallest
 batch against the largest); higher learning rates delay it monotonically, up to 3.6x (the
-largest against the smallest). The effects are ``plateauscope.dynamics.factor_effect``'s: the mean tau
-per value over seeds, its ratio to the reference value, and a bootstrap interval of that ratio
-(seeds resampled within each value).
+largest against the smallest). The effects are ``plateauscope.dynamics.factor_effect``'s: the geometric
+mean tau per value over seeds, its ratio to the reference value, and Welch's 95% t interval of that
+ratio on the log scale (``plateauscope.dynamics.intervals``).
 
-A claim is read from the interval of its extreme ratio:
+A claim is read from the interval of its extreme ratio: the most extreme value whose runs all reached
+tau (a value past it, with runs stopped on the plateau, is printed as the one-sided bound it is, and
+the paper's factor, which is for the extreme, is then not checked), and only with at least 3 seeds at both
+values (``MIN_SEEDS_FOR_A_CLAIM``): with 2, the interval is the range of the seeds, which covers
+the true ratio far less often than 95%, and the reading is ``too few seeds``. Otherwise:
 
 * ``reproduced``: the interval lies above 1 and holds the paper's factor, and (learning rate)
   the means rise monotonically;
@@ -15,7 +19,7 @@ A claim is read from the interval of its extreme ratio:
 * ``refuted``: the interval lies below 1: the named condition waits *less*, the opposite of the
   claim;
 * ``not resolved``: the interval holds 1;
-* ``no interval``: one run at the extreme value or at the reference, nothing to resample.
+* ``no interval``: one run at the extreme value or at the reference.
 
 A run that stopped before tau (at ``max_steps``, or killed) waits at least its last step: it enters
 its value's mean as that lower bound (``censored``), and the ratio is then a bound (``>=``, or ``<=``
@@ -30,6 +34,7 @@ from typing import Any
 
 from plateauscope.cli.common import format_table
 from plateauscope.dynamics import PAPER
+from plateauscope.dynamics.intervals import MIN_SEEDS_FOR_A_CLAIM, enough_seeds
 
 CLAIMS: tuple[tuple[str, str, str, str, str | None], ...] = (
     # (the effect's key in analyze_sweep's fits, the claim, its extreme value, the paper's factor, the trend it needs)
@@ -49,26 +54,40 @@ def claim_reading(effect: dict | None, paper_factor: float, extreme: str, monoto
     if effect is None:
         return {"verdict": "not measured", "because": "no family of runs varies this factor", "ratio": None,
                 "ci": None, "value": None, "trend": None}
-    v = effect["values"][0 if extreme == "smallest" else -1]
+    inward = effect["values"] if extreme == "smallest" else effect["values"][::-1]
+    inward = [u for u in inward if u["value"] != effect["reference"]]
+    # The reading rests on the most extreme value whose runs all reached tau at enough seeds; the more
+    # extreme values beyond it, with runs stopped on the plateau, bound their ratio from one side only.
+    measured = next((u for u in inward if not u["censored"] and u["n"] >= MIN_SEEDS_FOR_A_CLAIM), inward[0])
+    beyond = inward[:inward.index(measured)]
+    v = measured
     out = {"value": v["value"], "reference": effect["reference"], "ratio": v["ratio"], "ci": v["ratio_ci"],
-           "bound": v["bound"], "trend": effect["trend"], "n": [u["n"] for u in effect["values"]]}
+           "bound": v["bound"], "trend": effect["trend"], "n": [u["n"] for u in effect["values"]],
+           "beyond": [{"value": u["value"], "ratio": u["ratio"], "bound": u["bound"], "n": u["n"],
+                       "censored": u["censored"]} for u in beyond]}
     ci, bound = v["ratio_ci"], v["bound"]
     ref = next(u for u in effect["values"] if u["value"] == effect["reference"])
     without = f" (a bound: {_runs(v['censored'] + ref['censored'])} never reached tau)" if bound else ""
     if ci is None:
         return {**out, "verdict": "no interval", "because": "one run at this value or at the reference"}
+    if not enough_seeds(v["n"], ref["n"]):
+        return {**out, "verdict": "too few seeds",
+                "because": f"{v['n']} and {ref['n']} seeds: a reading needs {MIN_SEEDS_FOR_A_CLAIM} at both" + without}
     # A bound (runs without tau) keeps only the conclusions on its open side.
-    hi = float("inf") if bound == ">=" else ci[1]
-    lo = 0.0 if bound == "<=" else ci[0]
+    hi = float("inf") if bound == ">=" else ci.high
+    lo = 0.0 if bound == "<=" else ci.low
     if bound == "?":
         return {**out, "verdict": "not resolved", "because": "both values have runs without tau"}
     if hi < 1:
-        return {**out, "verdict": "refuted", "because": f"the {extreme} value waits less: the interval lies below 1" + without}
+        return {**out, "verdict": "refuted", "because": f"{v['value']:g} waits less: the interval lies below 1" + without}
     if lo <= 1:
         return {**out, "verdict": "not resolved",
                 "because": "the interval holds 1" + without}
     misses = []
-    if not lo <= paper_factor <= hi:
+    if beyond:  # the paper's factor is for the extreme value, which this sweep does not measure
+        misses.append(f"the paper's {paper_factor:g}x is for the {extreme} value, {beyond[0]['value']:g}, "
+                      f"measured here only as {beyond_text(beyond[0])}")
+    elif not lo <= paper_factor <= hi:
         misses.append(f"the paper's {paper_factor:g}x lies outside the interval")
     if monotone and effect["trend"].startswith("unknown"):
         misses.append("the order of the means is unknown (runs without tau)")
@@ -77,6 +96,13 @@ def claim_reading(effect: dict | None, paper_factor: float, extreme: str, monoto
     if misses:
         return {**out, "verdict": "holds in part", "because": "; ".join(misses) + without}
     return {**out, "verdict": "reproduced", "because": "the interval lies above 1 and holds the paper's factor" + without}
+
+
+def beyond_text(u: dict[str, Any]) -> str:
+    """A value past the one a reading rests on: its ratio, as the bound or the few seeds it is."""
+    if u["censored"]:
+        return f"{u['bound']}{u['ratio']:.2f}x ({_runs(u['censored'])} of {u['n']} stopped before tau)"
+    return f"{u['ratio']:.2f}x from {_runs(u['n'])}"
 
 
 def noise_claims(fits: dict[str, Any]) -> list[dict[str, Any]]:
@@ -92,16 +118,16 @@ def claim_text(c: dict[str, Any]) -> str:
     """One claim as a line: the ratio with its interval, the verdict and why."""
     if c["ratio"] is None:
         return f"{c['claim']}: {c['verdict']} ({c['because']})"
-    ci = f" [{c['ci'][0]:.2f}, {c['ci'][1]:.2f}]" if c["ci"] else ""
+    ci = f" {c['ci'].text()} ({c['ci'].label})" if c["ci"] else ""
+    beyond = "".join(f"; at {u['value']:g}: {beyond_text(u)}" for u in c.get("beyond", []))
     return (f"{c['claim']}: {c['value']:g} against {c['reference']:g}: {c['bound']}{c['ratio']:.2f}x{ci} "
-            f"(paper {c['paper']:g}x)"
+            f"(paper {c['paper']:g}x){beyond}"
             f" - {c['verdict']}: {c['because']}")
 
 
 def _mean(v: dict, fmt: str = "{:,.0f}") -> str:
     ci = v["mean_ci"]
-    return (">=" if v["censored"] else "") + fmt.format(v["mean"]) + (
-        f" [{fmt.format(ci[0])}, {fmt.format(ci[1])}]" if ci else "")
+    return (">=" if v["censored"] else "") + fmt.format(v["mean"]) + (f" {ci.text(fmt)}" if ci else "")
 
 
 def _seeds(v: dict) -> str:
@@ -110,12 +136,12 @@ def _seeds(v: dict) -> str:
 
 def _ratio(v: dict) -> str:
     ci = v["ratio_ci"]
-    return f"{v['bound']}{v['ratio']:.2f}" + (f" [{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "")
+    return f"{v['bound']}{v['ratio']:.2f}" + (f" {ci.text()}" if ci else "")
 
 
 def noise_table_text(fits: dict[str, Any]) -> str:
     """Per batch size: tau in steps and in tokens, the tokens' ratio to the largest batch; per learning
-    rate: tau in steps and its ratio to the smallest; means over seeds with bootstrap 95% intervals."""
+    rate: tau in steps and its ratio to the smallest; geometric means over seeds with their intervals."""
     rows = []
     batch, steps, lr = fits.get("batch"), fits.get("batch_steps"), fits.get("lr")
     if batch and steps:
@@ -145,7 +171,8 @@ def compare_lines(ours: list[dict], theirs: list[dict], label: str) -> list[str]
 def noise_lines(fits: dict[str, Any], compare: tuple[str, dict[str, Any]] | None = None) -> list[str]:
     """The noise table, both claims' readings and (``compare``: a label and another sweep's fits) how
     that sweep reads them."""
-    lines = ["gradient noise (mean over seeds [bootstrap 95% interval]):", noise_table_text(fits)]
+    lines = ["gradient noise (geometric mean over seeds [95% t interval from 3 seeds, the range of 2 seeds "
+             "below; >= marks an end from runs that never reached tau]):", noise_table_text(fits)]
     claims = noise_claims(fits)
     lines += [claim_text(c) for c in claims]
     if compare:

@@ -44,7 +44,8 @@ def tau_against(rows: list[dict], fit: dict | None, factor: str, label: str) -> 
 
 
 def noise_figure(batch: dict | None, batch_steps: dict | None, lr: dict | None, claims: list[dict]) -> Captioned:
-    """Mean tau (over seeds, with bootstrap 95% intervals) in tokens and in steps against batch size, and in
+    """Geometric mean tau (over seeds, with their intervals: 95% t from 3 seeds, the range of 2 below) in tokens
+    and in steps against batch size, and in
     steps against learning rate; the caption reads the paper's two claims (``plateauscope.dynamics.noise``)."""
     panels = ((batch, "tokens at tau", "batch size"), (batch_steps, "steps at tau", "batch size"),
               (lr, "steps at tau", "learning rate"))
@@ -58,8 +59,8 @@ def noise_figure(batch: dict | None, batch_steps: dict | None, lr: dict | None, 
             continue
         vals = eff["values"]
         err = {"type": "data", "symmetric": False,
-               "array": [v["mean_ci"][1] - v["mean"] if v["mean_ci"] else 0 for v in vals],
-               "arrayminus": [v["mean"] - v["mean_ci"][0] if v["mean_ci"] else 0 for v in vals]}
+               "array": [v["mean_ci"].high - v["mean"] if v["mean_ci"] else 0 for v in vals],
+               "arrayminus": [v["mean"] - v["mean_ci"].low if v["mean_ci"] else 0 for v in vals]}
         fig.add_trace(go.Scatter(x=[v["value"] for v in vals], y=[v["mean"] for v in vals], error_y=err,
                                  mode="lines+markers", name=y_title + " vs " + x_title, showlegend=False,
                                  text=[f"{v['ratio']:.2f}x, {v['n']} seeds" for v in vals]), row=1, col=col)

@@ -1,7 +1,7 @@
 """The sweep report and ``plateauscope dynamics``: a sweep's table, fits and figures.
 
     plateauscope dynamics --sweep DIR [--analyze [--every 10] [--n-exact 12]] [--llc EVERY] [--compare SWEEP]
-                              [--csv FILE] [--json FILE] [--report] [--n-boot 2000]
+                              [--csv FILE] [--json FILE] [--report]
 
 With ``--analyze``, first runs ``plateauscope.analysis.analyze`` on every backward run of the sweep (the cache
 makes a second call cheap); with ``--llc N``, ``plateauscope.analysis.llc`` at every N-th checkpoint of every run
