@@ -212,3 +212,36 @@ def test_snap_statistics_ignores_records_without_group_accuracy_and_handles_none
     none_snap = snap_statistics(records([[0.0] * 6, [0.1] * 6]), tau=40)
     assert none_snap["n_snapped"] == 0 and none_snap["snap_window_tau"] is None
     assert none_snap["share_above_at_half_tau"] == 0.0
+
+
+def _heads_record(step: int, clean: float, corrupt: float, effect: float) -> dict:
+    """A one-head patching record: the head restores ``effect`` logits."""
+    return {"step": step, "heads": {"clean_metric": clean, "corrupt_metric": corrupt, "raw": [[corrupt + effect]],
+                                    "normalised": [[None]]}}
+
+
+def test_no_caption_gives_a_share_of_a_negative_or_negligible_gap():
+    # step 0: no gap (0.00), step 10: a negative gap (+9.6 clean, +13.9 corrupted), step 20: a gap of 2 logits
+    records = [_heads_record(0, 1.0, 1.0, 0.058), _heads_record(10, 9.6, 13.9, 0.5), _heads_record(20, 3.0, 1.0, 1.5)]
+    _, caption = F.selector_patching_lines(records[:2], [], (0, 0))
+    assert "%" not in caption.replace("0.1 logits", "") and "no share: the gap is +0.000" in caption, caption
+    assert "no share: the gap is -4.300" in caption
+    _, caption = F.selector_patching_lines(records[1:], [], (0, 0))
+    assert "75% of the clean-corrupt gap at step 20" in caption, caption
+
+
+def test_a_negative_or_negligible_gap_is_flagged_and_not_normalised_in_the_table():
+    import torch
+
+    from plateauscope.analysis.components import PatchResult
+    from plateauscope.analysis.patch import format_result
+
+    effect = torch.tensor([[0.5, -0.2]])
+    for clean, corrupt, flag in ((9.6, 13.9, "negative (-4.30 logits)"), (1.0, 0.98, "0.020 logits, below the 0.1 floor")):
+        res = PatchResult("heads", ("layer", "head"), corrupt + effect, (effect) / (clean - corrupt), clean, corrupt)
+        text = format_result(res, [], top=2)
+        assert f"warning: the clean - corrupt gap is {flag}" in text and "raw effect, logits" in text, text
+        assert "normalised (1 = clean" not in text and "  normalised  " not in text
+        assert "L0  +0.500  -0.200" in text and "effect (logits)" in text
+    res = PatchResult("heads", ("layer", "head"), 1.0 + effect, effect / 2.0, 3.0, 1.0)
+    assert "warning" not in format_result(res, [], top=2) and "normalised (1 = clean" in format_result(res, [], top=2)

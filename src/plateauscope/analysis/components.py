@@ -23,6 +23,9 @@ from plateauscope.backend import Model
 
 NORMALISE_EPS = 1e-6
 """Below this |clean - corrupt| gap the normalised effects are NaN."""
+GAP_FLOOR = 0.1
+"""Logits: a clean - corrupt gap below this (or negative) is too small to report shares of. Tables then
+show raw effects, and captions give no percentage of it."""
 
 TARGETS: tuple[str, ...] = ("heads", "heads_by_pos", "resid", "attn", "mlp", "attn_layer", "mlp_layer")
 """Component sets: head outputs over all positions [layer, head] or by position [layer, pos, head];
@@ -74,6 +77,11 @@ class PatchResult:
         """Whether the clean-corrupt gap is large enough for normalised effects."""
         return abs(self.clean_metric - self.corrupt_metric) >= NORMALISE_EPS
 
+    @property
+    def gap_problem(self) -> str | None:
+        """Why the gap cannot carry shares (negative, or below :data:`GAP_FLOOR`), or None."""
+        return gap_problem(self.clean_metric - self.corrupt_metric)
+
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types (NaN as None): what the analysis cache stores."""
         return {
@@ -96,6 +104,17 @@ class PatchResult:
         return cls(d["target"], tuple(d["axes"]), tensor(d["raw"]), tensor(d["normalised"]), d["clean_metric"],
                    d["corrupt_metric"], d.get("method", "exact"), d.get("n_pairs", 0))
 
+
+def gap_problem(gap: float) -> str | None:
+    """Why a clean - corrupt gap (in logits) cannot carry shares of it, or None when it can: the
+    corrupted prompts favour the clean answer more than the clean ones do (negative), or the model
+    barely tells them apart (below :data:`GAP_FLOOR`)."""
+    if gap < 0:
+        return (f"the clean - corrupt gap is negative ({gap:+.2f} logits): the corrupted prompts favour the "
+                "clean answer more than the clean ones do")
+    if gap < GAP_FLOOR:
+        return f"the clean - corrupt gap is {gap:.3f} logits, below the {GAP_FLOOR:g} floor: the model barely tells them apart"
+    return None
 
 def _nan_for_none(values: Any) -> Any:
     if isinstance(values, list):

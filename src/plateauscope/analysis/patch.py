@@ -54,7 +54,6 @@ from tqdm.auto import tqdm
 from transformer_lens.utilities import get_act_name
 
 from plateauscope.analysis.components import (
-    NORMALISE_EPS,
     PatchResult,
     PatchSpec,
     component_label,
@@ -219,18 +218,19 @@ def patch_mlp_out(model: Model, pairs: PromptPairs, by_pos: bool = True, **kw) -
 
 
 def _score(res: PatchResult) -> Tensor:
-    """What tables show: normalised if defined, else the raw effect in logits."""
-    return res.normalised if res.normalisable else res.effect
+    """What tables show: normalised when the gap can carry shares, else the raw effect in logits."""
+    return res.effect if res.gap_problem else res.normalised
 
 
 def format_result(res: PatchResult, pos_names: list[str], top: int) -> str:
     """A grid (layers x heads / positions) for 2-D results and the top components by |effect|."""
 
-    unit = "normalised (1 = clean, 0 = corrupted)" if res.normalisable else "raw effect, logits (normalisation undefined)"
+    problem = res.gap_problem
+    unit = "raw effect, logits" if problem else "normalised (1 = clean, 0 = corrupted)"
     lines = [f"{res.method} patching of {res.target}, {res.n_pairs} pairs: "
-             f"clean logit diff {res.clean_metric:+.4f}, corrupted {res.corrupt_metric:+.4f}"]
-    if not res.normalisable:
-        lines.append(f"|clean - corrupt| < {NORMALISE_EPS:g}: the model ignores z here; showing raw effects")
+             f"clean metric {res.clean_metric:+.4f}, corrupted {res.corrupt_metric:+.4f}"]
+    if problem:
+        lines.append(f"warning: {problem}; nothing is normalised by it, raw effects shown")
     score = _score(res)
     if score.dim() == 2:
         cols = [f"H{h}" for h in range(score.shape[1])] if res.axes[1] == "head" else pos_names[: score.shape[1]]
@@ -243,6 +243,6 @@ def format_result(res: PatchResult, pos_names: list[str], top: int) -> str:
         idx = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), score.shape))
         rows.append([component_label(res.target, idx, pos_names), float(flat[i]),
                      float(res.raw.flatten()[i])])
-    col = "normalised" if res.normalisable else "effect (logits)"
+    col = "effect (logits)" if problem else "normalised"
     lines += ["", f"top {len(rows)} by |effect|:", format_table(rows, ["component", col, "patched metric"])]
     return "\n".join(lines)

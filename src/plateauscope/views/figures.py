@@ -19,6 +19,7 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from plateauscope.analysis.components import GAP_FLOOR, gap_problem
 from plateauscope.analysis.hessian import PAPER_ANISOTROPY
 from plateauscope.analysis.results import na
 from plateauscope.analysis.snap import (
@@ -350,11 +351,14 @@ def selector_patching_lines(exact: list[dict[str, Any]], attribution: list[dict[
 
     def share(r: dict[str, Any]) -> str:
         gap = r["heads"]["clean_metric"] - r["heads"]["corrupt_metric"]
-        return na(float(_patch_values(r, "effect")[l, h]) / gap if abs(gap) > 1e-6 else None, "{:.0%}")
+        if gap_problem(gap):  # no percentage of a negative or negligible gap
+            return f"{float(_patch_values(r, 'effect')[l, h]):+.2f} logits (no share: the gap is {gap:+.3f})"
+        return f"{float(_patch_values(r, 'effect')[l, h]) / gap:.0%} of the clean-corrupt gap"
 
     main = exact or attribution
-    caption = (f"Patching {head_label(l, h)}'s clean output into the corrupted-cue run restores {share(main[0])} of the "
-               f"clean-corrupt gap (dashed) at step {main[0]['step']} and {share(main[-1])} at step {main[-1]['step']}")
+    caption = (f"Patching {head_label(l, h)}'s clean output into the corrupted-cue run restores {share(main[0])} "
+               f"at step {main[0]['step']} and {share(main[-1])} at step {main[-1]['step']} (the gap: dashed; shares "
+               f"only of a gap of at least {GAP_FLOOR:g} logits)")
     by_step = {r["step"]: r for r in attribution}
     both = [(float(_patch_values(r, "effect")[l, h]), float(_patch_values(by_step[r["step"]], "effect")[l, h]))
             for r in exact if r["step"] in by_step]
