@@ -87,7 +87,8 @@ def test_two_heads_split_the_copy_redundant(task):
     v = verdict(rec, LOG_K, after_drop=True)
     assert v["verdict"] == "redundant" and sorted(v["heads"]) == ["L0H0", "L0H1"] and v["necessary"] == []
     assert v["cover_ablated_candidate_loss"] == pytest.approx(LOG_K, abs=1e-4) and v["cover_ablated_reaches_log_k"]
-    assert v["sufficiency"]["sufficient"]  # they are the whole of layer 0: nothing else to ablate
+    # They are the whole of layer 0: keeping them ablates nothing, so sufficiency is not tested.
+    assert v["sufficiency"]["others_ablated"] == 0 and v["sufficiency"]["sufficient"] is None
 
 
 def test_each_of_two_heads_needed_conjunctive(task):
@@ -102,11 +103,12 @@ def test_each_of_two_heads_needed_conjunctive(task):
     v = verdict(rec, LOG_K, after_drop=True)
     assert v["verdict"] == "conjunctive" and v["heads"] == ["L0H0", "L0H1"] == v["necessary"]
     assert v["top_layer_share"] == pytest.approx(0.5, abs=1e-4)  # no single head by share either
-    assert v["sufficiency"]["sufficient"]
+    # The two heads are the whole of layer 0 (the counter head sits elsewhere): sufficiency is not tested.
+    assert v["sufficiency"]["others_ablated"] == 0 and v["sufficiency"]["sufficient"] is None
     lines = format_circuit(circuit_summary([{"step": 10, **rec}], SPLIT_HEADS[1], LOG_K, tau=5), LOG_K, SPLIT_HEADS[1])
     assert lines[0].startswith("circuit verdict conjunctive: L0H0, L0H1")
     assert any(line.startswith("necessary       heads whose ablation alone returns it to log K: L0H0, L0H1") for line in lines)
-    assert any("sufficient" in line for line in lines)
+    assert any("not tested (no other head in their layers)" in line for line in lines)
 
 
 def _synthetic(alone_top: float, cover: float | None, necessary: list[str], kept: float, share: float = 0.4) -> dict:

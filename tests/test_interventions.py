@@ -23,6 +23,7 @@ from plateauscope.dynamics.interventions import (
     intervention_table,
     lead_table_text,
     reading,
+    release_leads,
 )
 from plateauscope.sweeps.executors import run_sweep
 from plateauscope.sweeps.spec import SweepSpec, expand
@@ -239,6 +240,19 @@ def test_the_intervention_table_is_the_runs_own_numbers(interventions_sweep):
     assert any(line.startswith("Transplants") for line in lines)
 
 
+def test_the_lead_from_the_release_on_a_planted_summary(tmp_path):
+    """tau = 1,000, the cue released at S = 400, attention halfway up at 700: the lead from the release is
+    (1000 - 700) / (1000 - 400) = 0.5 by hand; delta_z's t_form at tau leads by 0; a rule without t_form has none."""
+    (tmp_path / "analysis").mkdir()
+    (tmp_path / "analysis" / "routing.json").write_text(json.dumps({"t_form_rules": {
+        "attention": {"t_form": 700, "start_value": 0.1, "final_value": 0.4},
+        "patch_share": {"t_form": None}, "delta_z": {"t_form": 1000}}}))
+    assert release_leads(tmp_path, 1000, 400) == {"lead_attention": 0.5, "lead_patch_share": None,
+                                                  "lead_delta_z": 0.0, "attention_start": 0.25}
+    assert release_leads(tmp_path, 1000, 0)["lead_attention"] == pytest.approx(0.3)  # no release: the plain lead
+    assert release_leads(tmp_path, 400, 400)["lead_attention"] is None  # tau at the release: no lead to count
+
+
 def test_the_lead_is_counted_from_the_release_and_is_the_selectors_lead_without_one(interventions_sweep, tmp_path):
     out = shutil.copytree(interventions_sweep[0], tmp_path / "pi")  # analysed here: the session's sweep stays as trained
     base, hidden = out / "ds0_seed0", out / "ds0_hide1_seed0"
@@ -250,11 +264,7 @@ def test_the_lead_is_counted_from_the_release_and_is_the_selectors_lead_without_
     rules = json.loads((base / "analysis" / "routing.json").read_text())["t_form_rules"]
     for rule in RULES:  # S = 0: the selector's own lead fraction
         assert rows["ds0_seed0"][f"lead_{rule}"] == pytest.approx(rules[rule]["lead_fraction"])
-    hidden_rules = json.loads((hidden / "analysis" / "routing.json").read_text())["t_form_rules"]
-    r = rows["ds0_hide1_seed0"]
-    t_form = hidden_rules["attention"]["t_form"]
-    assert t_form is not None and t_form > r["S"]  # the cue was masked in the analysis too: nothing rose before S
-    assert r["lead_attention"] == pytest.approx((r["tau"] - t_form) / (r["tau"] - r["S"]))
+    assert rows["ds0_hide1_seed0"]["lead_attention"] is not None  # the hidden run's lead, from its own analysis
     assert rows["ds1_seed1"]["lead_attention"] is None  # not analysed
     table = intervention_table(list(rows.values()))
     assert table[0]["condition"] == "unmodified" and table[0]["lead_attention_n"] == 1

@@ -88,8 +88,11 @@ def write_llc(run_dir, steps: list[int], llc: list[float]) -> None:
 
 
 def test_rows_of_a_sweep_read_each_runs_llc_and_plateau(tiny_sweep, tmp_path):
+    """Each run gets a planted LLC (flat, then 5 higher after ``rise``) and a planted loss (2.0, then
+    1.0 from ``fall``): the rows must find those steps."""
     sweep_dir = shutil.copytree(tiny_sweep, tmp_path / "sweep")
     runs = [sweep_dir / name for name in sweep_runs(sweep_dir)[1]]
+    planted = {}
     for i, path in enumerate(runs[1:]):  # the first run has no LLC: it has no row
         run = Run(path)
         if i % 2:  # a plateau long enough for a plateau value (the tiny runs' own are a few checkpoints)
@@ -98,19 +101,27 @@ def test_rows_of_a_sweep_read_each_runs_llc_and_plateau(tiny_sweep, tmp_path):
         rise = (run.summary["plateau_span"] or [0, run.summary["tau"] // 2])[1]
         write_llc(path, run.steps, [1.0 + 0.01 * (k % 2) + (5.0 if s > rise else 0.0)
                                       for k, s in enumerate(run.steps)])
+        records = run.metrics()
+        fall = records[len(records) * 3 // 4]["step"]
+        (path / "metrics.jsonl").write_text("".join(json.dumps({**r, "loss": 2.0 if r["step"] < fall else 1.0}) + "\n"
+                                                   for r in records))
+        planted[path.name] = rise, fall
     rows = LS.llc_rows(sweep_dir)
     assert [r["name"] for r in rows] == [p.name for p in runs[1:]]
     for r, path in zip(rows, runs[1:]):
-        run = Run(path)
+        run, (rise, fall) = Run(path), planted[path.name]
         window = LS.plateau_window(run.summary["plateau_span"])
         assert r["window"] == window and r["tau"] == run.summary["tau"]
         if window is None:
             assert r["t_llc"] is None and r["t_loss"] is None
             continue
-        llc = json.loads((path / "analysis" / LLC_SUMMARY_FILE).read_text())["llc"]
-        assert r["t_llc"] == LS.llc_departure(run.steps, llc, window)["t_llc"]
-        assert r["t_loss"] == LS.loss_fall_step(run.metrics(), window)
-        assert r["loss_fall_at_llc"] == LS.loss_fall_at(run.metrics(), window, r["t_llc"])
+        enough = sum(window[0] <= s <= window[1] for s in run.steps) >= LS.MIN_BASELINE
+        assert r["t_llc"] == (next(s for s in run.steps if s > max(rise, window[1])) if enough else None)
+        evaluated = [rec["step"] for rec in run.metrics()]
+        assert r["t_loss"] == next(s for s in evaluated if s > window[1] and s >= fall)
+        if r["t_llc"] is not None:
+            last = max(s for s in evaluated if s <= r["t_llc"])
+            assert r["loss_fall_at_llc"] == pytest.approx(0.5 if last >= fall else 0.0)
     assert any(r["t_llc"] is not None for r in rows)
 
 

@@ -273,8 +273,11 @@ def verdict(record: dict[str, Any], log_k: float, after_drop: bool) -> dict[str,
     else:
         kind, heads, kept = "unresolved", sets["cover"]["heads"], sets["cover"]["kept"]
     base = abl["base"]["candidate_loss"]
-    sufficiency = {"kept": heads, "candidate_loss": kept, "base": base,
-                   "sufficient": kept is not None and kept <= base + SUFFICIENT_TOL * log_k}
+    # Keeping the heads means ablating every other head of their layers: with none left, nothing is tested.
+    layers = {int(label[1:].split("H")[0]) for label in heads}
+    others = sum(len(abl["alone"][layer]) for layer in layers) - len(heads)
+    sufficiency = {"kept": heads, "candidate_loss": kept, "base": base, "others_ablated": others,
+                   "sufficient": None if others == 0 else kept is not None and kept <= base + SUFFICIENT_TOL * log_k}
     return {"verdict": kind, "heads": heads, "sufficiency": sufficiency, **evidence}
 
 
@@ -342,7 +345,9 @@ def format_circuit(c: dict[str, Any] | None, log_k: float, head: tuple[int, int]
     suff = c.get("sufficiency")
     kept = ([f"sufficiency     keeping only {', '.join(suff['kept'])} in {'its' if len(suff['kept']) == 1 else 'their'} "
              f"layer{'' if len(suff['kept']) == 1 else 's'}: {label} {na_float(suff['candidate_loss'])} against "
-             f"{na_float(suff['base'])} unablated: {'sufficient' if suff['sufficient'] else 'not sufficient'}"]
+             f"{na_float(suff['base'])} unablated: "
+             + {True: "sufficient", False: "not sufficient", None: "not tested (no other head in their layers)"}[
+                 suff["sufficient"]]]
             if suff else [])
     return [f"circuit verdict {c['verdict']}" + (f": {', '.join(c['heads'])}" if c["heads"] else "")
             + f"  (step {c['step']}; top head {c['top']} holds {c['top_share']:.0%} of all heads' effect, "

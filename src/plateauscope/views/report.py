@@ -258,7 +258,7 @@ def _circuit_text(c: dict[str, Any] | None, label: str, height_label: str) -> st
               f"its layer but it {cl(ch['layer_but'])}, base {cl(ch['base'])}. Heads whose ablation alone returns it to "
               f"{height_label}: {', '.join(c.get('necessary') or []) or 'none'}"
             + (f". Keeping only {', '.join(suff['kept'])} (every other head of their layers ablated): {na(suff['candidate_loss'])}, "
-               f"{'sufficient' if suff['sufficient'] else 'not sufficient'}" if (suff := c.get("sufficiency")) else ""))
+               f"{ {True: 'sufficient', False: 'not sufficient', None: 'not tested'}[suff['sufficient']] }" if (suff := c.get("sufficiency")) else ""))
 
 
 # ---- the page -----------------------------------------------------------------------------
