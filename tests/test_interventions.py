@@ -265,6 +265,19 @@ def test_the_lead_is_counted_from_the_release_and_is_the_selectors_lead_without_
     for rule in RULES:  # S = 0: the selector's own lead fraction
         assert rows["ds0_seed0"][f"lead_{rule}"] == pytest.approx(rules[rule]["lead_fraction"])
     assert rows["ds0_hide1_seed0"]["lead_attention"] is not None  # the hidden run's lead, from its own analysis
+    # Its t_form rules start at the release S (before it the mask, not learning, sets attention and delta_z),
+    # and the summary shows the candidate loss at the evaluations around the release.
+    hidden_summary = json.loads((hidden / "analysis" / "routing.json").read_text())
+    S = rd.Run(hidden).config.train.hide_cue_until
+    assert S and hidden_summary["rules_start"] == max(hidden_summary["plateau_start"], S)
+    assert all(rule["t_form"] is None or rule["t_form"] > S for rule in hidden_summary["t_form_rules"].values())
+    metrics = {r["step"]: r["candidate_loss"] for r in rd.Run(hidden).metrics()}
+    around = hidden_summary["release"]
+    assert around["before"]["step"] == max(s for s in metrics if s < S)
+    assert around["after"]["step"] == min(s for s in metrics if s >= S)
+    assert around["before"]["value"] == metrics[around["before"]["step"]]
+    assert around["after"]["value"] == metrics[around["after"]["step"]]
+    assert json.loads((base / "analysis" / "routing.json").read_text())["release"] is None
     assert rows["ds1_seed1"]["lead_attention"] is None  # not analysed
     table = intervention_table(list(rows.values()))
     assert table[0]["condition"] == "unmodified" and table[0]["lead_attention_n"] == 1

@@ -31,6 +31,16 @@ def _previous(values: list[int], x: int) -> int | None:
     return before[-1] if before else None
 
 
+def release_record(records: list[dict], release: int, key: str) -> dict[str, Any]:
+    """The progress measure at the last evaluation before the cue's release at ``release`` and at the
+    first one from it: a shock from the release shows as a jump between the two."""
+    before = [r for r in records if r["step"] < release and r.get(key) is not None]
+    after = [r for r in records if r["step"] >= release and r.get(key) is not None]
+    return {"step": release, "key": key,
+            "before": {"step": before[-1]["step"], "value": before[-1][key]} if before else None,
+            "after": {"step": after[0]["step"], "value": after[0][key]} if after else None}
+
+
 def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[dict],
               smooth: int = 1) -> dict[str, Any]:
     """Selector head, t_form, tau, lead fraction (by each rule), ablation before/mid/after, the circuit
@@ -48,14 +58,18 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
     series = [r["to_z_first"][layer][head] for r in attn]
     summary = run.summary or {}
     plateau_start = (summary.get("plateau_span") or [steps[0]])[0]
-    form = sel.formation_step(steps, series, plateau_start)
+    # A run trained with the cue hidden until S: before S the mask forces attention to the cue and the
+    # cue's effect to 0, so the t_form rules start at the release, not before it.
+    release = run.config.train.hide_cue_until or 0
+    rules_start = max(plateau_start, release)
+    form = sel.formation_step(steps, series, rules_start)
     eval_steps = [r["step"] for r in records]
     tau_lo = _previous(eval_steps, tau) if tau is not None else None
     t_lo = form["t_form_bracket"][0] if form["t_form_bracket"] else None
     lead = sel.lead_fraction(tau, tau_lo, form["t_form"], t_lo)
     circ = cache.get("circuit") or []
     rules = sel.t_form_rules(
-        tau, tau_lo, plateau_start, progress.height, (steps, series),
+        tau, tau_lo, rules_start, progress.height, (steps, series),
         ([r["step"] for r in circ], sel.gated_shares([r["shares"]["share"][layer][head] for r in circ],
                                                      [r["shares"]["total_positive"] for r in circ])),
         ([r["step"] for r in records if r.get(cue) is not None], [r[cue] for r in records if r.get(cue) is not None]),
@@ -68,7 +82,7 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
         best = max(range(len(final) * n_heads), key=lambda i: final[i // n_heads][i % n_heads])
         at = (best // n_heads, best % n_heads)
         values = [r["rules"][name][at[0]][at[1]] for r in attn]
-        formed = sel.formation_step(steps, values, plateau_start)
+        formed = sel.formation_step(steps, values, rules_start)
         lo = formed["t_form_bracket"][0] if formed["t_form_bracket"] else None
         return {"head": list(at), "label": f"L{at[0]}H{at[1]}",
                 **formed, **sel.lead_fraction(tau, tau_lo, formed["t_form"], lo)}
@@ -103,6 +117,8 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
         "tau_bracket": [tau_lo, tau] if tau is not None else None,
         "log_k": log_k,
         "plateau_start": plateau_start,
+        "rules_start": rules_start,
+        "release": release_record(records, release, progress.key) if release else None,
         **form,
         **lead,
         "ablation": {"plateau_start": ablation_at(plateau_start),
@@ -133,12 +149,17 @@ def format_summary(s: dict[str, Any], progress: ProgressMeasure | None = None) -
     lead_bracket = [round(x, 3) for x in s["lead_bracket"]] if s["lead_bracket"] else None
     lines = [
         f"routing head    {s['label']}  (rule: {s['rule']})",
-        f"attention-to-cue {na(s['start_value'])} at plateau start (step {s['plateau_start']}) -> "
+        f"attention-to-cue {na(s['start_value'])} at the rules' start (step {s.get('rules_start', s['plateau_start'])}) -> "
         f"{na(s['final_value'])} at the end",
         f"t_form          {na(s['t_form'], '{}')}  bracket {s['t_form_bracket']}",
         f"tau             {na(s['tau'], '{}')}  bracket {s['tau_bracket']}",
         f"lead fraction   {na(s['lead_fraction'])}  bracket {lead_bracket}" + ("  (paper: ~0.5)" if hl == "log K" else ""),
     ]
+    if s.get("release"):
+        r = s["release"]
+        at = lambda e: f"{e['value']:.3f} (step {e['step']})" if e else "n/a"  # noqa: E731
+        lines.append(f"cue released  at step {r['step']}: {label} {at(r['before'])} just before, {at(r['after'])} "
+                     f"just after; the t_form rules start at step {s['rules_start']}")
     for name, a in s["ablation"].items():
         if a:
             lines.append(f"ablation {name:<12} step {a['step']:>6}: {label} {a['base_candidate_loss']:.3f} -> "
