@@ -67,3 +67,28 @@ def test_shares_of_a_vanishing_effect_count_as_zero():
     form = sel.formation_step(steps, sel.gated_shares(shares, totals))
     assert form["t_form"] == 30  # halfway from 0 to 0.6; ungated, the share never rises
     assert sel.formation_step(steps, shares)["t_form"] is None
+
+
+def test_chance_is_the_cues_share_of_the_keys_and_a_head_at_chance_is_no_routing_head(tiny_run, tmp_path):
+    """The tiny selector prompt is <BOS>, B (6 characters), <SEP>, z (2), <SEP>: the prediction position 10
+    sees 11 keys, 2 of them the cue, so uniform attention puts 2/11 on it."""
+    import json
+    import shutil
+
+    from plateauscope.analysis.analyze import analyze_run
+    from plateauscope.analysis.attention import chance_attention
+    from plateauscope.analysis.summary import format_summary
+    from plateauscope.training.run import Run
+
+    task = Run(tiny_run).task()
+    assert task.pred_pos == 10 and chance_attention(task) == pytest.approx(2 / 11)
+    path = shutil.copytree(tiny_run, tmp_path / "tiny")
+    summary = analyze_run(path, n_exact=1, progress=False, edges=False)
+    assert summary["chance"] == pytest.approx(2 / 11)
+    assert summary["above_chance"] == (summary["final_value"] > 2 / 11)
+    # The associative-recall case: the best head ends at 0.07 against a chance of 0.12.
+    below = {**json.loads(json.dumps(summary)), "final_value": 0.07, "chance": 0.12, "above_chance": False}
+    first = format_summary(below).splitlines()[0]
+    assert first.startswith("routing head    none: the best head") and "not above chance (0.120" in first
+    assert format_summary(summary).splitlines()[0].startswith(
+        "routing head    none" if not summary["above_chance"] else f"routing head    {summary['label']}")

@@ -75,6 +75,14 @@ class AttentionToZ:
         return out
 
 
+def chance_attention(task: Task) -> float:
+    """The attention to the cue from the prediction position under a uniform pattern: the cue's keys
+    over all the keys that position can attend to (causal: ``pred_pos + 1``), averaged over the data
+    set. A head at or below it does not single the cue out."""
+    keys = task.cue_positions(task.tokens, task.pred_pos)
+    return float((keys >= 0).sum(-1).double().mean()) / (task.pred_pos + 1)
+
+
 @torch.inference_mode()
 def attention_patterns(
     model: Model, tokens: Int[Tensor, "N seq"], input_len: int

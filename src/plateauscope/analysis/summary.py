@@ -17,6 +17,7 @@ import torch
 
 from plateauscope.analysis import selector as sel
 from plateauscope.analysis.ablate import near_log_k
+from plateauscope.analysis.attention import chance_attention
 from plateauscope.analysis.attribution import agreement
 from plateauscope.analysis.circuit import circuit_summary, format_circuit
 from plateauscope.analysis.components import PatchResult
@@ -108,9 +109,12 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
         a = attribution_by_step.get(p["step"])
         if a is not None:
             agree.append({"step": p["step"], **strict_json(agreement(_result(p["heads"]), _result(a["heads"])))})
+    chance = chance_attention(run.task())
     return {
         "head": [layer, head],
         "label": f"L{layer}H{head}",
+        "chance": chance,
+        "above_chance": form["final_value"] is not None and form["final_value"] > chance,
         "rule": "argmax over heads of attention to the cue x max(normalised head patching effect, 0) at the final analysed step",
         "scores": scores,
         "tau": tau,
@@ -147,10 +151,14 @@ def format_summary(s: dict[str, Any], progress: ProgressMeasure | None = None) -
     of the task's progress measure (default: the selector task's candidate loss and log K)."""
     label, hl = (progress.label, progress.height_label) if progress else ("candidate loss", "log K")
     lead_bracket = [round(x, 3) for x in s["lead_bracket"]] if s["lead_bracket"] else None
+    chance = s.get("chance")
+    routing = (f"routing head    {s['label']}  (rule: {s['rule']})" if s.get("above_chance", True) else
+               f"routing head    none: the best head, {s['label']}, ends at {na(s['final_value'])} attention to the cue, "
+               f"not above chance ({chance:.3f}: uniform over the keys the prediction position can attend to)")
     lines = [
-        f"routing head    {s['label']}  (rule: {s['rule']})",
+        routing,
         f"attention-to-cue {na(s['start_value'])} at the rules' start (step {s.get('rules_start', s['plateau_start'])}) -> "
-        f"{na(s['final_value'])} at the end",
+        f"{na(s['final_value'])} at the end" + (f" (chance {chance:.3f})" if chance is not None else ""),
         f"t_form          {na(s['t_form'], '{}')}  bracket {s['t_form_bracket']}",
         f"tau             {na(s['tau'], '{}')}  bracket {s['tau_bracket']}",
         f"lead fraction   {na(s['lead_fraction'])}  bracket {lead_bracket}" + ("  (paper: ~0.5)" if hl == "log K" else ""),
