@@ -28,6 +28,8 @@ from plateauscope.training import run as rd
 from plateauscope.training.interventions import INTERVENTION_OPTIONS
 from plateauscope.training.machine import describe, machine_record
 
+from record import row, save
+
 TARGETS_MIN = {"plateau-interventions": 90.0, "paper-noise-grid": 150.0}
 """Each experiment's budget in minutes on 2 cores, by its first sweep."""
 CONFIRMATIONS = {"plateau-interventions": "plateau-interventions-demo"}
@@ -110,9 +112,14 @@ def main() -> None:
     costs = [sweep_cost(preset, sweep, args.workers) for preset, sweep in parts]
     target, wall = TARGETS_MIN[args.preset], sum(c.minutes for c in costs)
     whole = " + ".join(preset for preset, _ in parts)
+    settings = {"preset": args.preset, "workers": args.workers, "runs": sum(c.runs for c in costs),
+                "complete": sum(c.complete for c in costs)}
     if all(c.complete == c.runs for c in costs):
         print(f"{whole}: {wall:.1f} min (target: the whole experiment in <= {target:.0f} min: "
               f"{'met' if wall <= target else 'not met'})")
+        saved = save(f"sweep-budget-{args.preset}", [row(f"{whole}, wall time", round(wall, 1), "min",
+                                                         f"<= {target:.0f}", wall <= target)], settings)
+        print(f"saved: {saved}")
         return
     as_run = sum(c.as_run for c in costs)
     estimate = wall + sum(c.left for c in costs)
@@ -120,6 +127,10 @@ def main() -> None:
     print(f"{whole}: incomplete; as run (the complete runs and the time spent on unfinished ones) "
           f"{as_run:.1f} min, {'within' if as_run <= target else 'over'} the budget of {target:.0f} min; "
           f"estimated {estimate:.0f} min in all" + (f", and {unmeasured} runs of an unmeasured kind" if unmeasured else ""))
+    saved = save(f"sweep-budget-{args.preset}",
+                 [row(f"{whole}, {settings['complete']} of {settings['runs']} runs, wall time as run", round(as_run, 1),
+                      "min", f"<= {target:.0f}", as_run <= target)], settings)
+    print(f"saved: {saved}")
 
 
 if __name__ == "__main__":
