@@ -117,7 +117,7 @@ def main() -> None:
     if all(c.complete == c.runs for c in costs):
         print(f"{whole}: {wall:.1f} min (target: the whole experiment in <= {target:.0f} min: "
               f"{'met' if wall <= target else 'not met'})")
-        saved = save(f"sweep-budget-{args.preset}", [row(f"{whole}, wall time", round(wall, 1), "min",
+        saved = save("sweep_budget", [row(f"{whole}, wall time", round(wall, 1), "min",
                                                          f"<= {target:.0f}", wall <= target)], settings)
         print(f"saved: {saved}")
         return
