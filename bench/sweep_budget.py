@@ -127,7 +127,7 @@ def main() -> None:
     print(f"{whole}: incomplete; as run (the complete runs and the time spent on unfinished ones) "
           f"{as_run:.1f} min, {'within' if as_run <= target else 'over'} the budget of {target:.0f} min; "
           f"estimated {estimate:.0f} min in all" + (f", and {unmeasured} runs of an unmeasured kind" if unmeasured else ""))
-    saved = save(f"sweep-budget-{args.preset}",
+    saved = save("sweep_budget",
                  [row(f"{whole}, {settings['complete']} of {settings['runs']} runs, wall time as run", round(as_run, 1),
                       "min", f"<= {target:.0f}", as_run <= target)], settings)
     print(f"saved: {saved}")
