@@ -19,7 +19,9 @@ Then ``plateauscope.analysis.analyze.analyze_run`` over every ``--every``-th che
 cache in a temporary directory, and the time of each of its parts. The edge analyses
 (``plateauscope.analysis.edges``) are printed against issue 18's target: attribution of every edge at every
 analysed demo checkpoint in 60 s or less on 2 cores; the faithful-circuit search and the exact
-patching of the top edges next to it, and the share of the whole analysis that edges take.
+patching of the top edges next to it, and the share of the whole analysis that edges take. The
+figures are saved (``bench/record.py``; a run of another preset than ``demo``, or with a ``--skip``
+flag, as a part of its own).
 
 The run is the preset's default run directory (``checkpoints/demo`` for ``demo``, what ``make
 demo`` writes; ``checkpoints/bench_<preset>`` otherwise), trained (or resumed) first when it
@@ -56,8 +58,11 @@ from plateauscope.training.machine import describe, machine_record  # noqa: E402
 from plateauscope.training.presets import PRESETS, get_preset  # noqa: E402
 from plateauscope.training.run import Run  # noqa: E402
 from plateauscope.training.train import train  # noqa: E402
+from record import against, arguments, row, save  # noqa: E402
 
 TARGETS = {"heads all pos": 3.0, "heads by pos": 5.0, "resid_pre": 5.0, "attribution, heads by pos": 50.0}
+EXACT_TOLERANCE = 1e-5
+"""Exact patching: the largest difference from TransformerLens's patched metric."""
 EDGE_TARGET_S = 60.0
 """Issue 18: every edge scored at every analysed demo checkpoint in this many seconds on 2 cores."""
 EDGE_PARTS = ("edges: attribution of every edge", "edges: faithful circuit search", "edges: exact patching of the top edges")
@@ -202,6 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    rows = []
     print(f"{run.path}: {args.pairs} pairs, best of {args.rounds} rounds; {describe(machine_record())}")
     print(f"{'checkpoint':<18} {'sweep':<27} {'TransformerLens':>15} {'ours':>9} {'ratio':>8} {'target':>7} "
           f"{'met':>4} {'max |diff|':>11}")
@@ -210,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
             ratio, target = t_ref / t_ours, TARGETS[sweep]
             print(f"{label + ' ' + str(step):<18} {sweep:<27} {t_ref:>13.3f} s {t_ours:>7.3f} s {ratio:>7.1f}x "
                   f"{target:>6.0f}x {'yes' if ratio >= target else 'NO':>4} {diff:>11.2e}", flush=True)
+            where = f"{args.preset} {label} {step}: {sweep}"
+            rows.append(against(f"{where}, TransformerLens / ours", ratio, "x", ">=", target))
+            measure = f"{where}, largest difference from TransformerLens"
+            rows.append(row(measure, diff, "") if sweep.startswith("attribution")
+                        else against(measure, diff, "", "<=", EXACT_TOLERANCE))
     if not args.skip_analyze:
         total, parts, n = time_analysis(run, args.every)
         print(f"\ninterp.analyze of {n} checkpoints (every {args.every}): {total:.1f} s")
@@ -223,6 +234,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{'met' if attribution <= EDGE_TARGET_S else 'NOT met'}); with the circuit search and exact patching "
               f"{all_edges:.1f} s ({'met' if all_edges <= EDGE_TARGET_S else 'NOT met'}), "
               f"{all_edges / total:.0%} of plateauscope.analysis.analyze")
+        on = f"{args.preset}, {n} checkpoints (every {args.every})"
+        edge_rows = {f"{on}: edges, attribution of every edge": attribution,
+                     f"{on}: edges, with the circuit search and exact patching": all_edges}
+        rows.append(row(f"{on}: analyze_run", total, "s"))
+        # issue 18's target is the demo series as make demo analyses it (every 2nd checkpoint)
+        rows += [against(m, sec, "s", "<=", EDGE_TARGET_S) if args.preset == "demo" and args.every <= 2
+                 else row(m, sec, "s") for m, sec in edge_rows.items()]
+        rows.append(row(f"{on}: edges, share of analyze_run", 100 * all_edges / total, "%"))
+    part = "-".join(([] if args.preset == "demo" else [args.preset]) + (["patching"] if args.skip_analyze else [])
+                    + (["analyze"] if args.skip_patching else [])) or None
+    print(f"saved {save('analysis', rows, arguments(args, run=run.path), part)}")
     return 0
 
 

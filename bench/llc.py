@@ -12,6 +12,7 @@ Measures in one process, with the default ``LLCSettings`` (or the flags):
 
 Wall times move with the machine's load (printed before and after); the process CPU time of the
 estimate is printed next to it, and equals the wall time a single thread takes on an idle core.
+The figures are saved (``bench/record.py``).
 
     .venv/bin/python bench/llc.py [--ci-run /tmp/llc_ci] [--n-checkpoints 240] [--every 4] [--threads 2]
 """
@@ -32,6 +33,7 @@ from plateauscope.tasks.selector import SelectorTask
 from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
 from plateauscope.training.presets import get_preset
 from plateauscope.training.run import Run
+from record import against, arguments, row, save
 
 TARGET_S = 600.0
 
@@ -82,6 +84,11 @@ def main() -> None:
           f"{wall:.2f} s wall, {cpu:.2f} s CPU per checkpoint; ratio paper / ci {wall / ci_wall:.2f} (wall), "
           f"{cpu / ci_cpu:.2f} (CPU)")
 
+    rows = [row("ci model, one LLC estimate, wall", ci_wall, "s"), row("ci model, one LLC estimate, CPU", ci_cpu, "s"),
+            row("loading one checkpoint", load_s, "s"),
+            row("paper model, one LLC estimate, wall", wall, "s"), row("paper model, one LLC estimate, CPU", cpu, "s"),
+            row("paper / ci, one LLC estimate, wall", wall / ci_wall, "x"),
+            row("paper / ci, one LLC estimate, CPU", cpu / ci_cpu, "x")]
     n = math.ceil(args.n_checkpoints / args.every) + 1
     calib = (2 * settings.num_draws + settings.num_burnin_steps) / (settings.num_draws + settings.num_burnin_steps)
     for kind, per in (("wall", wall), ("CPU (1 thread, idle core)", cpu)):
@@ -89,7 +96,10 @@ def main() -> None:
         verdict = "meets" if total <= TARGET_S else "MISSES"
         print(f"projected demo series, {n} checkpoints (every {args.every} of {args.n_checkpoints}) + calibration, "
               f"by {kind}: {total:.0f} s = {total / TARGET_S:.2f} x the {TARGET_S:.0f} s target: {verdict}")
+        rows.append(against(f"projected demo series, {n} checkpoints + calibration, by {kind}", total, "s", "<=",
+                            TARGET_S))
     print(f"load average after {os.getloadavg()[0]:.2f}")
+    print(f"saved {save('llc', rows, arguments(args))}")
 
 
 if __name__ == "__main__":

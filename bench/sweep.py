@@ -15,7 +15,9 @@ GFLOP/s against this machine's best matmul, and the time its matrix products tak
 missed target comes with the reason. ``--compile`` also times the vectorised loss through
 ``torch.compile`` (not used for training: see the README). ``--forward`` picks the training forward
 of both sides (default ``fused``, where a member runs its solo run's kernels one member after
-another; the profile and roofline are of the ``hooked`` forward's one vmapped pass).
+another; the profile and roofline are of the ``hooked`` forward's one vmapped pass). The figures
+are saved (``bench/record.py``; another preset than ``ci`` or another forward than ``fused`` as a
+part of their own).
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ from plateauscope.training.model import build_hooked_transformer, hooked_config_
 from plateauscope.training.presets import PRESETS, get_preset
 from plateauscope.training.run import Run
 from plateauscope.training.train import train
+from record import against, arguments, row, save
+
+TARGET = 2.0
+"""Issue 10: 8 ``ci`` seeds as one ensemble at least this many times faster than 8 sequential solo runs."""
 
 
 def max_metric_diff(a: Path, b: Path) -> float:
@@ -190,8 +196,16 @@ def main() -> None:
     print(f"{args.seeds} solo runs, sequential    : {sequential:7.2f} s")
     print(f"ensemble of {args.seeds}                : {ensemble:7.2f} s  = {ensemble / one:.2f}x one solo run")
     print(f"speed-up over sequential     : {speedup:.2f}x  (target >= 2x for 8 ci seeds: "
-          f"{'met' if speedup >= 2 else 'NOT met'})")
+          f"{'met' if speedup >= TARGET else 'NOT met'})")
     print(f"members vs solo, last eval   : max |difference| {diff:.2e}")
+    runs = f"{args.preset}, {args.seeds} seeds x {args.steps} steps, --forward {args.forward}"
+    speedup_row = f"{runs}: ensemble speed-up over sequential solo runs"
+    rows = [row(f"{runs}: one solo run (mean)", one, "s"), row(f"{runs}: solo runs, sequential", sequential, "s"),
+            row(f"{runs}: ensemble", ensemble, "s"),
+            # the target is issue 10's, for 8 ci seeds
+            against(speedup_row, speedup, "x", ">=", TARGET) if (args.preset, args.seeds) == ("ci", 8)
+            else row(speedup_row, speedup, "x"),
+            row(f"{runs}: members vs solo runs, last evaluation, largest difference", diff, "")]
     print(f"profile of one training step with the hooked forward ({args.seeds} solo steps vs one vmapped step, "
           "median ms):")
     prof = profile_step(cfg, args.seeds)
@@ -199,6 +213,9 @@ def main() -> None:
         print(f"  {part:<9} {a * 1e3:8.1f} ms  vs {b * 1e3:8.1f} ms  ({a / b:.2f}x)")
     a, b = (sum(v[i] for v in prof.values()) for i in (0, 1))
     print(f"  {'step':<9} {a * 1e3:8.1f} ms  vs {b * 1e3:8.1f} ms  ({a / b:.2f}x)")
+    rows += [row(f"{args.seeds} solo steps (hooked forward, median)", a * 1e3, "ms"),
+             row(f"one vmapped {args.seeds}-member step (hooked forward, median)", b * 1e3, "ms"),
+             row(f"{args.seeds} solo steps / one vmapped step", a / b, "x")]
     # The reason, in numbers: a vectorised step does the members' arithmetic; at 2x it would have to
     # run at twice the solo steps' speed, and its matrix products alone already run near this
     # machine's best matmul speed.
@@ -215,10 +232,19 @@ def main() -> None:
           f"{total * 1e3:.1f} ms (profiled), {flop / mm / 1e9:.0f} GFLOP/s")
     print(f"  2x over solo     : {2 * flop / a / 1e9:6.1f} GFLOP/s for the whole step = {a / 2 * 1e3:.1f} ms, "
           f"{a / 2 / mm:.2f}x the time its matrix products take alone")
+    rows += [row("best matmul on this machine", peak, "GFLOP/s"),
+             row(f"one vmapped {args.seeds}-member step (hooked forward)", flop / b / 1e9, "GFLOP/s")]
     if args.compile:
         first, eager, fused = compiled_speed(cfg, args.seeds)
         print(f"torch.compile of the vectorised loss: {eager:.1f} -> {fused:.1f} ms/step ({eager / fused:.2f}x; "
               f"8 solo steps {a * 1e3:.1f} ms), after {first:.0f} s compiling its first step")
+        rows += [row(f"torch.compile, vmapped {args.seeds}-member step", fused, "ms"),
+                 row("torch.compile, eager / compiled step", eager / fused, "x"),
+                 row("torch.compile, its first step (compiling)", first, "s")]
+    part = [args.preset] if args.preset != "ci" else []
+    part += [args.forward] if args.forward != "fused" else []
+    print(f"saved {save('sweep', rows, arguments(args), '-'.join(part) or None)}")
+
 
 if __name__ == "__main__":
     main()

@@ -13,9 +13,11 @@ Trains a preset (default ``ci``) for each seed (model and data seed varied toget
 
 Each run is analysed (``plateauscope.analysis.analyze``, every 10th checkpoint; cached), and the bench prints
 per mode the median over seeds, with the order-statistic interval of the median (its coverage stated), of tau, the plateau's
-length, the lead fraction (by ``plateauscope.analysis.selector``'s chosen t_form rule), the plateau verdicts,
+length, the lead fraction (by ``plateauscope.analysis.formation``'s chosen t_form rule), the plateau verdicts,
 and the training time per step; then whether each mode's median lies inside the reference mode's
-interval. Runs already trained are reused, so a second call only prints.
+interval. Runs already trained are reused, so a second call only prints. The medians of the time
+per step are saved (``bench/record.py``, with the number of runs reused; the science is in
+``OUT/modes.json``).
 
     .venv/bin/python bench/train_modes.py --out sweeps/modes --seeds 0,1,2 --modes fused,hooked,bf16
 """
@@ -33,10 +35,11 @@ import torch
 from plateauscope.analysis.analyze import analyze_run
 from plateauscope.analysis.results import median
 from plateauscope.dynamics import run_row
-from plateauscope.dynamics.intervals import median_interval
+from plateauscope.analysis.intervals import median_interval
 from plateauscope.training.presets import get_preset
 from plateauscope.training.run import Run
 from plateauscope.training.train import NO_HOOKS, TrainingHooks, train
+import record
 
 MODES = ("fused", "trimmed", "hooked", "bf16")
 
@@ -76,10 +79,12 @@ def main() -> None:
         p.error(f"--reference {args.reference} is not among --modes")
 
     rows: dict[str, list[dict]] = {}
+    reused = 0  # runs (partly) trained by an earlier call: their time per step was not measured by this one
     for mode in modes:
         rows[mode] = []
         for seed in seeds:
             out = args.out / mode / f"seed{seed}"
+            reused += out.exists()
             t0 = time.perf_counter()
             ms = train_mode(args.preset, mode, seed, out) * 1e3
             analyze_run(out, every=10, n_exact=4, progress=False, edges=False)  # the verdicts only
@@ -114,6 +119,9 @@ def main() -> None:
         print(f"    {mode:<7} {', '.join(str(r['verdict']) for r in rows[mode])}")
     (args.out / "modes.json").write_text(json.dumps(rows, indent=1, default=str))
     print(f"rows: {args.out / 'modes.json'}")
+    timings = [record.row(f"{args.preset}, {mode}: ms per step, as logged (median of {len(seeds)} seeds)",
+                          median([r["ms_per_step"] for r in rows[mode]]), "ms") for mode in modes]
+    print(f"saved {record.save('train_modes', timings, record.arguments(args, runs_reused=reused))}")
 
 
 if __name__ == "__main__":

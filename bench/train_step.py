@@ -24,6 +24,10 @@ the fused forward, per step, on the ``ci`` and ``paper`` models (``--only-trimme
 (per step, both loops) and, with ``--compile``, ``torch.compile`` of the fused loss (its first step,
 the compilation, and its steps after).
 
+The figures are saved (``bench/record.py``); an ``--only-*`` run as a part of its own
+(``train_step-resume-<machine>.json``), so that it leaves the whole run's file alone. A measure
+that was not measured (the end-to-end one without the authors' code) has no row.
+
     .venv/bin/python bench/train_step.py --authors-repo ../synass-lens --authors-python ../synass-venv/bin/python
 """
 
@@ -48,8 +52,12 @@ from plateauscope.training.model import build_hooked_transformer, hooked_config_
 from plateauscope.training.presets import get_preset
 from plateauscope.training.schedule import resume_steps, scheduled_steps
 from plateauscope.training.train import TrainingHooks, adamw, train
+from record import against, arguments, row, save, yes_no
 
 ROOT = Path(__file__).resolve().parents[1]
+STEP_TARGET, EVAL_TARGET, END_TO_END_TARGET = 1.4, 0.05, 1.3
+"""Issue 22: per step at least 1.4x a plain eager loop; evaluation under 5% of the wall time; end to
+end at least 1.3x the authors' code."""
 
 
 def authors_differences(steps: int) -> list[str]:
@@ -115,8 +123,9 @@ def optimizer_steps(cfg: RunConfig, steps: int, ours: bool, warmup: int = 5) -> 
     return spent / steps, {k: v.detach().clone() for k, v in params.items()}
 
 
-def print_optimizer_step(cfg: RunConfig, steps: int, rounds: int) -> None:
-    """One line: the AdamW step of ``plateauscope.training.train.adamw`` against torch's default, interleaved."""
+def print_optimizer_step(cfg: RunConfig, steps: int, rounds: int) -> list[dict]:
+    """One line: the AdamW step of ``plateauscope.training.train.adamw`` against torch's default, interleaved;
+    its rows."""
     ours = default = float("inf")
     for _ in range(rounds):
         t_ours, w_ours = optimizer_steps(cfg, steps, ours=True)
@@ -125,6 +134,10 @@ def print_optimizer_step(cfg: RunConfig, steps: int, rounds: int) -> None:
     same = all(torch.equal(w_ours[k], w_default[k]) for k in w_ours)
     print(f"AdamW step, foreach (ours)         : {ours * 1e3:6.2f} ms against torch's default {default * 1e3:.2f} ms "
           f"= {default / ours:.2f}x; weights after {steps + 5} steps bit-identical: {'yes' if same else 'NO'}")
+    return [row(f"{cfg.preset}: AdamW step, foreach (ours)", ours * 1e3, "ms"),
+            row(f"{cfg.preset}: AdamW step, torch's default / foreach (ours)", default / ours, "x"),
+            yes_no(f"{cfg.preset}: AdamW, foreach and torch's default: weights after {steps + 5} steps bit-identical",
+                   same)]
 
 
 def compiled_loop(cfg: RunConfig, steps: int) -> tuple[float, float]:
@@ -176,8 +189,8 @@ def measured_eval_share(cfg: RunConfig, steps: int) -> tuple[list[tuple[bool, fl
     return spent, wall
 
 
-def print_eval_share(name: str, steps: int, target: float | None) -> None:
-    """One line: the measured evaluation share of ``steps`` steps of preset ``name``, split by kind."""
+def print_eval_share(name: str, steps: int, target: float | None) -> list[dict]:
+    """One line: the measured evaluation share of ``steps`` steps of preset ``name``, split by kind; its row."""
     spent, wall = measured_eval_share(get_preset(name), steps)
     total = sum(t for _, t in spent)
     kinds = [(f"{len(ts)} with the tracked groups, {sum(ts):.2f} s" if tracked else
@@ -186,12 +199,15 @@ def print_eval_share(name: str, steps: int, target: float | None) -> None:
     verdict = f" (target < {target:.0%}: {met(total / wall < target)})" if target else ""
     print(f"evaluation, {name}, {steps} steps trained: {len(spent)} evaluations ({'; '.join(kinds)}) took "
           f"{total:.2f} s of {wall:.1f} s = {total / wall:.1%}{verdict}")
+    measure = f"evaluation, {name}, {steps} steps trained: share of the wall time"
+    share = 100 * total / wall
+    return [against(measure, share, "%", "<", 100 * target, "%") if target else row(measure, share, "%")]
 
 
-def print_resume_cost(name: str, steps: int, rounds: int) -> None:
+def print_resume_cost(name: str, steps: int, rounds: int) -> list[dict]:
     """One line: ``steps`` steps of preset ``name`` trained for real (its own schedule, no early stop)
     with the resume state at every checkpoint (``resume_every=1``) against the default, interleaved,
-    the fastest of ``rounds`` each; and whether the two runs' last checkpoints agree bit for bit."""
+    the fastest of ``rounds`` each; and whether the two runs' last checkpoints agree bit for bit. Its rows."""
     cfg = get_preset(name).replace(max_steps=steps, stop_after_tau=None)
     ckpts = scheduled_steps(cfg.train.ckpt_every, steps, cfg.train.early_log_points)
     everies = (1, cfg.train.resume_every)
@@ -207,11 +223,15 @@ def print_resume_cost(name: str, steps: int, rounds: int) -> None:
     print(f"resume state, {name}, {steps} steps: at all {len(ckpts)} checkpoints {best[1]:.1f} s, at "
           f"{len(resume_steps(ckpts, everies[1]))} (resume_every {everies[1]}) {best[everies[1]]:.1f} s = "
           f"{best[1] / best[everies[1]]:.3f}x; last weights bit-identical: {'yes' if same else 'NO'}")
+    runs = f"{name}, {steps} steps"
+    return [row(f"resume state, {runs}: at every checkpoint / at resume_every {everies[1]}",
+                best[1] / best[everies[1]], "x"),
+            yes_no(f"resume state, {runs}: last weights bit-identical", same)]
 
 
-def print_trimmed(name: str, steps: int, rounds: int) -> None:
+def print_trimmed(name: str, steps: int, rounds: int) -> list[dict]:
     """One line: seconds per step of ``plateauscope.training.train`` with ``--forward trimmed`` against ``--forward
-    fused`` on preset ``name`` (:func:`our_loop`), interleaved, the fastest of ``rounds`` each."""
+    fused`` on preset ``name`` (:func:`our_loop`), interleaved, the fastest of ``rounds`` each; its rows."""
     cfg = get_preset(name)
     best = {f: float("inf") for f in ("fused", "trimmed")}
     for _ in range(rounds):
@@ -219,6 +239,8 @@ def print_trimmed(name: str, steps: int, rounds: int) -> None:
             best[forward] = min(best[forward], our_loop(cfg.replace(forward=forward), steps))
     print(f"--forward trimmed, {name:5s}: {best['trimmed'] * 1e3:6.1f} ms/step against --forward fused "
           f"{best['fused'] * 1e3:.1f} ms = {best['fused'] / best['trimmed']:.2f}x")
+    return [row(f"--forward trimmed, {name}, {steps} steps", best["trimmed"] * 1e3, "ms/step"),
+            row(f"--forward trimmed, {name}, {steps} steps: fused / trimmed", best["fused"] / best["trimmed"], "x")]
 
 
 def end_to_end(args: argparse.Namespace) -> tuple[list[float], list[float]]:
@@ -276,21 +298,23 @@ def main() -> None:
     print(f"preset {args.preset}: {n_params / 1e6:.2f}M parameters, batch {cfg.train.batch_size}, "
           f"{torch.get_num_threads()} threads; best of {args.rounds} rounds of {args.steps} steps")
 
+    settings = arguments(args)
     if args.only_optimizer:
-        print_optimizer_step(cfg, args.steps, args.rounds)
+        print(f"saved {save('train_step', print_optimizer_step(cfg, args.steps, args.rounds), settings, 'optimizer')}")
         return
     if args.only_trimmed:
-        for name in ("ci", "paper"):
-            print_trimmed(name, args.steps, args.rounds)
+        rows = [r for name in ("ci", "paper") for r in print_trimmed(name, args.steps, args.rounds)]
+        print(f"saved {save('train_step', rows, settings, 'trimmed')}")
         return
     if args.only_resume:
-        print_resume_cost("ci", 1000, args.rounds)
-        print_resume_cost("paper", args.paper_steps, args.rounds)
+        rows = print_resume_cost("ci", 1000, args.rounds) + print_resume_cost("paper", args.paper_steps, args.rounds)
+        print(f"saved {save('train_step', rows, settings, 'resume')}")
         return
     if args.only_eval:
-        print_eval_share("paper", args.paper_steps, 0.05)
+        rows = print_eval_share("paper", args.paper_steps, EVAL_TARGET)
         if args.demo_steps:
-            print_eval_share("demo", args.demo_steps, None)
+            rows += print_eval_share("demo", args.demo_steps, None)
+        print(f"saved {save('train_step', rows, settings, 'eval')}")
         return
 
     # 1. Per step, interleaved so that a burst of load hits every loop alike.
@@ -304,11 +328,18 @@ def main() -> None:
     print(f"plain eager HookedTransformer loop : {base * 1e3:6.1f} ms/step ({6 * n_params * tokens / base / 1e9:.0f} "
           "GFLOP/s, 6*N*tokens)")
     print(f"plateauscope.training.train, --forward fused    : {fused * 1e3:6.1f} ms/step  {base / fused:.2f}x "
-          f"(target >= 1.4x: {met(base / fused >= 1.4)})")
+          f"(target >= {STEP_TARGET}x: {met(base / fused >= STEP_TARGET)})")
     print(f"plateauscope.training.train, --forward trimmed  : {trimmed * 1e3:6.1f} ms/step  {base / trimmed:.2f}x "
           f"({fused / trimmed:.2f}x the fused forward)")
     print(f"plateauscope.training.train, --forward hooked   : {hooked * 1e3:6.1f} ms/step  {base / hooked:.2f}x")
-    print_optimizer_step(cfg, args.steps, args.rounds)
+    on = f"{args.preset}, {args.steps} steps"
+    rows = [row(f"{on}: plain eager HookedTransformer loop", base * 1e3, "ms/step"),
+            row(f"{on}: train, --forward fused", fused * 1e3, "ms/step"),
+            against(f"{on}: train, --forward fused, speed-up over the plain loop", base / fused, "x", ">=",
+                    STEP_TARGET),
+            row(f"{on}: train, --forward trimmed, speed-up over the plain loop", base / trimmed, "x"),
+            row(f"{on}: train, --forward hooked, speed-up over the plain loop", base / hooked, "x")]
+    rows += print_optimizer_step(cfg, args.steps, args.rounds)
     bf16_plain = min(plain_loop(cfg, args.steps, bf16=True) for _ in range(args.rounds))
     bf16_fused = min(plain_loop(cfg, args.steps, fused=True, bf16=True) for _ in range(args.rounds))
     fp32_fused = min(plain_loop(cfg, args.steps, fused=True) for _ in range(args.rounds))
@@ -316,30 +347,37 @@ def main() -> None:
           "against its fp32")
     print(f"bf16 autocast, fused loop          : {bf16_fused * 1e3:6.1f} ms/step  {fp32_fused / bf16_fused:.2f}x "
           f"against its fp32 ({fp32_fused * 1e3:.1f} ms)")
+    rows += [row(f"{on}: bf16 autocast, eager loop, speed-up over its fp32", base / bf16_plain, "x"),
+             row(f"{on}: bf16 autocast, fused loop, speed-up over its fp32", fp32_fused / bf16_fused, "x")]
     if args.compile:
         first, after = compiled_loop(cfg, args.steps)
         print(f"torch.compile of the fused loss    : {after * 1e3:6.1f} ms/step  {fp32_fused / after:.2f}x against "
               f"the eager fused loss, after a first step of {first:.1f} s (compilation)")
+        rows += [row(f"{on}: torch.compile of the fused loss, speed-up over eager", fp32_fused / after, "x"),
+                 row(f"{args.preset}: torch.compile of the fused loss, its first step (compilation)", first, "s")]
 
     # 2. Evaluation, on the presets' own schedules, trained for real.
-    print_eval_share("paper", args.paper_steps, 0.05)
+    rows += print_eval_share("paper", args.paper_steps, EVAL_TARGET)
     if args.demo_steps:
-        print_eval_share("demo", args.demo_steps, None)
+        rows += print_eval_share("demo", args.demo_steps, None)
 
     # 3. End to end against the authors' code.
     if args.authors_repo is None:
         print("end to end against the authors' code: not measured (pass --authors-repo and --authors-python)")
-        return
-    ours, theirs = end_to_end(args)
-    ratio = statistics.median(theirs) / statistics.median(ours)
-    print(f"end to end, paper, {args.paper_steps} steps, fresh processes A/B x {args.runs}: ours "
-          f"{', '.join(f'{t:.1f}' for t in ours)} s, the authors' {', '.join(f'{t:.1f}' for t in theirs)} s; "
-          f"median {statistics.median(ours):.1f} against {statistics.median(theirs):.1f} s = {ratio:.2f}x "
-          f"(target >= 1.3x: {met(ratio >= 1.3)})")
-    differences = authors_differences(args.paper_steps)
-    print(f"differences that remain ({len(differences)}):")
-    for d in differences:
-        print(f"  - {d}")
+    else:
+        ours, theirs = end_to_end(args)
+        ratio = statistics.median(theirs) / statistics.median(ours)
+        print(f"end to end, paper, {args.paper_steps} steps, fresh processes A/B x {args.runs}: ours "
+              f"{', '.join(f'{t:.1f}' for t in ours)} s, the authors' {', '.join(f'{t:.1f}' for t in theirs)} s; "
+              f"median {statistics.median(ours):.1f} against {statistics.median(theirs):.1f} s = {ratio:.2f}x "
+              f"(target >= {END_TO_END_TARGET}x: {met(ratio >= END_TO_END_TARGET)})")
+        rows.append(against(f"end to end, paper, {args.paper_steps} steps: the authors' / ours (median of "
+                            f"{args.runs})", ratio, "x", ">=", END_TO_END_TARGET))
+        differences = authors_differences(args.paper_steps)
+        print(f"differences that remain ({len(differences)}):")
+        for d in differences:
+            print(f"  - {d}")
+    print(f"saved {save('train_step', rows, settings)}")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,16 @@ candidate) leaves 1 - 1 = 0: candidate loss log K. So each is needed and neither
 *conjunctive*. Patching either one alone from the clean run into the corrupted one restores the
 clean answer fully, so they hold half the positive effect each; the counter head's effect is
 negative.
+
+With ``damage=True`` (:data:`DAMAGE_HEAD`) the model also carries B's information in a way that
+only cancels while two heads are intact: L1H0 attends from every position to the first B
+character and copies its token id into a ``b_copy`` direction, L1H1 (which copies the same token
+id anyway) adds its copy with the opposite sign, and the candidates' first tokens read both with
+``logit[c_k] += DAMAGE * (b_copy - l1h1_out)[id of d_g] * [k == g]``. Intact, the two cancel:
+nothing changes. Mean-ablating L1H0 (its mean over every example) leaves the mean copy minus the
+group's own, which pulls candidate c_g down by about DAMAGE: the candidate loss goes far past
+log K, with no z involved. Ablating it by the cue's mean (its mean over the group's K selectors)
+changes nothing, because its output does not depend on z.
 """
 
 from __future__ import annotations
@@ -61,6 +71,10 @@ SPLIT_HEADS: tuple[tuple[int, int], ...] = ((0, 0), (0, 1))
 """With ``split=True``: the two heads that share the copy, half each."""
 COUNTER_HEAD: tuple[int, int] = (1, 0)
 """With ``conjunctive=True``: the layer-1 head that writes ``-sel_out``, against the two copies."""
+DAMAGE_HEAD: tuple[int, int] = (1, 0)
+"""With ``damage=True``: the layer-1 head whose B copy the other layer-1 head cancels."""
+DAMAGE = 40.0
+"""Logit by which a broken cancellation pulls one candidate down (``damage=True``)."""
 BOS_HEAD: tuple[int, int] = (0, 0)
 """A layer-0 head that attends to BOS (changes the set loss when zero-ablated, never the candidates)."""
 ALPHA = 10.0
@@ -94,7 +108,7 @@ def handbuilt_task() -> SelectorTask:
 
 def _dims(n_ctx: int) -> dict[str, slice]:
     names = [("sel_in", K), ("sel_out", K), ("bos", 1), ("prior", 1), ("pos", n_ctx),
-             ("tok_id", N_TOKEN_ID), ("l1h0_out", 1), ("l1h1_out", N_TOKEN_ID)]
+             ("tok_id", N_TOKEN_ID), ("l1h0_out", 1), ("l1h1_out", N_TOKEN_ID), ("b_copy", N_TOKEN_ID)]
     out, start = {}, 0
     for name, width in names:
         out[name] = slice(start, start + width)
@@ -105,10 +119,13 @@ def _dims(n_ctx: int) -> dict[str, slice]:
 
 @torch.no_grad()
 def selector_copy_model(task: SelectorTask | None = None, split: bool = False,
-                        conjunctive: bool = False) -> HookedTransformer:
+                        conjunctive: bool = False, damage: bool = False) -> HookedTransformer:
     """The hand-built model of the module docstring, for ``handbuilt_task()`` (the default);
     ``split``: the copy shared by :data:`SPLIT_HEADS`, half each; ``conjunctive``: both copy in full
-    and :data:`COUNTER_HEAD` subtracts one copy."""
+    and :data:`COUNTER_HEAD` subtracts one copy; ``damage``: :data:`DAMAGE_HEAD` carries B in a
+    cancellation that mean ablation breaks."""
+    if damage and conjunctive:
+        raise ValueError("damage uses L1H0, which conjunctive uses as its counter head")
     task = handbuilt_task() if task is None else task
     lay, vocab = task.layout, task.vocab
     if task.z_tokens.shape[0] != K or lay.seq_len != 9 or len(vocab) != len(SPECIAL_TOKENS) + len(ALPHABET):
@@ -157,6 +174,10 @@ def selector_copy_model(task: SelectorTask | None = None, split: bool = False,
         attend(L, H, [lay.first_target_pred_pos], z_pos)
         model.blocks[L].attn.W_V[H, sel_in, torch.arange(K)] = 1.0
         model.blocks[L].attn.W_O[H, torch.arange(K), sel_out] = -1.0
+    elif damage:  # L1H0 -> first B character; OV: its token id -> b_copy
+        attend(1, 0, every, [lay.b_span[0]])
+        model.blocks[1].attn.W_V[0, tok_id, torch.arange(N_TOKEN_ID)] = 1.0
+        model.blocks[1].attn.W_O[0, torch.arange(N_TOKEN_ID), torch.arange(D_MODEL)[dims["b_copy"]]] = 1.0
     else:
         attend(1, 0, every, [0])
         model.blocks[1].attn.W_V[0, bos_d, 0] = 1.0
@@ -176,6 +197,10 @@ def selector_copy_model(task: SelectorTask | None = None, split: bool = False,
     if not bool((task.a_tokens[:, :, 1] == second[:, None]).all() & (task.b_tokens[:, 0] == second).all()):
         raise ValueError("the second target character must be the group's first B character")
     model.W_U[torch.arange(D_MODEL)[dims["l1h1_out"]][second % N_TOKEN_ID], second] = GAMMA
+    if damage:  # candidate c_g reads group g's B copy from L1H0 and, negated, from L1H1: they cancel
+        ids = second % N_TOKEN_ID  # the token id of d_g, group by group
+        model.W_U[torch.arange(D_MODEL)[dims["b_copy"]][ids], first[: len(ids)]] = DAMAGE
+        model.W_U[torch.arange(D_MODEL)[dims["l1h1_out"]][ids], first[: len(ids)]] = -DAMAGE
     return model.eval()
 
 

@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 
-from plateauscope.analysis import selector as sel
+from plateauscope.analysis import formation as sel
 from plateauscope.analysis.analyze import (
     AnalysisSettings,
     analyze_run,
@@ -27,14 +27,14 @@ from plateauscope.training.run import Run, RunError
 from tests.conftest import copy_run
 
 
-def test_pick_selector_head_rule():
+def test_pick_routing_head_rule():
     attn = [[0.9, 0.1], [0.2, 0.6]]
     effect = [[-0.5, 0.9], [0.1, 0.8]]  # L0H0 looks at z but its patch hurts: not the selector
-    (layer, head), scores = sel.pick_selector_head(attn, effect)
+    (layer, head), scores = sel.pick_routing_head(attn, effect)
     assert (layer, head) == (1, 1)
     assert scores[0][0] == 0.0 and scores[1][1] == pytest.approx(0.48)
     # NaN effects (a plateau checkpoint) fall back to attention alone
-    assert sel.pick_selector_head(attn, [[None, None], [None, None]])[0] == (0, 0)
+    assert sel.pick_routing_head(attn, [[None, None], [None, None]])[0] == (0, 0)
 
 
 def test_formation_step_and_lead_fraction_by_hand():
@@ -94,7 +94,7 @@ def test_series_end_to_end_on_the_ci_run(analysed_run):
     check_circuit_against_patching(cache, analysed)
     # After the drop, the selector head matters: zero-ablating it costs candidate loss.
     end = analysed["ablation"]["end"]
-    assert end["zero_candidate_loss"] > end["base_candidate_loss"]
+    assert end["zero_ablated"] > end["unablated"]
 
 
 def check_circuit_against_patching(cache, analysed):
@@ -141,9 +141,9 @@ def test_other_settings_recompute_and_keep_both(ci_run, tmp_path):
     # Records follow the settings asked for; by default those of the latest analysis (routing.json).
     new = load_analysis(path)
     assert json.loads((folder / ROUTING_FILE).read_text())["settings"]["n_examples"] == 48
-    assert all(r["settings"]["n_examples"] == 48 for r in new["attention"]) and new["selector"] is not None
+    assert all(r["settings"]["n_examples"] == 48 for r in new["attention"]) and new["routing"] is not None
     old = load_analysis(path, AnalysisSettings(n_examples=32, ablation_groups=2))
-    assert [r["step"] for r in old["attention"]] == steps and old["selector"] is None
+    assert [r["step"] for r in old["attention"]] == steps and old["routing"] is None
     # Patching with 32 pairs and with 48 gives different numbers: the cache did not hand back the old ones.
     assert old["patch"][-1]["heads"]["n_pairs"] == 32 and new["patch"][-1]["heads"]["n_pairs"] == 48
     # Only ablation depends on ablation_groups: changing it recomputes ablation alone.
@@ -223,13 +223,13 @@ def test_circuit_cache_follows_its_settings(tiny_run, tmp_path):
     base = AnalysisSettings(n_examples=16, ablation_groups=2)
     first = analyze_run(path, n_exact=2, settings=base, progress=False)
     circuit = [json.loads(line) for line in (folder / CIRCUIT_FILE).read_text().splitlines()]
-    assert [r["step"] for r in circuit] == steps and all(r["ablation"]["kind"] == "mean" for r in circuit)
+    assert [r["step"] for r in circuit] == steps and all(r["ablation"]["kind"] == "cue_mean" for r in circuit)
     assert first["circuit"]["verdict"] in VERDICTS
     assert set(first["t_form_rules"]) == set(sel.RULES) and first["smoothing"]["window"] == 1
     others = {f: (folder / f).read_text() for f in (ATTENTION_FILE, PATCH_FILE, ABLATION_FILE)}
     second = analyze_run(path, n_exact=2, settings=AnalysisSettings(16, 0, 2, circuit_ablation="zero"), progress=False)
     kinds = [json.loads(line)["ablation"]["kind"] for line in (folder / CIRCUIT_FILE).read_text().splitlines()]
-    assert kinds == ["mean", "mean", "zero", "zero"]  # recomputed, the old records kept
+    assert kinds == ["cue_mean", "cue_mean", "zero", "zero"]  # recomputed, the old records kept
     assert {f: (folder / f).read_text() for f in others} == others
     assert second["circuit"]["chosen"]["kind"] == "zero"
     before = (folder / CIRCUIT_FILE).read_text()
@@ -249,9 +249,18 @@ def test_an_older_analysis_summary_is_read_and_then_replaced(tiny_run, tmp_path)
     folder = analysis_dir(path)
     settings = AnalysisSettings(n_examples=16, ablation_groups=2)
     summary = analyze_run(path, n_exact=1, settings=settings, progress=False, edges=False)
-    (folder / ROUTING_FILE).rename(folder / LEGACY_ROUTING_FILE)
-    assert load_analysis(path)["selector"] == json.loads((folder / LEGACY_ROUTING_FILE).read_text())
-    assert load_analysis(path)["selector"]["head"] == summary["head"]
+    # the older file spoke the selector task's words: write it with those keys
+    new = json.loads((folder / ROUTING_FILE).read_text())
+    older = json.loads(json.dumps(new)
+                       .replace('"height"', '"log_k"').replace('"unablated"', '"base_candidate_loss"')
+                       .replace('"zero_ablated"', '"zero_candidate_loss"').replace('"cue_effect"', '"delta_z"')
+                       .replace('"reads_cue"', '"reads_z"').replace('"progress"', '"candidate_loss"'))
+    assert "log_k" in older and "delta_z" in older["t_form_rules"] and "reads_z" in older["circuit"]
+    (folder / LEGACY_ROUTING_FILE).write_text(json.dumps(older))
+    (folder / ROUTING_FILE).unlink()
+    read = load_analysis(path)["routing"]
+    assert read == new and read["height"] == summary["height"]
+    assert read["ablation"]["end"]["unablated"] == summary["ablation"]["end"]["unablated"]
     assert write_report(path).exists()  # the report finds the older summary
     analyze_run(path, n_exact=1, settings=settings, progress=False, edges=False)
     assert (folder / ROUTING_FILE).exists() and not (folder / LEGACY_ROUTING_FILE).exists()

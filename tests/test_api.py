@@ -93,10 +93,15 @@ def test_run_analysis_is_typed_and_holds_what_the_cache_holds(tiny_run, tmp_path
     last = analysis.attention[-1]
     assert last.to_cue.shape == (run.config.model.n_layers, run.config.model.n_heads)
     np.testing.assert_array_equal(last.to_cue, np.array(raw["attention"][-1]["to_z_first"]))
-    assert analysis.summary is not None and analysis.summary.head == tuple(raw["selector"]["head"])
-    assert set(analysis.summary.formation) == set(raw["selector"]["t_form_rules"])
-    assert analysis.summary.circuit_verdict == raw["selector"]["circuit"]["verdict"]
+    assert analysis.summary is not None and analysis.summary.head == tuple(raw["routing"]["head"])
+    assert set(analysis.summary.formation) == set(raw["routing"]["t_form_rules"])
+    assert analysis.summary.circuit_verdict == raw["routing"]["circuit"]["verdict"]
     assert {a.step for a in analysis.ablation} <= set(analysis.steps) and analysis.edges and analysis.circuit
+    # the ablation cache's selector-task field names arrive in neutral words
+    zero, cached = analysis.ablation[-1].kinds["zero"], raw["ablation"][-1]["zero"]
+    assert set(zero.ablated) == {"progress", "cue_effect"} and zero.base["progress"] == cached["base"]["candidate_loss"]
+    np.testing.assert_array_equal(zero.ablated["progress"], np.array(cached["candidate_loss"]))
+    assert analysis.summary.height == run.progress.height
     # the stored head patching is what patching the checkpoint again gives
     patched = analysis.patching[-1]
     settings = raw["patch"][-1]["settings"]

@@ -189,7 +189,13 @@ def test_ablation_scores_equal_full_forwards(tiny, kind):
         for c in range(len(masks)):
             def hook(z, hook, layer=None):
                 layer = int(hook.name.split(".")[1])
-                value = torch.zeros_like(z) if kind == "zero" else cache[hook.name].mean(0).expand_as(z)
+                if kind == "zero":
+                    value = torch.zeros_like(z)
+                elif kind == "mean":
+                    value = cache[hook.name].mean(0).expand_as(z)
+                else:  # cue_mean: the mean over the row's own group's true sequences (K per group)
+                    group = cache[hook.name].view(-1, K, *z.shape[1:]).mean(1)  # [G, pos, H, d]
+                    value = group.repeat_interleave(K * K, 0)  # candidate rows are group-major, K x K each
                 m = masks[c, layer][None, None, :, None]
                 return torch.where(m, value, z)
 

@@ -12,7 +12,7 @@ import pytest
 from plateauscope import dynamics
 from plateauscope.analysis.circuit import VERDICTS
 from plateauscope.analysis.results import SWEEP_REPORT_FILE, VARIANTS_CSV_FILE
-from plateauscope.analysis.selector import RULES
+from plateauscope.analysis.formation import RULES
 from plateauscope.cli import dynamics as dynamics_cli
 from plateauscope.dynamics import (
     analyze_sweep,
@@ -87,20 +87,20 @@ def test_k_independence_noise_factors_and_direction():
 
 def test_seed_summary_medians_intervals_heads_and_verdicts():
     leads = {"attention": [0.5, 0.4, 0.6, 0.55, 0.45], "patch_share": [0.3, 0.3, 0.3, 0.3, 0.3],
-             "delta_z": [0.8, None, 0.7, 0.9, 0.6]}
+             "cue_effect": [0.8, None, 0.7, 0.9, 0.6]}
     heads = ["L0H1", "L0H2", "L2H0", "L0H1", "L0H3"]
-    rows = [_row(seed=i, selector_head=heads[i], selector_layer=int(heads[i][1]), circuit="distributed",
+    rows = [_row(seed=i, routing_head=heads[i], routing_layer=int(heads[i][1]), circuit="distributed",
                  circuit_heads="L0H1 L0H2", **{f"lead_{r}": leads[r][i] for r in RULES}) for i in range(5)]
     rows.append(_row(seed=9))  # not analysed: left out
     s = seed_summary(rows)
     assert s["runs"] == 5 and s["layer0"] == 4
-    assert s["lead"]["attention"]["median"] == pytest.approx(0.5) and s["lead"]["delta_z"]["n"] == 4
-    assert s["lead"]["delta_z"]["median"] == pytest.approx(0.75)  # mean of the middle two of 0.6 0.7 0.8 0.9
+    assert s["lead"]["attention"]["median"] == pytest.approx(0.5) and s["lead"]["cue_effect"]["n"] == 4
+    assert s["lead"]["cue_effect"]["median"] == pytest.approx(0.75)  # mean of the middle two of 0.6 0.7 0.8 0.9
     assert tuple(s["lead"]["patch_share"]["ci"]) == pytest.approx((0.3, 0.3))  # no spread, no interval width
     # Five runs: the order-statistic interval of the median is the range, with coverage 1 - 2 / 2^5.
     ci = s["lead"]["attention"]["ci"]
     assert (ci.low, ci.high, ci.coverage) == pytest.approx((0.4, 0.6, 0.9375))
-    assert s["lead"]["delta_z"]["ci"].coverage == pytest.approx(0.875)  # 4 runs with a lead by delta_z
+    assert s["lead"]["cue_effect"]["ci"].coverage == pytest.approx(0.875)  # 4 runs with a lead by the cue effect
     assert seed_summary([_row()]) is None
     text = "\n".join(seed_lines(s))
     assert "selector head in layer 0: 4 of 5" in text and "head L2H0, circuit distributed (L0H1 L0H2)" in text
@@ -112,7 +112,7 @@ def test_analyze_every_run_then_the_seed_summary(tiny_sweep, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "over 6 analysed runs" in out and "selector head in layer 0: 6 of 6" in out  # a 1-layer model
     for r in load_sweep(sweep_dir).rows:
-        assert r["selector_head"] and r["circuit"] in VERDICTS
+        assert r["routing_head"] and r["circuit"] in VERDICTS
 
 
 def test_table_fits_and_report_on_a_tiny_sweep(tiny_sweep, tmp_path, capsys):

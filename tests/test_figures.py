@@ -17,7 +17,7 @@ from plateauscope.views import figures as F
 def data(ci_analysed):
     run = Run(ci_analysed)
     analysis = load_analysis(ci_analysed)
-    sel = analysis["selector"]
+    sel = analysis["routing"]
     assert sel is not None and analysis["attention"] and analysis["patch"] and analysis["ablation"]
     return run, run.metrics(), analysis, sel
 
@@ -102,10 +102,10 @@ def test_patching_slider(data):
         F.patching_slider(patches, value="other")
 
 
-def test_selector_patching_lines(data):
+def test_routing_patching_lines(data):
     _, _, analysis, sel = data
     (l, h), exact, attribution = sel["head"], analysis["patch"], analysis["attribution"]
-    fig, caption = F.selector_patching_lines(exact, attribution, sel["head"], sel["tau"], sel["t_form"])
+    fig, caption = F.routing_patching_lines(exact, attribution, sel["head"], sel["tau"], sel["t_form"])
     check_figure(fig, caption)
     assert len(fig.data) == 3
     attr_tr, exact_tr, gap_tr = fig.data
@@ -146,7 +146,7 @@ def test_all_figures(data):
     run, metrics, analysis, _ = data
     out = F.all_figures(metrics, analysis, run.progress)
     assert [k for k, *_ in out] == ["loss", "attention_heatmap", "attention_lines", "patching_slider",
-                                    "selector_patching", "ablation", "head_shares", "snap"]
+                                    "routing_patching", "ablation", "head_shares", "snap"]
     for _, heading, fig, caption in out:
         assert heading
         check_figure(fig, caption)
@@ -223,10 +223,10 @@ def _heads_record(step: int, clean: float, corrupt: float, effect: float) -> dic
 def test_no_caption_gives_a_share_of_a_negative_or_negligible_gap():
     # step 0: no gap (0.00), step 10: a negative gap (+9.6 clean, +13.9 corrupted), step 20: a gap of 2 logits
     records = [_heads_record(0, 1.0, 1.0, 0.058), _heads_record(10, 9.6, 13.9, 0.5), _heads_record(20, 3.0, 1.0, 1.5)]
-    _, caption = F.selector_patching_lines(records[:2], [], (0, 0))
+    _, caption = F.routing_patching_lines(records[:2], [], (0, 0))
     assert "%" not in caption.replace("0.1 logits", "") and "no share: the gap is +0.000" in caption, caption
     assert "no share: the gap is -4.300" in caption
-    _, caption = F.selector_patching_lines(records[1:], [], (0, 0))
+    _, caption = F.routing_patching_lines(records[1:], [], (0, 0))
     assert "75% of the clean-corrupt gap at step 20" in caption, caption
 
 

@@ -182,3 +182,24 @@ def test_attention_rules_equal_the_head_detector_on_trained_checkpoints(inductio
     steps = run.steps
     for step in (steps[0], s["tau"], steps[-1]):
         check_against_detector(run.model(step), run.task())
+
+
+@pytest.mark.slow
+def test_another_task_meets_no_selector_words(induction_run):
+    """The routing summary of a task that is not the selector task names nothing of the selector task:
+    no key, and no line of the printed summary, speaks of log K, candidate loss, delta_z or z."""
+    from plateauscope.analysis.results import ROUTING_FILE, analysis_dir
+    from plateauscope.analysis.summary import format_summary
+
+    out, s = induction_run
+
+    def keys(obj):
+        if isinstance(obj, dict):
+            return set(obj) | {k for v in obj.values() for k in keys(v)}
+        return {k for v in obj for k in keys(v)} if isinstance(obj, list) else set()
+
+    stored = keys(json.loads((analysis_dir(out) / ROUTING_FILE).read_text()))
+    assert not {k for k in stored if "log_k" in k or "candidate_loss" in k or "delta_z" in k or "reads_z" in k}
+    text = format_summary(s, Run(out).progress)
+    for word in ("log K", "log_k", "candidate loss", "delta_z", " z ", "selector"):
+        assert word not in text, word

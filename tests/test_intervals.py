@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from plateauscope.dynamics.intervals import (
+from plateauscope.analysis.intervals import (
     Interval,
     mean_interval,
     median_interval,

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from plateauscope.analysis.analyze import analyze_run
-from plateauscope.analysis.selector import RULES
+from plateauscope.analysis.formation import RULES
 from plateauscope.cli.train import main
 from plateauscope.dynamics.interventions import (
     intervention_rows,
@@ -242,13 +242,14 @@ def test_the_intervention_table_is_the_runs_own_numbers(interventions_sweep):
 
 def test_the_lead_from_the_release_on_a_planted_summary(tmp_path):
     """tau = 1,000, the cue released at S = 400, attention halfway up at 700: the lead from the release is
-    (1000 - 700) / (1000 - 400) = 0.5 by hand; delta_z's t_form at tau leads by 0; a rule without t_form has none."""
+    (1000 - 700) / (1000 - 400) = 0.5 by hand; the cue-effect t_form at tau leads by 0 (written under
+    an older summary's key, delta_z); a rule without t_form has none."""
     (tmp_path / "analysis").mkdir()
     (tmp_path / "analysis" / "routing.json").write_text(json.dumps({"t_form_rules": {
         "attention": {"t_form": 700, "start_value": 0.1, "final_value": 0.4},
         "patch_share": {"t_form": None}, "delta_z": {"t_form": 1000}}}))
     assert release_leads(tmp_path, 1000, 400) == {"lead_attention": 0.5, "lead_patch_share": None,
-                                                  "lead_delta_z": 0.0, "attention_start": 0.25}
+                                                  "lead_cue_effect": 0.0, "attention_start": 0.25}
     assert release_leads(tmp_path, 1000, 0)["lead_attention"] == pytest.approx(0.3)  # no release: the plain lead
     assert release_leads(tmp_path, 400, 400)["lead_attention"] is None  # tau at the release: no lead to count
 

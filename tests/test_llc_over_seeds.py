@@ -53,7 +53,7 @@ def test_departure_and_loss_fall_by_hand():
 def rows_for(rises: list[int], falls: list[int], tau: int = 1000) -> list[dict]:
     return [{"name": f"s{i}", "seed": i, "tau": tau, "t_llc": r, "t_loss": f, "loss_fall_at_llc": 0.01,
              "t_form_attention": 300,
-             "t_form_patch_share": 400, "t_form_delta_z": 200} for i, (r, f) in enumerate(zip(rises, falls))]
+             "t_form_patch_share": 400, "t_form_cue_effect": 200} for i, (r, f) in enumerate(zip(rises, falls))]
 
 
 @pytest.mark.parametrize("rises, falls", [

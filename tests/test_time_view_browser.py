@@ -390,7 +390,7 @@ def test_the_view_of_a_real_run_holds_its_analysis_files(ci_analysed, ci_view):
     assert data["steps"] == [r["step"] for r in cache["edges"]] == [r["step"] for r in cache["attention"]]
     assert data["edge_scores"] == [r["effect"] for r in cache["edges"]]
     assert path.stat().st_size < PAGE_LIMIT_BYTES
-    assert data["markers"]["tau"] == cache["selector"]["tau"]
+    assert data["markers"]["tau"] == cache["routing"]["tau"]
 
 
 @pytest.mark.slow
@@ -401,7 +401,7 @@ def test_the_view_of_a_real_run_in_chromium(chromium_binary, ci_analysed, ci_vie
 
     path, data = ci_view
     cache = load_analysis(ci_analysed)
-    tau = cache["selector"]["tau"]
+    tau = cache["routing"]["tau"]
     index = min(range(len(data["steps"])), key=lambda i: abs(data["steps"][i] - tau))
     step = data["steps"][index]
     browser = Chromium(chromium_binary, tmp_path / "profile")

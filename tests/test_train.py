@@ -248,3 +248,69 @@ def test_hooks_see_every_step_and_evaluation_and_change_nothing(tmp_path):
     assert all(math.isfinite(loss) for _, loss in steps)
     strip = lambda rs: [{k: v for k, v in r.items() if k != "wall_s"} for r in rs]  # noqa: E731
     assert strip(records) == strip(Run(tmp_path / "plain").metrics())
+
+
+def test_data_order_walks_fresh_permutations_and_resumes_where_it_was():
+    """DataOrder (a solo run's and each ensemble member's minibatch order) walks one permutation per
+    epoch, dropping the ragged tail, exactly as a loop written out here does; restored from a resume
+    point it continues with the same rows as one that never stopped."""
+    from plateauscope.training.files import ResumePoint
+    from plateauscope.training.train import DataOrder
+
+    n, batch, seed = 50, 16, 3  # three minibatches an epoch, two rows dropped
+    gen = torch.Generator().manual_seed(seed)
+    perm, cursor, expected = torch.randperm(n, generator=gen), 0, []
+    for _ in range(10):
+        if cursor + batch > n:
+            perm, cursor = torch.randperm(n, generator=gen), 0
+        expected.append(perm[cursor: cursor + batch])
+        cursor += batch
+    order = DataOrder(seed, n)
+    got = [order.next_rows(batch) for _ in range(4)]
+    saved = ResumePoint(step=4, weights={}, optimizer={}, data_gen=order.generator.get_state(), perm=order.perm.clone(),
+                        cursor=order.cursor, wall_s=0.0, torch_rng=torch.get_rng_state(), records=[], complete=False)
+    got += [order.next_rows(batch) for _ in range(6)]
+    resumed = DataOrder(seed, n, saved)
+    assert all(torch.equal(a, b) for a, b in zip(got, expected, strict=True))
+    assert all(torch.equal(resumed.next_rows(batch), b) for b in expected[4:])
+
+
+def test_evaluation_log_cuts_metrics_back_then_appends_and_stops_after_tau(tmp_path):
+    """EvaluationLog (a solo run's and each ensemble member's metrics): opening it keeps only the
+    records given (those before the resume point); log() appends one flushed line, fixes tau at the
+    first crossing and raises the stop flag once the step reaches stop_after_tau * tau."""
+    from plateauscope.tasks.base import ProgressMeasure
+    from plateauscope.training.train import EvaluationLog
+
+    measure = ProgressMeasure(key="candidate_loss", height=1.0)
+    tc = get_preset("tiny").replace(stop_after_tau=2.0).train
+    rec = lambda step, loss: {"step": step, "candidate_loss": loss}  # noqa: E731
+    (tmp_path / rd.METRICS_FILE).write_text("".join(json.dumps(rec(s, 1.0)) + "\n" for s in (0, 10, 20))
+                                            + '{"step": 30, "torn')
+    evaluations = EvaluationLog(tmp_path, [rec(0, 1.0), rec(10, 1.0)], measure, tc)
+    assert rd.read_jsonl(tmp_path / rd.METRICS_FILE) == [rec(0, 1.0), rec(10, 1.0)]
+    assert evaluations.tau is None and not evaluations.stop
+    evaluations.log(rec(20, 0.2))  # tau = 20: stop at step 40
+    assert rd.read_jsonl(tmp_path / rd.METRICS_FILE)[-1] == rec(20, 0.2)  # on disk before close
+    assert evaluations.tau == 20 and not evaluations.stop
+    evaluations.log(rec(30, 1.0))  # tau stays fixed
+    assert evaluations.tau == 20 and not evaluations.stop
+    evaluations.log(rec(40, 0.1))
+    assert evaluations.stop
+    evaluations.close()
+    evaluations.close()  # a second close is a no-op (a finished ensemble member closes before the loop ends)
+    assert [r["step"] for r in evaluations.records] == [0, 10, 20, 30, 40]
+    assert [r["step"] for r in rd.read_jsonl(tmp_path / rd.METRICS_FILE)] == [0, 10, 20, 30, 40]
+
+
+def test_schedule_checkpoints_and_resumes_where_a_run_stops():
+    from plateauscope.training.train import Schedule
+
+    tc = get_preset("tiny").train
+    schedule = Schedule.of(tc)
+    ckpts = scheduled_steps(tc.ckpt_every, tc.max_steps, tc.early_log_points)
+    assert schedule.evaluate == scheduled_steps(tc.eval_every, tc.max_steps, tc.early_log_points)
+    assert schedule.checkpoint == ckpts and schedule.resume == resume_steps(ckpts, tc.resume_every)
+    off_schedule = next(s for s in range(tc.max_steps) if s not in ckpts)
+    assert not schedule.checkpoints(off_schedule, stop=False) and schedule.checkpoints(off_schedule, stop=True)
+    assert schedule.resumes(off_schedule, stop=True) and not schedule.resumes(off_schedule, stop=False)

@@ -60,10 +60,10 @@ _API: dict[str, str] = {
     # fits over runs
     "load_sweep": "plateauscope.dynamics:load_sweep",
     "analyze_sweep": "plateauscope.dynamics:analyze_sweep",
-    "Interval": "plateauscope.dynamics.intervals:Interval",
-    "mean_interval": "plateauscope.dynamics.intervals:mean_interval",
-    "ratio_interval": "plateauscope.dynamics.intervals:ratio_interval",
-    "median_interval": "plateauscope.dynamics.intervals:median_interval",
+    "Interval": "plateauscope.analysis.intervals:Interval",
+    "mean_interval": "plateauscope.analysis.intervals:mean_interval",
+    "ratio_interval": "plateauscope.analysis.intervals:ratio_interval",
+    "median_interval": "plateauscope.analysis.intervals:median_interval",
     "dynamics": "plateauscope.dynamics",
     "interventions": "plateauscope.dynamics.interventions",
     # pages
@@ -115,7 +115,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from plateauscope.analysis.records import Analysis
     from plateauscope.api import Run, analyze, load_task, train, train_seeds
     from plateauscope.dynamics import analyze_sweep, interventions, load_sweep
-    from plateauscope.dynamics.intervals import Interval, mean_interval, median_interval, ratio_interval
+    from plateauscope.analysis.intervals import Interval, mean_interval, median_interval, ratio_interval
     from plateauscope.sweeps.catalogue import SWEEPS, get_sweep
     from plateauscope.sweeps.executors import run_sweep
     from plateauscope.sweeps.spec import SweepSpec

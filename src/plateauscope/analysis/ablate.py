@@ -5,7 +5,12 @@ i.e. the head's contribution before ``W_O``) on every position, and score the ev
 
 * ``zero`` ablation sets it to 0;
 * ``mean`` ablation sets it to its mean over the evaluation examples (the true sequences of the
-  eval groups, under the unablated model), separately at each position.
+  eval groups, under the unablated model), separately at each position;
+* ``cue_mean`` ablation sets it to its mean over the examples of the same group: those that share
+  everything but the cue (the selector task: one B, each of the K selectors z), separately at each
+  position. It removes what the head's output says about the cue and keeps everything else it
+  carries (B), so it measures the cue's route, not damage: a head that carries only B is left
+  exactly as it was. It needs a task with candidates (groups of K cues).
 
 The heads are ablated one at a time (:func:`ablate_each_head`) or as a given set at once
 (:func:`ablate_heads`). All ablated copies are scored in shared, vectorised forward passes: the
@@ -36,7 +41,7 @@ from plateauscope.backend import Model, hooks_added, shares_prefixes
 from plateauscope.tasks.base import Task
 from plateauscope.training.scoring import shared_prefix_logprobs
 
-KINDS: tuple[str, ...] = ("zero", "mean")
+KINDS: tuple[str, ...] = ("zero", "mean", "cue_mean")
 DEFAULT_GROUPS = 8
 """Eval groups scored by default (each contributes K x K candidate sequences per ablation)."""
 
@@ -146,18 +151,33 @@ def mean_head_outputs(
     return total / len(seqs)
 
 
+@torch.inference_mode()
+def group_mean_head_outputs(
+    model: Model, trees: Int[Tensor, "G K K seq"], input_len: int
+) -> Float[Tensor, "G n_layers pos n_heads d_head"]:
+    """Mean of every head's ``hook_z`` over each group's K true sequences (prefix j with candidate
+    j, the diagonal of its candidate tree), at each input position: what ``cue_mean`` puts in."""
+    G, K = trees.shape[:2]
+    true = trees[:, torch.arange(K), torch.arange(K)].reshape(G * K, -1)
+    return torch.stack([mean_head_outputs(model, true[g * K: (g + 1) * K], input_len) for g in range(G)])
+
+
 def _ablation_hooks(
-    row_mask: Bool[Tensor, "B n_layers n_heads"], replacement: Float[Tensor, "n_layers pos n_heads d_head"] | None,
-    offset: int = 0,
+    row_mask: Bool[Tensor, "B n_layers n_heads"],
+    replacement: Float[Tensor, "n_layers pos n_heads d_head"] | Float[Tensor, "G n_layers pos n_heads d_head"] | None,
+    offset: int = 0, groups: Int[Tensor, " B"] | None = None,
 ) -> list[tuple[str, Callable]]:
-    """One ``hook_z`` hook per layer replacing the masked (row, head) outputs (``None``: by zero);
-    the hooked activations start at position ``offset``."""
+    """One ``hook_z`` hook per layer replacing the masked (row, head) outputs (``None``: by zero;
+    with ``groups``, row b takes group ``groups[b]``'s replacement); the hooked activations start
+    at position ``offset``."""
 
     def make(layer: int) -> Callable:
         def hook(z: Float[Tensor, "B pos n_heads d_head"], hook: HookPoint) -> Float[Tensor, "B pos n_heads d_head"]:
             mask = row_mask[:, layer, None, :, None].to(z.device)  # [B, 1, H, 1]
             if replacement is None:
                 return z.masked_fill(mask, 0.0)
+            if groups is not None:
+                return torch.where(mask, replacement[groups, layer, offset: offset + z.shape[1]].to(z), z)
             return torch.where(mask, replacement[layer, offset: offset + z.shape[1]].to(z), z)
 
         return hook
@@ -183,15 +203,18 @@ def ablation_scores(
     L, H = model.cfg.n_layers, model.cfg.n_heads
     if tuple(masks.shape[1:]) != (L, H):
         raise ValueError(f"ablation masks have shape {tuple(masks.shape)}, the model has {L} layers x {H} heads")
-    replacement = mean_head_outputs(model, task.eval_sequences(evalset), task.input_len) if kind == "mean" else None
+    replacement = (mean_head_outputs(model, task.eval_sequences(evalset), task.input_len) if kind == "mean" else
+                   group_mean_head_outputs(model, trees, task.input_len) if kind == "cue_mean" else None)
     C = masks.shape[0]
 
     def score(sub: Bool[Tensor, "c n_layers n_heads"], **start) -> Float[Tensor, "c G K K"]:
         # Every (ablation copy, group) is a tree of K x K candidates whose prefixes are scored once:
         # its <BOS> B <SEP>, then each z_j <SEP>, then the candidates (plateauscope.training.scoring.shared_prefix_logprobs).
+        # Root r is group r mod G of copy r // G.
         logp, _ = shared_prefix_logprobs(
             model, trees.expand(len(sub), -1, -1, -1, -1).reshape(len(sub) * G, K, K, -1), splits, task,
-            batch_size=max_rows, hooks_for=lambda roots, offset: _ablation_hooks(sub[roots // G], replacement, offset),
+            batch_size=max_rows, hooks_for=lambda roots, offset: _ablation_hooks(
+                sub[roots // G], replacement, offset, roots % G if kind == "cue_mean" else None),
             **start)
         return logp.sum(-1).view(len(sub), G, K, K)
 
@@ -218,6 +241,24 @@ def ablation_scores(
     return out
 
 
+def group_candidate_loss(scores: Float[Tensor, "C G K K"]) -> Float[Tensor, "C G"]:
+    """Each ablation's candidate loss in each eval group: -log p(candidate j | prefix j) among the
+    group's K candidates, averaged over j (their mean over groups is the task's candidate loss)."""
+    diag = torch.arange(scores.shape[-1])
+    return (scores.logsumexp(-1) - scores[..., diag, diag]).mean(-1)
+
+
+def ablation_metrics_by_group(
+    model: Model, task: Task, evalset: Any, masks: Bool[Tensor, "C n_layers n_heads"], kind: str = "zero",
+) -> tuple[list[dict[str, float]], Float[Tensor, "C G"] | None]:
+    """:func:`ablation_metrics`, and for a task with candidates each mask's progress measure in each
+    eval group (the spread an interval over the groups is made from; None without candidates)."""
+    if "candidates" in task.capabilities:
+        scores = ablation_scores(model, task, evalset, masks, kind)
+        return [task.candidate_metrics(s, evalset) for s in scores], group_candidate_loss(scores)
+    return ablation_metrics(model, task, evalset, masks, kind), None
+
+
 def ablation_metrics(
     model: Model,
     task: Task,
@@ -229,9 +270,12 @@ def ablation_metrics(
     ``candidate_loss`` and its cue effect as ``delta_z`` (the selector task's names): from its
     ``candidate_metrics`` when it has candidates, else from its ``evaluate`` with the heads ablated."""
     if "candidates" in task.capabilities:
-        return [task.candidate_metrics(s, evalset) for s in ablation_scores(model, task, evalset, masks, kind)]
+        return ablation_metrics_by_group(model, task, evalset, masks, kind)[0]
     if kind not in KINDS:
         raise ValueError(f"ablation kind must be one of {KINDS}, got {kind!r}")
+    if kind == "cue_mean":
+        raise ValueError("cue_mean ablation needs a task with candidates (groups that differ only in the cue); "
+                         "use mean or zero")
     progress = task.progress
     replacement = mean_head_outputs(model, task.eval_sequences(evalset), task.input_len) if kind == "mean" else None
     out = []
@@ -280,11 +324,12 @@ MARGINAL_TOL = 0.25
 """A candidate loss within this fraction of log K of log K counts as back at the plateau."""
 
 
-def near_log_k(candidate_loss: float, log_k: float, tol: float = MARGINAL_TOL) -> bool:
-    """Whether ``candidate_loss`` is within ``tol * log K`` of log K: z no longer picks the target."""
-    return abs(float(candidate_loss) - log_k) <= tol * log_k
+def near_height(value: float, height: float, tol: float = MARGINAL_TOL) -> bool:
+    """Whether the progress measure ``value`` is within ``tol * height`` of its plateau height (the
+    selector task: candidate loss within 0.25 log K of log K, so z no longer picks the target)."""
+    return abs(float(value) - height) <= tol * height
 
 
 def falls_back_to_marginal(result: HeadAblation, layer: int, head: int, log_k: float, tol: float = MARGINAL_TOL) -> bool:
     """Whether ablating (layer, head) leaves the candidate loss within ``tol * log K`` of log K."""
-    return near_log_k(float(result.candidate_loss[layer, head]), log_k, tol)
+    return near_height(float(result.candidate_loss[layer, head]), log_k, tol)

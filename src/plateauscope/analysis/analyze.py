@@ -21,7 +21,7 @@ record stores the settings it was made with (:class:`AnalysisSettings`), and a s
 computes the steps that have no record with the same settings. Where exact and attribution patching both ran, their
 agreement (Spearman rank correlation, max error) is reported, so the fast mode can be trusted,
 or not, with numbers. ``routing.json`` (``plateauscope.analysis.summary``) holds the routing head, t_form, tau
-and the lead fraction (``plateauscope.analysis.selector``), t_form and the lead by each of the three rules
+and the lead fraction (``plateauscope.analysis.formation``), t_form and the lead by each of the three rules
 (``t_form_rules``) and the circuit verdict (``circuit``: ``single head`` / ``conjunctive`` / ``redundant`` /
 ``unresolved`` / ``none``).
 
@@ -71,7 +71,7 @@ from plateauscope.analysis.results import (
     append_records,
     load_records,
     pick_steps,
-    routing_summary_path,
+    read_routing_summary,
     settings_key,
     write_json_result,
 )
@@ -79,7 +79,7 @@ from plateauscope.analysis.summary import summarize
 from plateauscope.backend import resolve_backend
 from plateauscope.training.interventions import has_interventions
 from plateauscope.training.metrics import compute_tau
-from plateauscope.training.run import Run, RunError, read_json
+from plateauscope.training.run import Run, RunError
 
 log = logging.getLogger(__name__)
 
@@ -105,8 +105,9 @@ class AnalysisSettings:
     """Evaluation groups scored per head ablation."""
     patch_targets: tuple[str, ...] = ("heads", "resid")
     """Component sets of exact and attribution patching (``plateauscope.analysis.components.TARGETS``)."""
-    circuit_ablation: str = "mean"
-    """Ablation kind of the circuit's head sets (``plateauscope.analysis.circuit``): ``mean`` or ``zero``."""
+    circuit_ablation: str = "cue_mean"
+    """Ablation kind of the circuit's head sets (``plateauscope.analysis.circuit``): ``cue_mean`` (the
+    cue's route; ``mean`` for a task without candidates), ``mean`` or ``zero``."""
     smooth: int = 1
     """Smoothing window of the t_form rules' series (1 = none; only the summary depends on it)."""
     edge_target: float = FAITHFULNESS_TARGET
@@ -140,24 +141,23 @@ class AnalysisSettings:
 
 def stored_settings(run_dir: str | Path) -> AnalysisSettings:
     """The settings of the run's latest analysis (``routing.json``), or the defaults."""
-    path = routing_summary_path(run_dir)
-    stored = read_json(path).get("settings") if path.exists() else None
+    stored = (read_routing_summary(run_dir) or {}).get("settings")
     return AnalysisSettings.from_dict(stored) if stored else AnalysisSettings()
 
 
 def load_analysis(run_dir: str | Path, settings: AnalysisSettings | None = None) -> dict[str, Any]:
     """Cached analysis records of a run made with ``settings`` (default: those of its latest analysis).
 
-    Returns ``{name: [record, ...] sorted by step, "selector": dict | None}``; the selector summary
-    is included only when it was made with the same settings.
+    Returns ``{name: [record, ...] sorted by step, "routing": dict | None}``; the routing summary
+    (:func:`plateauscope.analysis.results.read_routing_summary`) is included only when it was made
+    with the same settings.
     """
     settings = settings or stored_settings(run_dir)
     folder = analysis_dir(run_dir)
     out: dict[str, Any] = {name: load_records(folder / file, settings.for_cache(name))
                            for name, file in CACHE_FILES.items()}
-    sel_path = routing_summary_path(run_dir)
-    selector = read_json(sel_path) if sel_path.exists() else None
-    out["selector"] = selector if selector and selector.get("settings") == settings.to_dict() else None
+    routing = read_routing_summary(run_dir)
+    out["routing"] = routing if routing and routing.get("settings") == settings.to_dict() else None
     return out
 
 

@@ -57,12 +57,12 @@ from plateauscope.analysis.results import (
     load_records,
     na,
     pick_steps,
-    routing_summary_path,
+    read_routing_summary,
     write_json_result,
 )
 from plateauscope.tasks.base import Task
 from plateauscope.training.metrics import compute_tau
-from plateauscope.training.run import Run, RunError, read_json, read_jsonl
+from plateauscope.training.run import Run, RunError, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -307,9 +307,8 @@ def llc_series(run_dir: str | Path, steps: list[int] | None = None, every: int =
         run.checkpoint_path(c_step)
         calibration = calibrate(run, c_step, settings, device, progress)
     tau = compute_tau(run.metrics(), run.progress)
-    sel_path = routing_summary_path(run.path)
-    selector = read_json(sel_path) if sel_path.exists() else {}
-    t_form = selector.get("t_form")
+    routing = read_routing_summary(run.path) or {}
+    t_form = routing.get("t_form")
     summary = run.summary or {}
     plateau_start = (summary.get("plateau_span") or [chosen[0]])[0]
     llc = [r["llc"] for r in records]
@@ -326,7 +325,7 @@ def llc_series(run_dir: str | Path, steps: list[int] | None = None, every: int =
         "calibration": calibration,
         "tau": tau,
         "t_form": t_form,
-        "selector_head": selector.get("label"),
+        "routing_head": routing.get("label"),
         "plateau_start": plateau_start,
         "llc_half_change_step": half_change_step(chosen, llc, plateau_start),
         "at": {name: nearest(chosen, llc, x) for name, x in
@@ -345,7 +344,7 @@ def format_summary(s: dict[str, Any]) -> str:
         if at:
             lines.append(f"  {name:<14} step {at['step']:>6}: LLC {at['llc']:.2f}")
     lines.append(f"  LLC half-change step {na(s['llc_half_change_step'], '{}')}; t_form {na(s['t_form'], '{}')} "
-                 f"({s['selector_head'] or 'no routing.json'}); tau {na(s['tau'], '{}')}")
+                 f"({s['routing_head'] or 'no routing.json'}); tau {na(s['tau'], '{}')}")
     lines.append(f"  stationary chains at {sum(s['stationary'])}/{len(s['stationary'])} checkpoints "
                  f"(max |drift| {s['max_abs_drift']:.2f}, allowed {s['settings']['max_drift']})")
     c = s["calibration"]

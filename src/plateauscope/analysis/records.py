@@ -55,9 +55,9 @@ class HeadAblation:
 
     kind: str
     base: dict[str, float]
-    """The unablated model's evaluation metrics."""
+    """The unablated model's metrics: ``progress`` (the task's progress measure) and ``cue_effect``."""
     ablated: dict[str, np.ndarray]
-    """Metric name -> ``[layer, head]``: the metric with that head ablated."""
+    """``progress`` / ``cue_effect`` -> ``[layer, head]``: the metric with that head ablated."""
     change: dict[str, np.ndarray]
     """Metric name -> ``[layer, head]``: ablated minus unablated."""
 
@@ -168,10 +168,16 @@ def _patching(r: dict[str, Any]) -> PatchingAtStep:
                                       if isinstance(v, dict) and "raw" in v})
 
 
+CACHE_METRIC_NAMES = {"candidate_loss": "progress", "delta_z": "cue_effect"}
+"""The ablation cache's metric fields (named after the selector task's, for every task) and their
+names in the typed records: the task's progress measure and its cue effect."""
+
+
 def _head_ablation(r: dict[str, Any]) -> HeadAblation:
     metrics = [k for k in r if k not in ("kind", "n_groups", "base") and not k.startswith("d_")]
-    return HeadAblation(r["kind"], dict(r["base"]), {m: _array(r[m]) for m in metrics},
-                        {m: _array(r[f"d_{m}"]) for m in metrics if f"d_{m}" in r})
+    name = lambda m: CACHE_METRIC_NAMES.get(m, m)  # noqa: E731
+    return HeadAblation(r["kind"], {name(k): v for k, v in r["base"].items()}, {name(m): _array(r[m]) for m in metrics},
+                        {name(m): _array(r[f"d_{m}"]) for m in metrics if f"d_{m}" in r})
 
 
 def _ablation(r: dict[str, Any]) -> AblationAtStep:
@@ -197,7 +203,7 @@ def _formation(r: dict[str, Any]) -> FormationTime:
 
 
 def _summary(r: dict[str, Any]) -> RoutingSummary:
-    return RoutingSummary(_pair(r.get("head")), r.get("label"), r.get("rule", ""), r.get("log_k"), r.get("tau"),
+    return RoutingSummary(_pair(r.get("head")), r.get("label"), r.get("rule", ""), r.get("height"), r.get("tau"),
                           _pair(r.get("tau_bracket")),
                           {name: _formation(rule) for name, rule in (r.get("t_form_rules") or {}).items()},
                           (r.get("circuit") or {}).get("verdict"), r)
@@ -214,5 +220,5 @@ def read_analysis(run_dir: str | Path, settings: AnalysisSettings | None = None)
         ablation=[_ablation(r) for r in raw["ablation"]],
         circuit=[_circuit(r) for r in raw["circuit"]],
         edges=[_edges(r) for r in raw["edges"]],
-        summary=_summary(raw["selector"]) if raw["selector"] else None,
+        summary=_summary(raw["routing"]) if raw["routing"] else None,
     )

@@ -70,10 +70,40 @@ VARIANTS_CSV_FILE = "variants.csv"
 
 def routing_summary_path(run_dir: str | Path) -> Path:
     """The routing-head summary of a run: ``analysis/routing.json``, or an older analysis's
-    ``analysis/routing.json`` when only that exists (where a new one is written otherwise)."""
+    ``analysis/selector.json`` when only that exists (where a new one is written otherwise)."""
     folder = analysis_dir(run_dir)
     legacy = folder / LEGACY_ROUTING_FILE
     return legacy if legacy.exists() and not (folder / ROUTING_FILE).exists() else folder / ROUTING_FILE
+
+
+LEGACY_ROUTING_KEYS: dict[str, str] = {
+    "log_k": "height", "floor_log_k": "floor_height",
+    "base_candidate_loss": "unablated", "zero_candidate_loss": "zero_ablated",
+    "mean_candidate_loss": "mean_ablated", "zero_delta_z": "zero_ablated_cue_effect",
+    "candidate_loss": "progress", "delta_z": "cue_effect",
+    "near_log_k": "near_height", "reaches_log_k": "reaches_height",
+    "top_alone_candidate_loss": "top_alone_progress", "top_alone_near_log_k": "top_alone_near_height",
+    "top_alone_reaches_log_k": "top_alone_reaches_height",
+    "cover_ablated_candidate_loss": "cover_ablated_progress",
+    "cover_ablated_reaches_log_k": "cover_ablated_reaches_height", "reads_z": "reads_cue",
+}
+"""Keys of a routing summary written before it spoke the neutral words (the selector task's
+``log_k``, candidate loss and delta_z), and what each is called now."""
+
+
+def _neutral_keys(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {LEGACY_ROUTING_KEYS.get(k, k): _neutral_keys(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_neutral_keys(v) for v in obj]
+    return obj
+
+
+def read_routing_summary(run_dir: str | Path) -> dict[str, Any] | None:
+    """The run's routing-head summary (:func:`routing_summary_path`), with an older file's keys
+    renamed to today's (:data:`LEGACY_ROUTING_KEYS`); None when the run has none."""
+    path = routing_summary_path(run_dir)
+    return _neutral_keys(json.loads(path.read_text())) if path.exists() else None
 
 
 def analysis_dir(run_dir: str | Path) -> Path:

@@ -2,8 +2,8 @@
 
 From the cached analysis records of a run (``plateauscope.analysis.analyze.load_analysis``): the routing head (the
 selector head of the selector task: attention to the cue times the head-patching effect at the
-end, ``plateauscope.analysis.selector.pick_selector_head``), its attention at the plateau start and the end, t_form
-and the lead fraction by each of the three rules (``plateauscope.analysis.selector``), the head ablated at three
+end, ``plateauscope.analysis.formation.pick_routing_head``), its attention at the plateau start and the end, t_form
+and the lead fraction by each of the three rules (``plateauscope.analysis.formation``), the head ablated at three
 moments, the circuit verdict (``plateauscope.analysis.circuit``), the heads that follow the task's other attention
 rules (induction's previous-token head) and the agreement of attribution with exact patching.
 """
@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from plateauscope.analysis import selector as sel
-from plateauscope.analysis.ablate import near_log_k
+from plateauscope.analysis import formation as sel
+from plateauscope.analysis.ablate import MARGINAL_TOL, near_height
 from plateauscope.analysis.attention import chance_attention
 from plateauscope.analysis.attribution import agreement
 from plateauscope.analysis.circuit import circuit_summary, format_circuit
@@ -52,7 +52,7 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
     final_patch = patches[-1]
     final_attn = next(r for r in reversed(attn) if r["step"] == final_patch["step"]) if any(
         r["step"] == final_patch["step"] for r in attn) else attn[-1]
-    (layer, head), scores = sel.pick_selector_head(final_attn["to_z_first"], final_patch["heads"]["normalised"])
+    (layer, head), scores = sel.pick_routing_head(final_attn["to_z_first"], final_patch["heads"]["normalised"])
     progress = run.progress
     cue = progress.cue_effect_key or ""
     steps = [r["step"] for r in attn]
@@ -96,12 +96,13 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
             return None
         rec = min(ablations, key=lambda r: abs(r["step"] - target))
         z = rec["zero"]
-        return {"step": rec["step"], "base_candidate_loss": z["base"]["candidate_loss"],
-                "zero_candidate_loss": z["candidate_loss"][layer][head],
-                "mean_candidate_loss": rec["mean"]["candidate_loss"][layer][head],
-                "zero_delta_z": z["delta_z"][layer][head]}
+        # the cache keeps the selector task's field names (candidate_loss, delta_z) for any task
+        return {"step": rec["step"], "unablated": z["base"]["candidate_loss"],
+                "zero_ablated": z["candidate_loss"][layer][head],
+                "mean_ablated": rec["mean"]["candidate_loss"][layer][head],
+                "zero_ablated_cue_effect": z["delta_z"][layer][head]}
 
-    log_k = progress.height
+    height = progress.height
     after = ablation_at(steps[-1])
     attribution_by_step = {r["step"]: r for r in cache["attribution"]}
     agree = []
@@ -119,7 +120,7 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
         "scores": scores,
         "tau": tau,
         "tau_bracket": [tau_lo, tau] if tau is not None else None,
-        "log_k": log_k,
+        "height": height,
         "plateau_start": plateau_start,
         "rules_start": rules_start,
         "release": release_record(records, release, progress.key) if release else None,
@@ -127,14 +128,27 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
         **lead,
         "ablation": {"plateau_start": ablation_at(plateau_start),
                      "tau_half": ablation_at(tau // 2 if tau else None), "end": after},
-        "falls_back_to_marginal": near_log_k(after["zero_candidate_loss"], log_k) if after else None,
+        "falls_back_to_marginal": near_height(after["zero_ablated"], height) if after else None,
         "t_form_rules": rules["rules"],
         "smoothing": rules["smoothing"],
-        "circuit": circuit_summary(circ, (layer, head), log_k, tau),
+        "circuit": with_damage(circuit_summary(circ, (layer, head), height, tau), ablations, height),
         "agreement": agree,
         "analysed_steps": len(steps),
         **({"attention_rules": rule_heads} if rule_heads else {}),
     }
+
+
+def with_damage(circuit: dict[str, Any] | None, ablations: list[dict], height: float) -> dict[str, Any] | None:
+    """The circuit summary with ``damage``: each head mean-ablated alone (over every example, so B's
+    information goes too) at the ablation step nearest the circuit's, and the heads that push the
+    progress measure past the height's band. It measures what breaks the model, not the cue's route."""
+    if circuit is None or not ablations:
+        return circuit
+    rec = min(ablations, key=lambda r: abs(r["step"] - circuit["step"]))
+    values = rec["mean"]["candidate_loss"]  # the cache's name for the progress measure, for any task
+    heads = {f"L{la}H{h}": v for la, row in enumerate(values) for h, v in enumerate(row)}
+    over = [k for k, v in heads.items() if v is not None and v > (1 + MARGINAL_TOL) * height]
+    return {**circuit, "damage": {"kind": "mean", "step": rec["step"], "heads": heads, "past_height": over}}
 
 
 def _result(d: dict) -> PatchResult:
@@ -170,13 +184,13 @@ def format_summary(s: dict[str, Any], progress: ProgressMeasure | None = None) -
                      f"just after; the t_form rules start at step {s['rules_start']}")
     for name, a in s["ablation"].items():
         if a:
-            lines.append(f"ablation {name:<12} step {a['step']:>6}: {label} {a['base_candidate_loss']:.3f} -> "
-                         f"zero {a['zero_candidate_loss']:.3f}, mean {a['mean_candidate_loss']:.3f} ({hl} = {s['log_k']:.3f})")
+            lines.append(f"ablation {name:<12} step {a['step']:>6}: {label} {a['unablated']:.3f} -> "
+                         f"zero {a['zero_ablated']:.3f}, mean {a['mean_ablated']:.3f} ({hl} = {s['height']:.3f})")
     lines.append(f"falls back to the marginal when ablated at the end: {s['falls_back_to_marginal']}")
     cue_effect = progress.cue_effect_key if progress and progress.cue_effect_key else "cue effect"
     for rule, r in (s.get("t_form_rules") or {}).items():
         lb = [round(x, 3) for x in r["lead_bracket"]] if r["lead_bracket"] else None
-        rule = cue_effect if rule == "delta_z" else rule  # the threshold rule on the task's cue-effect field
+        rule = cue_effect if rule == "cue_effect" else rule  # the threshold rule, named by the task's field
         lines.append(f"t_form {rule:<12} {na(r['t_form'], '{}'):>6}  bracket {r['t_form_bracket']}  lead "
                      f"{na(r['lead_fraction'])}  bracket {lb}")
     for name, r in (s.get("attention_rules") or {}).items():
@@ -184,7 +198,12 @@ def format_summary(s: dict[str, Any], progress: ProgressMeasure | None = None) -
                      f"t_form {na(r['t_form'], '{}')} bracket {r['t_form_bracket']}, lead {na(r['lead_fraction'])}")
     if s.get("smoothing"):
         lines.append(f"smoothing       {s['smoothing']['window']} point(s), {s['smoothing']['kind']}")
-    lines += format_circuit(s.get("circuit"), s["log_k"], s["head"], label, hl)
+    lines += format_circuit(s.get("circuit"), s["height"], s["head"], label, hl)
+    damage = (s.get("circuit") or {}).get("damage")
+    if damage:
+        lines.append(f"damage          each head mean-ablated alone at step {damage['step']} (over every example; "
+                     f"not a verdict): " + ", ".join(f"{k} {na(v)}" for k, v in damage["heads"].items())
+                     + f"; past 1.25 {hl}: {', '.join(damage['past_height']) or 'none'}")
     lines += format_edges(s.get("edges"), s["t_form"], s["tau"])
     if s["agreement"]:
         rho = [a["spearman"] for a in s["agreement"] if a["spearman"] is not None]

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
               f"falls back to the marginal (within 0.25 {height} of {height}): {'yes' if back else 'no'}")
         falls_back = [[falls_back_to_marginal(res, la, h, log_k) for h in range(model.cfg.n_heads)]
                       for la in range(model.cfg.n_layers)]
-        write_json(args.json, {"run": str(run.path), "step": step, "seed": args.seed, "log_k": log_k,
+        write_json(args.json, {"run": str(run.path), "step": step, "seed": args.seed, "height": log_k,
                                **res.to_dict(), "falls_back_to_marginal": falls_back})
 
     return run_cli(body, argv, parser)

@@ -6,7 +6,8 @@ import argparse
 from pathlib import Path
 
 import plateauscope.analysis.analyze as _module
-from plateauscope.analysis.analyze import ABLATION_KINDS, AnalysisSettings, analyze_run
+from plateauscope.analysis.ablate import KINDS
+from plateauscope.analysis.analyze import AnalysisSettings, analyze_run
 from plateauscope.analysis.edges import CIRCUIT_PAIRS, FAITHFULNESS_TARGET
 from plateauscope.analysis.results import analysis_dir
 from plateauscope.analysis.summary import format_summary
@@ -24,8 +25,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-examples", type=int, default=256, help="prompt pairs / examples per analysis")
     p.add_argument("--ablation-groups", type=int, default=8, help="eval groups scored per ablation")
     p.add_argument("--seed", type=int, default=0, help="seed of the example samples (default 0)")
-    p.add_argument("--circuit-ablation", choices=ABLATION_KINDS, default="mean",
-                   help="ablation kind of the circuit's head sets (default mean)")
+    p.add_argument("--circuit-ablation", choices=KINDS, default="cue_mean",
+                   help="ablation kind of the circuit's head sets (default cue_mean: each head's mean over the "
+                        "examples that differ only in the cue; mean for a task without candidates)")
     p.add_argument("--smooth", type=int, default=1,
                    help="centred moving-mean window of the t_form rules' series (default 1: none)")
     p.add_argument("--edge-target", type=float, default=FAITHFULNESS_TARGET,

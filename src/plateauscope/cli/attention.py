@@ -23,17 +23,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``plateauscope attention``: attention to z per head at one checkpoint."""
+    """``plateauscope attention``: attention to the task's cue per head at one checkpoint."""
     parser = build_parser()
 
     def body(args: argparse.Namespace) -> None:
         run, step = resolve_ckpt(args.ckpt, args.step)
         model = run.model(step, device=args.device, backend=args.backend)
         res = attention_to_z(model, run.task(), args.n_examples, args.seed)
-        print(f"{run.path} step {step}: attention from the first-target position to z "
+        print(f"{run.path} step {step}: attention from the first-target position to the cue "
               f"({res.n_examples} examples); top head L{res.top_head()[0]}H{res.top_head()[1]}")
-        for title, values in (("attention to z, first target position", res.to_z_first),
-                              ("attention to z, all target positions", res.to_z_all_targets),
+        for title, values in (("attention to the cue, first target position", res.to_z_first),
+                              ("attention to the cue, all target positions", res.to_z_all_targets),
                               ("attention entropy (nats), first target position", res.entropy_first)):
             print(f"\n{title}")
             print(format_table(*head_table(values)))

@@ -21,7 +21,7 @@ the largest such family is used):
   in steps per learning rate as a ratio to the smallest (the paper: monotone, up to 3.6x slower);
   ``trend`` says whether the means rise or fall monotonically with the factor. The means are
   geometric means over seeds; each has a t interval on logs and each ratio Welch's t interval on
-  the log ratio (95% from 3 seeds up, the range of 2 seeds below: ``plateauscope.dynamics.intervals``);
+  the log ratio (95% from 3 seeds up, the range of 2 seeds below: ``plateauscope.analysis.intervals``);
   ``plateauscope.dynamics.noise`` reads the paper's claims from them.
 * collective snap, per run from the tracked groups' accuracies (``plateauscope.analysis.snap.snap_statistics``):
   the share of groups >= 80% accurate at tau/2 (the paper: 0 of 200) and the median snap
@@ -45,7 +45,7 @@ the largest such family is used):
   with the seed range [min, max]. A t_marginal / tau below 1 means the marginal came first.
 * seeds (:func:`seed_summary`), over the runs analysed by ``plateauscope analyze`` (or
   ``--analyze``, which analyses every run of the sweep first): the median lead fraction by each
-  t_form rule of ``plateauscope.analysis.selector`` (``attention``, ``patch_share``, ``delta_z``) with
+  t_form rule of ``plateauscope.analysis.formation`` (``attention``, ``patch_share``, ``cue_effect``) with
   the order-statistic interval of the median and the coverage it has at that n (75% at 3 runs), the
   selector head per seed and how many are in layer 0, and the circuit verdict
   per seed (``plateauscope.analysis.circuit``). All runs of the sweep are pooled: run it on one configuration
@@ -68,11 +68,11 @@ from typing import Any
 
 import numpy as np
 
-from plateauscope.analysis.results import median, na, routing_summary_path
-from plateauscope.analysis.selector import RULES
+from plateauscope.analysis.results import median, na, read_routing_summary
+from plateauscope.analysis.formation import RULES
 from plateauscope.analysis.snap import SNAP_HI, snap_statistics
 from plateauscope.cli.common import format_table
-from plateauscope.dynamics.intervals import (
+from plateauscope.analysis.intervals import (
     geometric_mean,
     geometric_mean_interval,
     median_interval,
@@ -130,10 +130,9 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
     tokens_per_step = cfg.train.batch_size * run.task().tokens_per_example()
     snap = snap_statistics(metrics, tau)
     span = summary.get("plateau_span")
-    path = routing_summary_path(run.path)
-    selector = rd.read_json(path) if path.exists() else {}
-    rules = selector.get("t_form_rules") or {}
-    circuit = selector.get("circuit") or {}
+    routing = read_routing_summary(run.path) or {}
+    rules = routing.get("t_form_rules") or {}
+    circuit = routing.get("circuit") or {}
     plateau = run.plateau() or {}
     t_m = plateau.get("t_marginal")
     return {
@@ -144,9 +143,9 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
         "tokens_per_step": tokens_per_step, "tau_tokens": tau * tokens_per_step if tau is not None else None,
         "t_acc50": compute_tau(metrics, EXACT_MATCH, 0.5),
         "plateau_start": span[0] if span else None, "plateau_end": span[1] if span else None,
-        "lead_fraction": selector.get("lead_fraction"),
+        "lead_fraction": routing.get("lead_fraction"),
         **{f"lead_{rule}": (rules.get(rule) or {}).get("lead_fraction") for rule in RULES},
-        "selector_head": selector.get("label"), "selector_layer": (selector.get("head") or [None])[0],
+        "routing_head": routing.get("label"), "routing_layer": (routing.get("head") or [None])[0],
         "circuit": circuit.get("verdict"), "circuit_heads": " ".join(circuit.get("heads") or []) or None,
         "model": f"{cfg.model.n_layers}L d{cfg.model.d_model}", "variant": cfg.task.variant_label() if hasattr(cfg.task, "variant_label") else "default",
         "verdict": plateau.get("verdict"), "t_marginal": t_m,
@@ -302,7 +301,7 @@ def fit_loglog(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 def power_law(rows: list[dict], factor: str = "D", key: str = "tau") -> dict[str, Any] | None:
     """Fit ``key = c * factor^slope`` over the largest family (least squares on log-log axes), with the
-    slope's least-squares t interval (``plateauscope.dynamics.intervals.slope_interval``).
+    slope's least-squares t interval (``plateauscope.analysis.intervals.slope_interval``).
 
     None when no family has two distinct values of ``factor`` with a tau.
     """
@@ -324,7 +323,7 @@ def factor_effect(rows: list[dict], factor: str, key: str, reference: str) -> di
     ``rising``, ``falling`` (monotone in the factor), ``not monotone``, or ``unknown`` when a value
     with runs without tau (below) breaks the order.
 
-    Intervals (``plateauscope.dynamics.intervals``): each value's ``mean_ci`` is the t interval of
+    Intervals (``plateauscope.analysis.intervals``): each value's ``mean_ci`` is the t interval of
     its mean log, exponentiated, and each ``ratio_ci`` Welch's t interval of the ratio of geometric
     means, both 95% from 3 seeds up; with 2 seeds they are ranges, labelled so; with 1, None. Rows
     marked ``censored`` (a run that stopped before tau, its last step standing in) make their value's
@@ -429,7 +428,7 @@ def snap_summary(rows: list[dict]) -> dict[str, Any] | None:
 def seed_summary(rows: list[dict]) -> dict[str, Any] | None:
     """Over the analysed runs: median lead per t_form rule with its order-statistic interval, head and
     verdict per seed."""
-    rs = [r for r in rows if r.get("selector_head")]
+    rs = [r for r in rows if r.get("routing_head")]
     if not rs:
         return None
     leads = {}
@@ -438,9 +437,9 @@ def seed_summary(rows: list[dict]) -> dict[str, Any] | None:
         leads[rule] = {"median": median(vals), "ci": median_interval(vals), "n": len(vals),
                        "values": vals}
     return {"runs": len(rs), "lead": leads,
-            "per_seed": [{"name": r["name"], "seed": r["seed"], "head": r["selector_head"],
+            "per_seed": [{"name": r["name"], "seed": r["seed"], "head": r["routing_head"],
                           "verdict": r.get("circuit"), "heads": r.get("circuit_heads")} for r in rs],
-            "layer0": sum(r.get("selector_layer") == 0 for r in rs)}
+            "layer0": sum(r.get("routing_layer") == 0 for r in rs)}
 
 
 def seed_lines(s: dict[str, Any] | None) -> list[str]:
@@ -537,7 +536,7 @@ def summary_lines(result: dict[str, Any]) -> list[tuple[str, str]]:
 TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("name", "run"), ("tau", "tau"), (tau_key(0.3), "tau@.3"), (tau_key(0.7), "tau@.7"), ("tau_tokens", "tokens"),
     ("t_acc50", "acc50"), ("plateau_start", "plat0"), ("plateau_end", "plat1"), ("lead_fraction", "lead"),
-    ("lead_patch_share", "lead(share)"), ("lead_delta_z", "lead(dz)"), ("selector_head", "head"), ("circuit", "circuit"),
+    ("lead_patch_share", "lead(share)"), ("lead_cue_effect", "lead(cue)"), ("routing_head", "head"), ("circuit", "circuit"),
     ("snap_share_at_half_tau", "snap@tau/2"), ("snap_window_tau", "window/tau"), ("final_step", "steps"),
     ("complete", "done"))
 

@@ -13,14 +13,14 @@ same seed without intervention (tau_0, its tau):
 * with a hidden cue, the set loss at S (the last evaluation at or before it), and the unmodified
   run's at the same step: what the model learned without the cue;
 * where ``plateauscope analyze`` has been run on it (``plateauscope dynamics --sweep DIR
-  --analyze``), the lead by each t_form rule of ``plateauscope.analysis.selector``, counted from the release:
+  --analyze``), the lead by each t_form rule of ``plateauscope.analysis.formation``, counted from the release:
   ``(tau - t_form) / (tau - S)``, the selector's lead fraction when S = 0. Every analysis sees a
   checkpoint with the run's interventions as they were at its step, so a hidden cue's t_form
   comes after its release. With the routing given, the routing is there at step 0: a lead
   measures only what still rises after it.
 
 Per condition, over seeds: the median of ``wait / tau_0`` with the order-statistic interval of the
-median and the coverage it has at that seed count (``plateauscope.dynamics.intervals.median_interval``:
+median and the coverage it has at that seed count (``plateauscope.analysis.intervals.median_interval``:
 75% at 3 seeds, the range of 2 below), how many seeds reached tau, the verdicts, and the median
 lead by each rule over the analysed seeds (with its interval). ``with_baselines`` adds the
 unmodified runs as a condition of their own (wait 1 by definition), the reference for the leads. A run that did
@@ -37,10 +37,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from plateauscope.analysis.results import median, na, routing_summary_path
-from plateauscope.analysis.selector import RULES
+from plateauscope.analysis.results import median, na, read_routing_summary
+from plateauscope.analysis.formation import RULES
 from plateauscope.cli.common import format_table
-from plateauscope.dynamics.intervals import median_interval
+from plateauscope.analysis.intervals import median_interval
 from plateauscope.training import run as rd
 from plateauscope.training.interventions import INTERVENTION_OPTIONS, has_interventions
 from plateauscope.training.metrics import compute_tau
@@ -81,10 +81,9 @@ def _last_before(records: list[dict], step: int, key: str) -> float | None:
 def release_leads(run_dir: Path, tau: int | None, S: int) -> dict[str, float | None]:
     """``lead_<rule>``: (tau - t_form) / (tau - S) by each t_form rule, from the run's analysis (None
     where it was not analysed, or a rule found no t_form); and ``attention_start``: the selector
-    head's attention to z at the plateau start as a fraction of its final value (near 1 where the
+    head's attention to the cue at the plateau start as a fraction of its final value (near 1 where the
     routing was given: then the attention t_form times a small rise)."""
-    path = routing_summary_path(run_dir)
-    rules = (rd.read_json(path).get("t_form_rules") or {}) if path.exists() else {}
+    rules = (read_routing_summary(run_dir) or {}).get("t_form_rules") or {}
     leads = {}
     for rule in RULES:
         t_form = (rules.get(rule) or {}).get("t_form")
@@ -278,10 +277,10 @@ def reading(table: list[dict]) -> list[str]:
         text = "; ".join(f"{r['condition']}: tau / tau_0 {_interval(r)}, {r['reached']} of {r['seeds']} reached tau"
                          for r in routes)
         lines.append(f"One route in layer 0: {text}.")
-    analysed = [r for r in table if r["lead_attention_n"] or r["lead_delta_z_n"]]
+    analysed = [r for r in table if r["lead_attention_n"] or r["lead_cue_effect_n"]]
     if analysed:
         text = "; ".join(f"{r['condition']}: {na(r['lead_attention'], '{:.2f}')} by attention, "
-                         f"{na(r['lead_delta_z'], '{:.2f}')} by delta_z" for r in analysed)
+                         f"{na(r['lead_cue_effect'], '{:.2f}')} by the cue effect" for r in analysed)
         line = f"Lead from the release, (tau - t_form) / (tau - S), medians over the analysed seeds: {text}."
         given = [r for r in analysed if r["condition"].startswith("routing given") and r["attention_start"] is not None]
         if given:

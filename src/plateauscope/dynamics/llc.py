@@ -13,11 +13,11 @@ Per run (its ``analysis/llc.json`` from ``plateauscope llc``, its ``routing.json
   window with the loss (the training objective on the evaluation groups, ``loss``) at or below
   ``1 - LOSS_FALL`` times its mean over the window;
 * how far the loss has already fallen at t_llc, against the same plateau mean;
-* the three t_form rules (``plateauscope.analysis.selector``) and tau.
+* the three t_form rules (``plateauscope.analysis.formation``) and tau.
 
 Over the runs: the median of each step in units of tau, and of t_llc - t_loss and t_llc - t_form
 (per rule) in units of tau, with the order-statistic interval of the median and the coverage it
-has at that many runs (``plateauscope.dynamics.intervals.median_interval``).
+has at that many runs (``plateauscope.analysis.intervals.median_interval``).
 
 Who moves first is not read from these: t_llc departs by a 3-sd rule over the LLC's own noise,
 t_loss by a fixed 5% fall, and with different rules a "lead" is close to guaranteed by the rules.
@@ -30,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
-from plateauscope.analysis.results import LLC_SUMMARY_FILE, analysis_dir, median, na, routing_summary_path
-from plateauscope.analysis.selector import RULES
+from plateauscope.analysis.results import LLC_SUMMARY_FILE, analysis_dir, median, na, read_routing_summary
+from plateauscope.analysis.formation import RULES
 from plateauscope.cli.common import format_table
 from plateauscope.dynamics import sweep_runs
-from plateauscope.dynamics.intervals import median_interval
+from plateauscope.analysis.intervals import median_interval
 from plateauscope.training import run as rd
 from plateauscope.training.run import Run
 
@@ -96,8 +96,7 @@ def llc_rows(sweep_dir: str | Path) -> list[dict[str, Any]]:
             continue
         run, llc = Run(path), rd.read_json(llc_file)
         window = plateau_window((run.summary or {}).get("plateau_span"))
-        sel_file = routing_summary_path(path)
-        rules = (rd.read_json(sel_file) if sel_file.exists() else {}).get("t_form_rules") or {}
+        rules = (read_routing_summary(path) or {}).get("t_form_rules") or {}
         row = {"name": name, "seed": run.config.train.seed, "tau": llc["tau"], "window": window,
                "n_checkpoints": len(llc["steps"]), "all_stationary": llc["all_stationary"],
                **{f"t_form_{rule}": (rules.get(rule) or {}).get("t_form") for rule in RULES}}

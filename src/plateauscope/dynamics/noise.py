@@ -4,7 +4,7 @@ The paper (claim 4): smaller batches delay the transition, 1.8x counted in token
 batch against the largest); higher learning rates delay it monotonically, up to 3.6x (the
 largest against the smallest). The effects are ``plateauscope.dynamics.factor_effect``'s: the geometric
 mean tau per value over seeds, its ratio to the reference value, and Welch's 95% t interval of that
-ratio on the log scale (``plateauscope.dynamics.intervals``).
+ratio on the log scale (``plateauscope.analysis.intervals``).
 
 A claim is read from the interval of its extreme ratio: the most extreme value whose runs all reached
 tau (a value past it, with runs stopped on the plateau, is printed as the one-sided bound it is, and
@@ -34,7 +34,7 @@ from typing import Any
 
 from plateauscope.cli.common import format_table
 from plateauscope.dynamics import PAPER
-from plateauscope.dynamics.intervals import MIN_SEEDS_FOR_A_CLAIM, enough_seeds
+from plateauscope.analysis.intervals import MIN_SEEDS_FOR_A_CLAIM, enough_seeds
 
 CLAIMS: tuple[tuple[str, str, str, str, str | None], ...] = (
     # (the effect's key in analyze_sweep's fits, the claim, its extreme value, the paper's factor, the trend it needs)

@@ -15,12 +15,13 @@ member i's gradient is exactly the gradient of its own loss. AdamW steps the sta
 AdamW is elementwise, so each member's slice receives the update a solo run would make from the
 same gradient (gradient clipping, when asked, uses each member's own norm).
 
-Everything else is per member and is the solo run's: the initialisation (``model.seed``), the
-minibatch order (a generator seeded with ``train.seed``, walked the same way), the fixed
-evaluation set, the task's ``evaluate`` (on a plain HookedTransformer holding the
-member's weights: evaluation is not the hot path), tau, ``stop_after_tau``, and every file of
-the run directory, written by the helpers that ``plateauscope.training.train.train`` uses. A member run
-therefore has the solo layout and can be resumed, analysed or reported like any other run.
+Everything else is per member and is the solo run's, down to the code: the initialisation
+(``model.seed``), and a :class:`plateauscope.training.train.RunState` per member, the very object a solo
+run keeps: the minibatch order (a ``DataOrder``, seeded with ``train.seed``), the fixed evaluation set,
+the task's ``evaluate`` (on a plain HookedTransformer holding the member's weights: evaluation is not
+the hot path), tau, ``stop_after_tau`` (an ``EvaluationLog``), and every file of the run directory. The
+loop below takes the solo loop's steps, in its order, through the same ``Schedule`` and ``take_step``.
+A member run therefore has the solo layout and can be resumed, analysed or reported like any other run.
 
 Agreement with solo runs (same torch thread count). ``fused``: identical (``tests/test_sweep.py``).
 ``hooked``: vmap turns the solo matmuls into batched ones, whose float32 rounding may differ in the
@@ -41,13 +42,12 @@ expected gain of one vectorised pass is on a GPU, where one small model leaves t
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
-import json
 import logging
-import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import torch
 from jaxtyping import Float, Int
@@ -59,28 +59,24 @@ from plateauscope.tasks.base import Task
 from plateauscope.tasks.loading import build_task, canonical_task_name
 from plateauscope.training import run as rd
 from plateauscope.training.config import ConfigError, RunConfig
-from plateauscope.training.files import load_resume_point, save_checkpoint_and_state
+from plateauscope.training.files import load_resume_point
 from plateauscope.training.interventions import has_interventions
 from plateauscope.training.machine import machine_record
-from plateauscope.training.metrics import compute_tau
 from plateauscope.training.model import build_hooked_transformer
-from plateauscope.training.schedule import resume_steps, scheduled_steps
 from plateauscope.training.train import (
     NO_HOOKS,
+    RunState,
+    Schedule,
     TrainingHooks,
     adamw,
     check_forward,
     deterministic,
-    evaluation_record,
-    evaluation_set,
     evaluation_sets,
     finish,
     fused_loss,
-    machines_on_resume,
     prepare_run_dir,
     resolve_device,
-    stop_due,
-    train_step,
+    take_step,
 )
 
 log = logging.getLogger(__name__)
@@ -88,25 +84,14 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class Member:
-    """One seed of the ensemble: its run directory and everything a solo run keeps per run."""
+    """One seed of the ensemble: its place in the caller's list, its config, and everything a solo run
+    keeps per run (:class:`plateauscope.training.train.RunState`: run directory, data order, evaluation
+    log, machines, wall clock)."""
 
     index: int
     """Position in the caller's list (results come back in that order)."""
     cfg: RunConfig
-    out: Path
-    evalsets: tuple
-    """The member's fixed evaluation sets (``plateauscope.training.train.evaluation_sets``)."""
-    data_gen: torch.Generator
-    perm: Int[Tensor, " D"]
-    cursor: int
-    records: list[dict]
-    tau: int | None
-    t0: float
-    """``time.perf_counter()`` at the member's (resumed) step 0, for ``wall_s``."""
-    metrics_file: IO[str] | None = None
-    stop: bool = False
-    machines: list[dict] = field(default_factory=list)
-    """The machines that trained the member (``plateauscope.training.train.machines_on_resume``)."""
+    run: RunState
 
 
 def same_but_seed(cfgs: list[RunConfig]) -> None:
@@ -212,7 +197,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
             for s in sorted(set(steps)):
                 idx = [i for i, si in enumerate(steps) if si == s]
                 for i, r in zip(idx, train_ensemble([cfgs[i] for i in idx], [outs[i] for i in idx], True, device,
-                                                    progress, stop_at_step)):
+                                                    progress, stop_at_step, hooks)):
                     results[i] = r
             return results
 
@@ -226,90 +211,69 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
     task = build_task(cfg.task_name, cfg.task)  # the data set does not depend on the (model, train) seeds
     check_forward(cfg, task)
     tokens = task.tokens.to(dev)
-    n_examples, progress_measure = len(task.tokens), task.progress
     results = [{}] * len(cfgs)
     members: list[Member] = []
     weights: list[dict[str, Tensor]] = []
     opt_states: list[dict] = []
     step = 0
-    for i, (c, out) in enumerate(zip(cfgs, outs)):
-        evalsets = evaluation_sets(task, tc, c.train.seed)
-        hooked_cfg = prepare_run_dir(c, task, out, resume)
-        data_gen = torch.Generator().manual_seed(c.train.seed)  # minibatch order only, as solo
-        m = Member(index=i, cfg=c, out=out, evalsets=evalsets, data_gen=data_gen, cursor=0, records=[], tau=None,
-                   perm=torch.randperm(n_examples, generator=data_gen), t0=time.perf_counter(), machines=[here])
-        point = load_resume_point(out, tc.max_steps) if resume else None
-        if point is None:
-            weights.append(build_hooked_transformer(hooked_cfg, seed=c.model.seed, device=dev).state_dict())
-        else:
-            if point.complete:
+    with contextlib.ExitStack() as open_runs:  # every member's metrics.jsonl is closed on the way out
+        for i, (c, out) in enumerate(zip(cfgs, outs)):
+            evalsets = evaluation_sets(task, tc, c.train.seed)
+            hooked_cfg = prepare_run_dir(c, task, out, resume)
+            point = load_resume_point(out, tc.max_steps) if resume else None
+            if point is not None and point.complete:
                 log.info("%s is already complete at step %d", out, point.step)
                 results[i] = finish(out, point.records, task, point.step, reuse=True)
                 continue
-            step = point.step
-            m.perm, m.cursor, m.records = point.perm, point.cursor, point.records
-            m.machines = machines_on_resume(out, point.machines, here)
-            m.t0 = time.perf_counter() - point.wall_s
-            m.data_gen.set_state(point.data_gen)
-            weights.append({k: v.to(dev) for k, v in point.weights.items()})
-            opt_states.append(point.optimizer)
-        m.tau = compute_tau(m.records, progress_measure)
-        # Metrics past the resume point (from the killed process) are dropped, never duplicated.
-        rd.write_text_atomic(out / rd.METRICS_FILE, "".join(json.dumps(r) + "\n" for r in m.records))
-        members.append(m)
-    if not members:
-        return results
+            if point is None:
+                weights.append(build_hooked_transformer(hooked_cfg, seed=c.model.seed, device=dev).state_dict())
+            else:
+                step = point.step
+                weights.append({k: v.to(dev) for k, v in point.weights.items()})
+                opt_states.append(point.optimizer)
+            members.append(Member(index=i, cfg=c, run=RunState.start(out, c.train, evalsets, task.progress,
+                                                                     len(task.tokens), here, point)))
+            open_runs.callback(members[-1].run.close)
+        if not members:
+            return results
 
-    # --- One template module; the members' parameters stacked on it; one AdamW. -------------
-    template = build_hooked_transformer(hooked_cfg, device=dev)  # its own weights are never used
-    evaluator = build_hooked_transformer(hooked_cfg, device=dev)  # holds one member's weights at a time
-    buffers = {n: b for n, b in template.named_buffers()}  # causal mask etc.: the same in every member
-    # A member killed before its first checkpoint restarts at step 0 with no optimiser state; the
-    # others are then at step 0 too (same resume step), where AdamW's state is still empty.
-    params, optimizer = stack_members(template, weights, opt_states if len(opt_states) == len(weights) else None, cfg)
-    del weights, opt_states
+        # --- One template module; the members' parameters stacked on it; one AdamW. -------------
+        template = build_hooked_transformer(hooked_cfg, device=dev)  # its own weights are never used
+        evaluator = build_hooked_transformer(hooked_cfg, device=dev)  # holds one member's weights at a time
+        buffers = {n: b for n, b in template.named_buffers()}  # causal mask etc.: the same in every member
+        # A member killed before its first checkpoint restarts at step 0 with no optimiser state; the
+        # others are then at step 0 too (same resume step), where AdamW's state is still empty.
+        params, optimizer = stack_members(template, weights, opt_states if len(opt_states) == len(weights) else None,
+                                          cfg)
+        del weights, opt_states
 
-    def member_weights(j: int) -> dict[str, Tensor]:
-        return {**{n: p[j].detach().clone() for n, p in params.items()}, **buffers}
+        def member_weights(j: int) -> dict[str, Tensor]:
+            return {**{n: p[j].detach().clone() for n, p in params.items()}, **buffers}
 
-    eval_steps = scheduled_steps(tc.eval_every, tc.max_steps, tc.early_log_points)
-    ckpt_steps = scheduled_steps(tc.ckpt_every, tc.max_steps, tc.early_log_points)
-    resume_at = resume_steps(ckpt_steps, tc.resume_every)
-    bar = tqdm(total=tc.max_steps, initial=step, disable=not progress, desc=f"ensemble of {len(members)}",
-               dynamic_ncols=True)
-    for m in members:
-        m.metrics_file = open(m.out / rd.METRICS_FILE, "a")
-    try:
+        @contextlib.contextmanager
+        def holding(j: int) -> Iterator[None]:  # the evaluator, with member j's weights
+            evaluator.load_state_dict(member_weights(j), strict=False)
+            yield
+
+        schedule = Schedule.of(tc)
+        bar = open_runs.enter_context(tqdm(total=tc.max_steps, initial=step, disable=not progress,
+                                           desc=f"ensemble of {len(members)}", dynamic_ncols=True))
         while True:
-            # 1. Evaluate each member on its fixed evaluation set, as a solo run would.
-            if step in eval_steps:
+            # 1. Evaluate each member on its fixed evaluation set and log it, as a solo run would.
+            if step in schedule.evaluate:
                 for j, m in enumerate(members):
-                    started = time.perf_counter()
-                    evaluator.load_state_dict(member_weights(j), strict=False)
-                    record = evaluation_record(evaluator, task, evaluation_set(m.evalsets, step, tc), step, tc,
-                                               started - m.t0)
-                    if hooks.on_evaluation:
-                        hooks.on_evaluation(record, time.perf_counter() - started)
-                    m.records.append(record)
-                    m.metrics_file.write(json.dumps(record) + "\n")
-                    m.metrics_file.flush()
-                    m.tau = m.tau if m.tau is not None else compute_tau([record], progress_measure)
-                    m.stop = stop_due(tc, m.tau, step)
+                    m.run.evaluate(evaluator, task, step, hooks, holding(j))
             # 2. Checkpoint each member (weights; at a resume point also its solo-format resume state).
             stacked_state = optimizer.state_dict()
             for j, m in enumerate(members):
-                if step in ckpt_steps or m.stop:
-                    resume_point = step in resume_at or m.stop  # the member's optimiser slice is copied only then
-                    save_checkpoint_and_state(m.out, step, member_weights(j),
-                                              member_optimizer_state(stacked_state, j) if resume_point else None,
-                                              m.data_gen, m.perm, m.cursor, time.perf_counter() - m.t0,
-                                              machines=m.machines)
+                if schedule.checkpoints(step, m.run.evaluations.stop):
+                    # the member's optimiser slice is copied only at a resume point
+                    m.run.checkpoint(step, member_weights(j), member_optimizer_state(stacked_state, j)
+                                     if schedule.resumes(step, m.run.evaluations.stop) else None)
             # 3. Finished members write their summary and leave the stack.
-            done = [j for j, m in enumerate(members) if step >= tc.max_steps or m.stop]
+            done = [j for j, m in enumerate(members) if step >= tc.max_steps or m.run.evaluations.stop]
             for j in done:
-                m = members[j]
-                m.metrics_file.close()
-                results[m.index] = finish(m.out, m.records, task, step, machines=m.machines)
+                results[members[j].index] = members[j].run.finish(task, step)
             if done:
                 keep = [j for j in range(len(members)) if j not in done]
                 if not keep:
@@ -318,30 +282,17 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
                                                   [member_optimizer_state(stacked_state, j) for j in keep], cfg)
                 members = [members[j] for j in keep]
                 bar.set_description(f"ensemble of {len(members)}")
-            if step == stop_at_step:
+            if step == stop_at_step:  # a kill right after this step's evaluation (no summary)
                 return [{"stopped_at": step}] * len(cfgs)
 
             # 4. Each member's next minibatch: its own permutation, walked as a solo run walks it.
-            rows = []
-            for m in members:
-                if m.cursor + tc.batch_size > n_examples:
-                    m.perm, m.cursor = torch.randperm(n_examples, generator=m.data_gen), 0
-                rows.append(m.perm[m.cursor: m.cursor + tc.batch_size])
-                m.cursor += tc.batch_size
-            batches = tokens[torch.stack(rows).to(dev)]  # [S, batch, seq]
+            batches = tokens[torch.stack([m.run.order.next_rows(tc.batch_size) for m in members]).to(dev)]
 
-            # 5-6. All members' losses in one vectorised pass, then the solo run's update step
-            # (their summed loss has each member's own gradient; clipping is per member).
-            with hooks.step_context():
-                loss = train_step(lambda b: ensemble_loss(template, params, buffers, b, task, tc.forward), batches,
-                                  optimizer, tc, step, clip=lambda max_norm: clip_member_grads(params, max_norm))
-            step += 1
-            if hooks.on_step:
-                hooks.on_step(step, loss)
+            # 5-6. All members' losses (one vectorised pass, or the solo kernels member by member),
+            # then the solo run's update step (their summed loss has each member's own gradient;
+            # clipping is per member).
+            step = take_step(lambda b: ensemble_loss(template, params, buffers, b, task, tc.forward), batches,
+                             optimizer, tc, step, hooks, contextlib.nullcontext(),
+                             clip=lambda max_norm: clip_member_grads(params, max_norm))
             bar.update(1)
-    finally:
-        for m in members:
-            if m.metrics_file is not None and not m.metrics_file.closed:
-                m.metrics_file.close()
-        bar.close()
     return results

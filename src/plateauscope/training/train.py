@@ -1,5 +1,11 @@
 """The training loop, as one function in step order, and ``plateauscope train``.
 
+The loop's steps are built from pieces that the seed ensemble (``plateauscope.training.ensemble``)
+builds its loop from too, so the two cannot drift apart: :class:`Schedule` (which steps evaluate,
+checkpoint, write a resume state), :class:`RunState` (per run: its :class:`DataOrder`, its
+:class:`EvaluationLog`, the machines and wall clock, and its checkpoints and resume states, written
+through ``plateauscope.training.files``) and :func:`take_step` (the update, with the hooks).
+
 A run is fully determined by its RunConfig: same config and seed, same numbers, bit for bit,
 on the same kind of CPU with the same thread count (float kernels differ between CPU types, and
 between the two training forwards, ``train.forward``; such runs diverge within seed intervals).
@@ -37,7 +43,7 @@ from plateauscope.tasks.base import ProgressMeasure, Task, TaskError
 from plateauscope.tasks.loading import build_task, canonical_task_name
 from plateauscope.training import run as rd
 from plateauscope.training.config import ConfigError, RunConfig, TrainConfig
-from plateauscope.training.files import load_resume_point, save_checkpoint_and_state
+from plateauscope.training.files import ResumePoint, load_resume_point, save_checkpoint_and_state
 from plateauscope.training.fused import fused_logits, unsupported_reason
 from plateauscope.training.interventions import (
     Interventions,
@@ -138,18 +144,15 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     donor = load_donor(tc, hooked_state_dict(model)) if tc.transplant and fresh else None
     prepare_run_dir(cfg, task, out, resume)
 
-    # --- Model, optimiser, data order (the fixed evaluation sets are built above). -----------
+    # --- Model and optimiser (the fixed evaluation sets are built above). --------------------
     if donor is not None:  # the run's own step-0 weights, with one part from the donor
         load_hooked_state_dict(model, transplanted(hooked_state_dict(model), donor, tc.transplant))
     if tc.freeze_transplant:  # no gradient, so AdamW neither steps nor decays them
         for name, param in model.named_parameters():
             param.requires_grad_(not in_part(name, tc.transplant))
     optimizer = adamw(model.parameters(), tc)
-    data_gen = torch.Generator().manual_seed(tc.seed)  # minibatch order only
-    n_examples = len(task.tokens)
-    perm, cursor, step, wall_s = torch.randperm(n_examples, generator=data_gen), 0, 0, 0.0
     tokens = task.tokens.to(dev)
-    measure = task.progress  # what defines tau
+    step = 0
     # The training step's loss: fused kernels over the model's own parameters (trimmed or not), or its
     # hooked forward. Interventions enter the fused kernels as masks, the hooked forward (and evaluation)
     # as hooks; ``step`` is read when the loss is computed.
@@ -157,82 +160,200 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
         lambda b: fused_loss(model.cfg, hooked_parameters(model), b, task, tc.forward == "trimmed",
                              **interventions.fused_options(step)))
 
-    # --- Resume: weights, optimiser, data order, RNGs, and metrics up to the saved step. ----
-    records: list[dict] = []
-    machines = [machine_record(dev)]  # every machine that trains the run (bit-identity holds on one)
+    # --- Resume: weights, optimiser and RNG here; data order, metrics, machines and clock in RunState. --
     point = load_resume_point(out, tc.max_steps) if resume else None
     if point is not None:
         if point.backend != backend:  # the optimiser state is keyed by the backend's parameter order
             raise ConfigError(f"{out / rd.RESUME_FILE}: the run was trained with --backend {point.backend}; "
                               f"resume it with that backend, not {backend}")
-        step, perm, cursor, wall_s, records = point.step, point.perm, point.cursor, point.wall_s, point.records
-        machines = machines_on_resume(out, point.machines, machines[0])
+        if point.complete:
+            log.info("%s is already complete at step %d", out, point.step)
+            return finish(out, point.records, task, point.step, reuse=True)
+        step = point.step
         load_hooked_state_dict(model, point.weights)
         optimizer.load_state_dict(point.optimizer)
-        data_gen.set_state(point.data_gen)
         torch.set_rng_state(point.torch_rng)
-        if point.complete:
-            log.info("%s is already complete at step %d", out, step)
-            return finish(out, records, task, step, reuse=True)
-    # Metrics past the resume point (from the killed process) are dropped, never duplicated.
-    rd.write_text_atomic(out / rd.METRICS_FILE, "".join(json.dumps(r) + "\n" for r in records))
-
-    eval_steps = scheduled_steps(tc.eval_every, tc.max_steps, tc.early_log_points)
-    ckpt_steps = scheduled_steps(tc.ckpt_every, tc.max_steps, tc.early_log_points)
-    resume_at = resume_steps(ckpt_steps, tc.resume_every)
-    tau = compute_tau(records, measure)
+    schedule = Schedule.of(tc)
+    run = RunState.start(out, tc, evalsets, task.progress, len(task.tokens), machine_record(dev), point, backend)
     bar = tqdm(total=tc.max_steps, initial=step, disable=not progress, desc=out.name, dynamic_ncols=True)
-    metrics_file = open(out / rd.METRICS_FILE, "a")
-    t0 = time.perf_counter() - wall_s
-    try:
+    with contextlib.closing(run), bar:
         while True:
-            # 1. Evaluate on the fixed evaluation set (no training RNG is touched).
-            stop = False
-            if step in eval_steps:
-                started = time.perf_counter()
-                with interventions.applied(model, step):
-                    record = evaluation_record(model, task, evaluation_set(evalsets, step, tc), step, tc,
-                                               started - t0)
-                if hooks.on_evaluation:
-                    hooks.on_evaluation(record, time.perf_counter() - started)
-                records.append(record)
-                metrics_file.write(json.dumps(record) + "\n")
-                metrics_file.flush()
-                tau = tau if tau is not None else compute_tau([record], measure)
-                stop = stop_due(tc, tau, step)
-                bar.set_postfix(_bar_fields(record, measure), refresh=False)
+            # 1. Evaluate on the fixed evaluation set (no training RNG is touched), with the interventions
+            # of this step; log it (metrics.jsonl, tau, whether stop_after_tau is reached).
+            if step in schedule.evaluate:
+                record = run.evaluate(model, task, step, hooks, interventions.applied(model, step))
+                bar.set_postfix(_bar_fields(record, task.progress), refresh=False)
             # 2. Checkpoint (weights; at a resume point also the state needed to resume exactly from here).
-            if step in ckpt_steps or stop:
-                save_checkpoint_and_state(out, step, hooked_state_dict(model),
-                                          optimizer.state_dict() if step in resume_at or stop else None,
-                                          data_gen, perm, cursor, time.perf_counter() - t0, backend, machines)
-            if step >= tc.max_steps or stop:
+            if schedule.checkpoints(step, run.evaluations.stop):
+                run.checkpoint(step, hooked_state_dict(model),
+                               optimizer.state_dict() if schedule.resumes(step, run.evaluations.stop) else None)
+            if step >= tc.max_steps or run.evaluations.stop:
                 break
-            if step == stop_at_step:
+            if step == stop_at_step:  # a kill right after this step's evaluation (no summary)
                 return {"stopped_at": step}
 
             # 3. Next minibatch: walk a fresh permutation each epoch, dropping the ragged tail.
-            if cursor + tc.batch_size > n_examples:
-                perm, cursor = torch.randperm(n_examples, generator=data_gen), 0
-            batch = tokens[perm[cursor: cursor + tc.batch_size].to(dev)]
-            cursor += tc.batch_size
+            batch = tokens[run.order.next_rows(tc.batch_size).to(dev)]
 
             # 4-5. The task's loss (on its loss positions: logits at p predict the token at p + 1),
-            # then the update: warmup, backward, clipping, AdamW (the step the seed ensemble takes too).
-            with interventions.applied(model, step), hooks.step_context():
-                loss = train_step(loss_of, batch, optimizer, tc, step,
-                                  clip=lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
-            step += 1
-            if hooks.on_step:
-                hooks.on_step(step, loss)
+            # then the update (the step the seed ensemble takes too), under the interventions of this step.
+            step = take_step(loss_of, batch, optimizer, tc, step, hooks, interventions.applied(model, step),
+                             clip=lambda max_norm: torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm))
             bar.update(1)
-    finally:
-        metrics_file.close()
-        bar.close()
-    return finish(out, records, task, step, machines=machines)
+    return run.finish(task, step)
 
 
 # ---- the pieces of the loop that the seed ensemble (plateauscope.training.ensemble) shares --------------
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The steps that evaluate, checkpoint, and also write the resume state (``plateauscope.training.schedule``):
+    pure functions of the TrainConfig, so a seed ensemble's members share them."""
+
+    evaluate: frozenset[int]
+    checkpoint: frozenset[int]
+    resume: frozenset[int]
+    """The checkpoints that also write ``resume.pt``."""
+
+    @classmethod
+    def of(cls, tc: TrainConfig) -> Schedule:
+        """The run's schedule."""
+        ckpt_steps = scheduled_steps(tc.ckpt_every, tc.max_steps, tc.early_log_points)
+        return cls(frozenset(scheduled_steps(tc.eval_every, tc.max_steps, tc.early_log_points)), frozenset(ckpt_steps),
+                   frozenset(resume_steps(ckpt_steps, tc.resume_every)))
+
+    def checkpoints(self, step: int, stop: bool) -> bool:
+        """Whether ``step`` writes a checkpoint: a scheduled one, or the last one of a run that stops here."""
+        return step in self.checkpoint or stop
+
+    def resumes(self, step: int, stop: bool) -> bool:
+        """Whether the checkpoint at ``step`` also writes the resume state (a run that stops here can be
+        resumed from its last step, e.g. with a larger ``stop_after_tau``)."""
+        return step in self.resume or stop
+
+
+class DataOrder:
+    """One run's minibatch order: a generator seeded with ``train.seed`` (the minibatch order only, no
+    other RNG), a permutation of the data set and a cursor into it. A fresh permutation each epoch; the
+    ragged tail of one is dropped, so every minibatch has ``batch_size`` distinct examples."""
+
+    def __init__(self, seed: int, n_examples: int, point: ResumePoint | None = None) -> None:
+        self.generator = torch.Generator().manual_seed(seed)
+        self.n_examples = n_examples
+        self.perm: Int[Tensor, " D"] = torch.randperm(n_examples, generator=self.generator)
+        self.cursor = 0
+        if point is not None:  # where the killed run was: its permutation, cursor and generator state
+            self.generator.set_state(point.data_gen)
+            self.perm, self.cursor = point.perm, point.cursor
+
+    def next_rows(self, batch_size: int) -> Int[Tensor, " batch"]:
+        """The next minibatch's rows of the data set (on the CPU), reshuffling first when the
+        permutation has fewer than ``batch_size`` rows left."""
+        if self.cursor + batch_size > self.n_examples:
+            self.perm, self.cursor = torch.randperm(self.n_examples, generator=self.generator), 0
+        rows = self.perm[self.cursor: self.cursor + batch_size]
+        self.cursor += batch_size
+        return rows
+
+
+class EvaluationLog:
+    """One run's evaluations: its ``metrics.jsonl`` records, the file open for appending, tau, and
+    whether ``stop_after_tau`` is reached."""
+
+    def __init__(self, out: Path, records: list[dict], measure: ProgressMeasure, tc: TrainConfig) -> None:
+        # Metrics past the resume point (from the killed process) are dropped, never duplicated.
+        rd.write_text_atomic(out / rd.METRICS_FILE, "".join(json.dumps(r) + "\n" for r in records))
+        self.records, self.measure, self.tc = records, measure, tc
+        self.tau = compute_tau(records, measure)
+        self.stop = False
+        self.file = open(out / rd.METRICS_FILE, "a")
+
+    def log(self, record: dict) -> None:
+        """Append ``record`` (flushed at once: a kill loses no evaluation), and update tau (the first
+        step that reaches the progress measure's threshold, fixed once seen) and the stop flag."""
+        self.records.append(record)
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        self.tau = self.tau if self.tau is not None else compute_tau([record], self.measure)
+        self.stop = stop_due(self.tc, self.tau, record["step"])
+
+    def close(self) -> None:
+        """Close ``metrics.jsonl`` (again: a no-op)."""
+        self.file.close()
+
+
+@dataclass
+class RunState:
+    """What the training loop keeps per run besides the weights and the optimiser: a solo run's, and
+    each member's of a seed ensemble. Its directory, data order, evaluation log, the machines that
+    trained it and its wall clock."""
+
+    out: Path
+    tc: TrainConfig
+    evalsets: tuple[Any, Any]
+    """The run's fixed evaluation sets (:func:`evaluation_sets`)."""
+    order: DataOrder
+    evaluations: EvaluationLog
+    machines: list[dict]
+    """Every machine that trains the run, in order (bit-identity holds on one): :func:`machines_on_resume`."""
+    t0: float
+    """``time.perf_counter()`` at the run's (resumed) step 0, for ``wall_s``."""
+    backend: str = "hooked"
+    """The backend whose parameter order the optimiser state in ``resume.pt`` follows."""
+
+    @classmethod
+    def start(cls, out: Path, tc: TrainConfig, evalsets: tuple[Any, Any], measure: ProgressMeasure, n_examples: int,
+              here: dict, point: ResumePoint | None, backend: str = "hooked") -> RunState:
+        """A fresh run (``point`` None), or one resumed from ``point`` (not a complete one): its data order,
+        metrics up to the saved step (``metrics.jsonl`` cut back to them and opened), machines and clock.
+        ``measure``: what defines tau (the task's progress measure); ``here``: this machine
+        (:func:`plateauscope.training.machine.machine_record`)."""
+        records = [] if point is None else point.records
+        return cls(out=out, tc=tc, evalsets=evalsets, order=DataOrder(tc.seed, n_examples, point),
+                   evaluations=EvaluationLog(out, records, measure, tc),
+                   machines=[here] if point is None else machines_on_resume(out, point.machines, here),
+                   t0=time.perf_counter() - (0.0 if point is None else point.wall_s), backend=backend)
+
+    def close(self) -> None:
+        """Close ``metrics.jsonl`` (again: a no-op)."""
+        self.evaluations.close()
+
+    def evaluate(self, model: torch.nn.Module, task: Task, step: int, hooks: TrainingHooks,
+                 context: contextlib.AbstractContextManager) -> dict:
+        """Evaluate ``model`` (inside ``context``: the step's interventions, or loading a member's weights)
+        on the fixed evaluation set of ``step``, call ``hooks.on_evaluation`` and log the record; return it."""
+        started = time.perf_counter()
+        with context:
+            record = evaluation_record(model, task, evaluation_set(self.evalsets, step, self.tc), step, self.tc,
+                                       started - self.t0)
+        if hooks.on_evaluation:
+            hooks.on_evaluation(record, time.perf_counter() - started)
+        self.evaluations.log(record)
+        return record
+
+    def checkpoint(self, step: int, weights: dict[str, Tensor], optimizer_state: dict | None) -> None:
+        """Checkpoint ``weights``; with an ``optimizer_state`` (in the solo run's format), also the resume
+        state: this data order, the wall clock, the global RNG, the backend and the machines."""
+        save_checkpoint_and_state(self.out, step, weights, optimizer_state, self.order.generator, self.order.perm,
+                                  self.order.cursor, time.perf_counter() - self.t0, self.backend, self.machines)
+
+    def finish(self, task: Task, step: int) -> dict:
+        """Close ``metrics.jsonl``, then write and return ``summary.json`` (:func:`finish`)."""
+        self.close()
+        return finish(self.out, self.evaluations.records, task, step, machines=self.machines)
+
+
+def take_step(loss_of: Callable[[Tensor], Tensor], batch: Int[Tensor, "*members batch seq"],
+              optimizer: torch.optim.Optimizer, tc: TrainConfig, step: int, hooks: TrainingHooks,
+              context: contextlib.AbstractContextManager, clip: Callable[[float], object]) -> int:
+    """:func:`train_step` inside ``context`` (a solo run's interventions) and ``hooks.step_context``, then
+    ``hooks.on_step``; returns the number of updates so far."""
+    with context, hooks.step_context():
+        loss = train_step(loss_of, batch, optimizer, tc, step, clip=clip)
+    if hooks.on_step:
+        hooks.on_step(step + 1, loss)
+    return step + 1
 
 
 def evaluation_sets(task: Task, tc: TrainConfig, seed: int) -> tuple[Any, Any]:

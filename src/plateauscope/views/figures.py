@@ -5,7 +5,7 @@ Every function here is pure: it takes already loaded records (``Run.metrics()``,
 nothing is read from disk, nothing is shown. Each figure has a title and axis labels; the
 caption says, in one sentence, what the reader should see. Landmarks are drawn as labelled
 vertical lines: ``tau`` (first step with candidate loss < 0.5 log K), ``tau/2`` and ``t_form``
-(the selector head's formation step, ``plateauscope.analysis.selector``). Time-series figures have a
+(the selector head's formation step, ``plateauscope.analysis.formation``). Time-series figures have a
 ``linear x`` / ``log x`` toggle (step 0 is not drawn on the log axis).
 
 """
@@ -326,7 +326,7 @@ def patching_slider(records: list[dict[str, Any]], head: Sequence[int] | None = 
     return fig, caption
 
 
-def selector_patching_lines(exact: list[dict[str, Any]], attribution: list[dict[str, Any]], head: Sequence[int],
+def routing_patching_lines(exact: list[dict[str, Any]], attribution: list[dict[str, Any]], head: Sequence[int],
                             tau: int | None = None, t_form: int | None = None) -> Captioned:
     """The selector head's patching effect over steps: exact where run, attribution everywhere."""
     l, h = int(head[0]), int(head[1])
@@ -622,7 +622,7 @@ def all_figures(metrics: list[dict[str, Any]], analysis: dict[str, Any], progres
     ``analysis`` is :func:`plateauscope.analysis.analyze.load_analysis`'s result; its summary gives the routing
     head, t_form (and tau, unless given); ``progress`` is the run's task's progress measure.
     """
-    sel = analysis.get("selector") or {}
+    sel = analysis.get("routing") or {}
     head = sel.get("head")
     tau = tau if tau is not None else sel.get("tau")
     t_form = sel.get("t_form")
@@ -640,8 +640,8 @@ def all_figures(metrics: list[dict[str, Any]], analysis: dict[str, Any], progres
     if patches:
         out.append(("patching_slider", "Activation patching over time", *patching_slider(patches, head)))
     if head is not None and (analysis.get("patch") or analysis.get("attribution")):
-        out.append(("selector_patching", "The routing head's patching effect",
-                    *selector_patching_lines(analysis.get("patch", []), analysis.get("attribution", []), head, tau, t_form)))
+        out.append(("routing_patching", "The routing head's patching effect",
+                    *routing_patching_lines(analysis.get("patch", []), analysis.get("attribution", []), head, tau, t_form)))
     if analysis.get("ablation"):
         out.append(("ablation", "Head ablation over time",
                     *ablation_lines(analysis["ablation"], progress.height, head, tau, t_form, progress.label,

@@ -33,7 +33,7 @@ from circuitsvis.utils.render import RenderedHTML
 
 from plateauscope.analysis.analyze import load_analysis
 from plateauscope.analysis.attention import attention_patterns
-from plateauscope.analysis.circuit import reads_z_text
+from plateauscope.analysis.circuit import reads_cue_text
 from plateauscope.analysis.results import (
     LLC_SUMMARY_FILE,
     OVERVIEW_FILE,
@@ -85,23 +85,23 @@ def moment_steps(steps: Sequence[int], plateau_start: int | None, tau: int | Non
 
 
 def attention_views(run: Run, step: int, layers: Sequence[int], examples: Sequence[int],
-                    selector_head: Sequence[int] | None = None) -> list[tuple[int, int, RenderedHTML]]:
+                    routing_head: Sequence[int] | None = None) -> list[tuple[int, int, RenderedHTML]]:
     """CircuitsVis attention views of the model at ``step``: ``[(example, layer, rendered), ...]``.
 
     Tokens are the characters of B, z and A (``<BOS>`` / ``<SEP>`` as such). Display
     ``rendered.local_src`` (self-contained); ``str(rendered)`` loads the library from a CDN.
     """
-    return _views(run, step, layers, examples, selector_head, [])[0]
+    return _views(run, step, layers, examples, routing_head, [])[0]
 
 
 def _views(run: Run, step: int, layers: Sequence[int], examples: Sequence[int],
-           selector_head: Sequence[int] | None, top_heads: Sequence[Sequence[int]]
+           routing_head: Sequence[int] | None, top_heads: Sequence[Sequence[int]]
            ) -> tuple[list[tuple[int, int, RenderedHTML]], list[tuple[int, RenderedHTML]]]:
     """Per-layer views and, when ``top_heads`` is not empty, one view per example of just those heads."""
     task = run.task()
     tokens = task.tokens[list(examples)]
     patterns = attention_patterns(run.model(step), tokens, task.input_len)  # [N, L, H, q, k]
-    sel = tuple(selector_head) if selector_head is not None else None
+    sel = tuple(routing_head) if routing_head is not None else None
     out, top = [], []
     for n, ex in enumerate(examples):
         words = task.decode(tokens[n, : task.input_len])
@@ -187,9 +187,9 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
           for name, r in (sel.get("attention_rules") or {}).items()],
         ("circuit verdict", _circuit_text(sel.get("circuit"), pm.label, hl)),
         ("where the routing head reads the cue (its output patched at one position; 1 = clean answer)",
-         reads_z_text(sel["circuit"], sel["head"]) if sel.get("circuit") else "n/a"),
+         reads_cue_text(sel["circuit"], sel["head"]) if sel.get("circuit") else "n/a"),
         (f"routing head ablated at the end ({pm.label})",
-         f"{na(abl['base_candidate_loss'])} -> zero {na(abl['zero_candidate_loss'])}, mean {na(abl['mean_candidate_loss'])} "
+         f"{na(abl['unablated'])} -> zero {na(abl['zero_ablated'])}, mean {na(abl['mean_ablated'])} "
          f"(falls back to the marginal: {sel.get('falls_back_to_marginal')})" if abl else "n/a"),
         *([(f"groups >= {snap['hi']:.0%} accurate at tau/2", f"{na(snap['share_above_at_half_tau'], '{:.0%}')} of "
             f"{snap['n_groups']} tracked groups (at step {na(snap['half_tau_step'], '{}')}; paper: none)"),
@@ -249,7 +249,7 @@ def _circuit_text(c: dict[str, Any] | None, label: str, height_label: str) -> st
     ch = c["chosen"]
 
     def cl(e: dict[str, Any]) -> str:
-        return na(e["candidate_loss"]) + (f" (>= {height_label})" if e.get("reaches_log_k") else "")
+        return na(e["progress"]) + (f" (>= {height_label})" if e.get("reaches_height") else "")
 
     return (f"{c['verdict']}" + (f": {', '.join(c['heads'])}" if c["heads"] else "")
             + f" at step {c['step']} (top head {c['top']}: {c['top_share']:.0%} of all heads' positive patching effect, "
@@ -257,7 +257,7 @@ def _circuit_text(c: dict[str, Any] | None, label: str, height_label: str) -> st
               f"{ch['kind']} ablation, {label}: the routing head alone {cl(ch['alone'])}, its layer {cl(ch['layer'])}, "
               f"its layer but it {cl(ch['layer_but'])}, base {cl(ch['base'])}. Heads whose ablation alone returns it to "
               f"{height_label}: {', '.join(c.get('necessary') or []) or 'none'}"
-            + (f". Keeping only {', '.join(suff['kept'])} (every other head of their layers ablated): {na(suff['candidate_loss'])}, "
+            + (f". Keeping only {', '.join(suff['kept'])} (every other head of their layers ablated): {na(suff['progress'])}, "
                f"{ {True: 'sufficient', False: 'not sufficient', None: 'not tested'}[suff['sufficient']] }" if (suff := c.get("sufficiency")) else ""))
 
 
@@ -265,12 +265,12 @@ def _circuit_text(c: dict[str, Any] | None, label: str, height_label: str) -> st
 
 
 def _analysed(run: Run) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The run's analysis cache and its selector summary, or a one-line error saying what to run."""
+    """The run's analysis cache and its routing summary, or a one-line error saying what to run."""
     analysis = load_analysis(run.path)
-    if analysis["selector"] is None:
+    if analysis["routing"] is None:
         raise RunError(f"{run.path}: no analysis cache ({routing_summary_path(run.path)}); "
                        f"run `plateauscope analyze --run {run.path}` first (or pass --analyze)")
-    return analysis, analysis["selector"]
+    return analysis, analysis["routing"]
 
 
 def build_overview(run_dir: str | Path) -> tuple[str, str]:
@@ -308,7 +308,7 @@ def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str
         parts += figure_section(key, heading, fig, caption, include_plotlyjs=(i == 0))
     parts += _attention_section(run, sel, n_examples, seed)
     parts.append('<p class="note">Written by <code>plateauscope report</code>; definitions: '
-                 "<code>plateauscope.analysis.selector</code> (selector head, t_form, lead fraction), "
+                 "<code>plateauscope.analysis.formation</code> (selector head, t_form, lead fraction), "
                  "<code>plateauscope.analysis.snap</code> (snap statistics), <code>plateauscope.training.metrics</code> (tau, plateau), "
                  "<code>plateauscope.analysis.llc</code> (local learning coefficient).</p>")
     return page(f"Report: {run.path.name}", parts)

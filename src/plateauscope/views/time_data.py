@@ -51,7 +51,7 @@ def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None
     graph = graph_of_record(edges[-1])
     steps = [r["step"] for r in edges]
     progress = run.progress
-    sel = cache["selector"] or {}
+    sel = cache["routing"] or {}
 
     def head_effect(r: dict[str, Any]) -> Any:  # raw patched metric minus the corrupted one, in logits
         heads = r["heads"]

@@ -1,31 +1,32 @@
-"""The selector-routing head and its timing: t_form, tau and the lead fraction.
+"""The routing head and when it forms: t_form, tau and the lead fraction.
 
-Rule for the selector head (documented and tested): at the final analysed checkpoint, score
-every head by ``attention-to-z (first target position) x max(exact patching effect, 0)``, where
-the patching effect is the normalised head-output patch (clean into corrupted, all positions;
-1 = restores the clean answer). The head with the highest score routes the selector: it both
-looks at z and carries what the answer needs from it.
+The routing head (documented and tested): at the final analysed checkpoint, score every head by
+``attention to the cue (first target position) x max(exact patching effect, 0)``, where the
+patching effect is the normalised head-output patch (clean into corrupted, all positions; 1 =
+restores the clean answer). The head with the highest score routes the cue: it both looks at the
+cue and carries what the answer needs from it (for the selector task, the cue is z).
 
-t_form: the first analysed step, at or after the plateau start, at which the head's
-attention-to-z has risen halfway from its plateau-start value to its final value. Its bracket is
+t_form: the first analysed step, at or after the plateau start, at which the head's attention to
+the cue has risen halfway from its plateau-start value to its final value. Its bracket is
 (previous analysed step, t_form]: the checkpoint spacing.
 
 t_form by three rules, side by side (:func:`t_form_rules`), each with its lead fraction:
 
-* ``attention``: the rule above (the chosen head's attention-to-z halfway up);
+* ``attention``: the rule above (the chosen head's attention to the cue halfway up);
 * ``patch_share``: the same halfway rule on the chosen head's share of the summed positive
   head-patching effect (``plateauscope.analysis.circuit``), at the exact-patching steps. On the plateau that
   sum is ~0 and a share of it is noise (any head can hold "100%" of nothing), so a share counts
   as 0 where the summed positive effect is below :data:`SHARE_MIN_EFFECT` of its value at the
   last step (:func:`gated_shares`);
-* ``delta_z``: the first evaluation step at which delta_z (``metrics.jsonl``) exceeds a noise
-  threshold. delta_z is itself a shuffled-z comparison (candidate loss with z replaced by another
-  selector minus with the true z), ~0 while the model ignores z; so its spread over the first
-  ``n_baseline`` evaluations from the plateau start (where z is ignored by definition of the
-  plateau) is the noise of that shuffled-z baseline. Threshold = baseline mean + ``n_sigma``
-  standard deviations, and at least ``floor`` x log K (so a flat baseline with zero spread does
-  not make any rounding-level rise count). Detection starts after the baseline window; the
-  bracket is (previous evaluation, t_form].
+* ``cue_effect``: the first evaluation step at which the task's cue effect (``metrics.jsonl``;
+  the selector task's delta_z) exceeds a noise threshold. The cue effect is a shuffled-cue
+  comparison (the progress measure with the cue replaced by another one minus with the true cue),
+  ~0 while the model ignores the cue; so its spread over the first ``n_baseline`` evaluations
+  from the plateau start (where the cue is ignored by definition of the plateau) is the noise of
+  that shuffled baseline. Threshold = baseline mean + ``n_sigma`` standard deviations, and at
+  least ``floor`` x the plateau height (log K for the selector task), so that a flat baseline
+  with zero spread does not make any rounding-level rise count. Detection starts after the
+  baseline window; the bracket is (previous evaluation, t_form].
 
 Smoothing is an explicit option (``smooth``, default 1 = none): a centred moving mean over that
 many points (shrinking at the ends), applied to every series before its rule, and recorded with
@@ -43,8 +44,8 @@ from typing import Any
 import numpy as np
 
 
-def pick_selector_head(to_z_first: list[list[float]], patch_normalised: list[list[float | None]]) -> tuple[tuple[int, int], list[list[float]]]:
-    """The (layer, head) with the highest attention-to-z x positive patching effect, and all scores."""
+def pick_routing_head(to_z_first: list[list[float]], patch_normalised: list[list[float | None]]) -> tuple[tuple[int, int], list[list[float]]]:
+    """The (layer, head) with the highest attention to the cue x positive patching effect, and all scores."""
     attn = np.asarray(to_z_first, dtype=float)
     effect = np.nan_to_num(np.asarray(patch_normalised, dtype=float), nan=0.0).clip(min=0.0)
     scores = attn * effect
@@ -80,16 +81,16 @@ def lead_fraction(tau: int | None, tau_lo: int | None, t_form: int | None, t_lo:
     return {"lead_fraction": lead, "lead_bracket": [(tau_lo - t_form) / tau_lo, (tau - t_lo) / tau]}
 
 
-RULES: tuple[str, ...] = ("attention", "patch_share", "delta_z")
+RULES: tuple[str, ...] = ("attention", "patch_share", "cue_effect")
 """The t_form rules, in the order they are reported."""
 SHARE_MIN_EFFECT = 0.05
 """A head's patching share counts only where the summed positive effect is at least this fraction of the final one."""
-DZ_BASELINE_EVALS = 5
-"""Evaluations from the plateau start whose delta_z sets the noise baseline."""
-DZ_SIGMAS = 3.0
-"""Standard deviations of the baseline above its mean that delta_z must exceed."""
-DZ_FLOOR = 0.02
-"""The threshold is at least this fraction of log K."""
+NOISE_BASELINE_EVALS = 5
+"""Evaluations from the plateau start whose cue effect sets the noise baseline."""
+NOISE_SIGMAS = 3.0
+"""Standard deviations of the baseline above its mean that the cue effect must exceed."""
+NOISE_FLOOR = 0.02
+"""The threshold is at least this fraction of the plateau height (log K for the selector task)."""
 
 
 def gated_shares(shares: list[float | None], totals: list[float], min_frac: float = SHARE_MIN_EFFECT
@@ -117,11 +118,11 @@ def smooth_series(values: list[float | None], window: int = 1) -> list[float | N
     return out
 
 
-def noise_threshold_step(steps: list[int], values: list[float | None], start_step: int, log_k: float,
-                         n_baseline: int = DZ_BASELINE_EVALS, n_sigma: float = DZ_SIGMAS,
-                         floor: float = DZ_FLOOR) -> dict[str, Any]:
+def noise_threshold_step(steps: list[int], values: list[float | None], start_step: int, height: float,
+                         n_baseline: int = NOISE_BASELINE_EVALS, n_sigma: float = NOISE_SIGMAS,
+                         floor: float = NOISE_FLOOR) -> dict[str, Any]:
     """First step after the baseline window (``n_baseline`` points from ``start_step``) whose value
-    exceeds mean + ``n_sigma`` std of the window (at least ``floor`` x log K); module docstring."""
+    exceeds mean + ``n_sigma`` std of the window (at least ``floor`` x ``height``); module docstring."""
     pairs = [(s, v) for s, v in zip(steps, values) if s >= start_step and v is not None]
     out: dict[str, Any] = {"t_form": None, "t_form_bracket": None, "threshold": None, "baseline_mean": None,
                            "baseline_std": None, "baseline_steps": None}
@@ -129,7 +130,7 @@ def noise_threshold_step(steps: list[int], values: list[float | None], start_ste
         return out
     base = np.array([v for _, v in pairs[:n_baseline]])
     mean, std = float(base.mean()), float(base.std(ddof=1))
-    threshold = max(mean + n_sigma * std, floor * log_k)
+    threshold = max(mean + n_sigma * std, floor * height)
     out.update(threshold=threshold, baseline_mean=mean, baseline_std=std,
                baseline_steps=[pairs[0][0], pairs[n_baseline - 1][0]])
     rest = pairs[n_baseline - 1:]
@@ -139,9 +140,9 @@ def noise_threshold_step(steps: list[int], values: list[float | None], start_ste
     return out
 
 
-def t_form_rules(tau: int | None, tau_lo: int | None, plateau_start: int, log_k: float,
+def t_form_rules(tau: int | None, tau_lo: int | None, plateau_start: int, height: float,
                  attention: tuple[list[int], list[float]], share: tuple[list[int], list[float | None]],
-                 delta_z: tuple[list[int], list[float | None]], smooth: int = 1) -> dict[str, Any]:
+                 cue_effect: tuple[list[int], list[float | None]], smooth: int = 1) -> dict[str, Any]:
     """t_form, its bracket and the lead fraction by each rule of :data:`RULES`; each series is
     ``(steps, values)``; ``smooth`` is recorded with the result."""
     out: dict[str, Any] = {}
@@ -150,9 +151,9 @@ def t_form_rules(tau: int | None, tau_lo: int | None, plateau_start: int, log_k:
         form = formation_step(steps, vals, plateau_start)
         t_lo = form["t_form_bracket"][0] if form["t_form_bracket"] else None
         out[name] = {**form, **lead_fraction(tau, tau_lo, form["t_form"], t_lo)}
-    steps, values = delta_z
-    form = noise_threshold_step(steps, smooth_series(values, smooth), plateau_start, log_k)
+    steps, values = cue_effect
+    form = noise_threshold_step(steps, smooth_series(values, smooth), plateau_start, height)
     t_lo = form["t_form_bracket"][0] if form["t_form_bracket"] else None
-    out["delta_z"] = {**form, **lead_fraction(tau, tau_lo, form["t_form"], t_lo),
-                      "n_baseline": DZ_BASELINE_EVALS, "n_sigma": DZ_SIGMAS, "floor_log_k": DZ_FLOOR}
+    out["cue_effect"] = {**form, **lead_fraction(tau, tau_lo, form["t_form"], t_lo),
+                         "n_baseline": NOISE_BASELINE_EVALS, "n_sigma": NOISE_SIGMAS, "floor_height": NOISE_FLOOR}
     return {"rules": out, "smoothing": {"window": smooth, "kind": "centred moving mean"}}

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from plateauscope.analysis import selector as sel
+from plateauscope.analysis import formation as sel
 
 LOG_K = math.log(10)
 STEPS = list(range(0, 1000, 25))  # 40 evaluations
@@ -14,13 +14,13 @@ STEPS = list(range(0, 1000, 25))  # 40 evaluations
 def test_halfway_rules_on_a_ramp():
     # 0.2 until step 300, then a linear ramp to 0.8 at step 600, flat after: halfway (0.5) at 450.
     values = [0.2 if s <= 300 else 0.8 if s >= 600 else 0.2 + 0.6 * (s - 300) / 300 for s in STEPS]
-    out = sel.t_form_rules(tau=900, tau_lo=875, plateau_start=0, log_k=LOG_K, attention=(STEPS, values),
-                           share=(STEPS[::2], values[::2]), delta_z=(STEPS, [0.0] * len(STEPS)))
+    out = sel.t_form_rules(tau=900, tau_lo=875, plateau_start=0, height=LOG_K, attention=(STEPS, values),
+                           share=(STEPS[::2], values[::2]), cue_effect=(STEPS, [0.0] * len(STEPS)))
     att, share = out["rules"]["attention"], out["rules"]["patch_share"]
     assert att["t_form"] == 450 and att["t_form_bracket"] == [425, 450]
     assert share["t_form"] == 450 and share["t_form_bracket"] == [400, 450]  # every other step: coarser bracket
     assert att["lead_fraction"] == pytest.approx((900 - 450) / 900)
-    assert out["rules"]["delta_z"]["t_form"] is None  # a flat delta_z never leaves its noise
+    assert out["rules"]["cue_effect"]["t_form"] is None  # a flat cue effect never leaves its noise
     assert out["smoothing"] == {"window": 1, "kind": "centred moving mean"}
     # Missing shares (no positive effect yet) count as 0: halfway from 0 to 0.8 is 0.4, reached at 400.
     assert sel.t_form_rules(900, 875, 0, LOG_K, (STEPS, values), (STEPS, [None] * 12 + values[12:]),
@@ -31,10 +31,10 @@ def test_delta_z_threshold_from_the_baseline_noise():
     rng = np.random.default_rng(0)
     noise = rng.normal(0.0, 0.01, len(STEPS))
     dz = [float(n) + (0.0 if s < 500 else 0.5) for s, n in zip(STEPS, noise)]  # a jump of 50 sigma at 500
-    res = sel.noise_threshold_step(STEPS, dz, start_step=100, log_k=LOG_K)
+    res = sel.noise_threshold_step(STEPS, dz, start_step=100, height=LOG_K)
     base = np.asarray(dz[4:9])  # the 5 evaluations from step 100
     assert res["baseline_steps"] == [100, 200]
-    assert res["threshold"] == pytest.approx(max(base.mean() + 3 * base.std(ddof=1), sel.DZ_FLOOR * LOG_K))
+    assert res["threshold"] == pytest.approx(max(base.mean() + 3 * base.std(ddof=1), sel.NOISE_FLOOR * LOG_K))
     assert res["t_form"] == 500 and res["t_form_bracket"] == [475, 500]
     # A rise smaller than the floor (2% of log K) is not counted, however quiet the baseline.
     flat = [0.0 if s < 500 else 0.01 for s in STEPS]
