@@ -103,14 +103,14 @@ def test_seed_summary_medians_intervals_heads_and_verdicts():
     assert s["lead"]["cue_effect"]["ci"].coverage == pytest.approx(0.875)  # 4 runs with a lead by the cue effect
     assert seed_summary([_row()]) is None
     text = "\n".join(seed_lines(s))
-    assert "selector head in layer 0: 4 of 5" in text and "head L2H0, circuit distributed (L0H1 L0H2)" in text
+    assert "routing head in layer 0: 4 of 5" in text and "head L2H0, circuit distributed (L0H1 L0H2)" in text
 
 
 def test_analyze_every_run_then_the_seed_summary(tiny_sweep, tmp_path, capsys):
     sweep_dir = shutil.copytree(tiny_sweep, tmp_path / "sweep")
     assert dynamics_cli.main(["--sweep", str(sweep_dir), "--analyze", "--every", "10", "--n-exact", "3"]) == 0
     out = capsys.readouterr().out
-    assert "over 6 analysed runs" in out and "selector head in layer 0: 6 of 6" in out  # a 1-layer model
+    assert "over 6 analysed runs" in out and "routing head in layer 0: 6 of 6" in out  # a 1-layer model
     for r in load_sweep(sweep_dir).rows:
         assert r["routing_head"] and r["circuit"] in VERDICTS
 

@@ -451,7 +451,7 @@ def seed_lines(s: dict[str, Any] | None) -> list[str]:
         ci = f"{d['ci'].text('{:.3f}')} ({d['ci'].label})" if d["ci"] else "(no interval)"
         vals = ", ".join(f"{v:.2f}" for v in d["values"])
         lines.append(f"  lead by {rule:<12} {na(d['median'])} {ci}  n={d['n']}  ({vals})")
-    lines.append(f"  selector head in layer 0: {s['layer0']} of {s['runs']}")
+    lines.append(f"  routing head in layer 0: {s['layer0']} of {s['runs']}")
     for p in s["per_seed"]:
         lines.append(f"  {p['name']}: seed {p['seed']}, head {p['head']}, circuit {p['verdict'] or 'n/a'}"
                      + (f" ({p['heads']})" if p["heads"] else ""))
