@@ -224,3 +224,46 @@ def test_edges_need_a_hooked_transformer():
     with pytest.raises(ValueError, match="HookedTransformer"):
         with split_inputs(NotHooked()):
             pass
+
+
+def test_the_circuit_search_finds_the_fewest_edges_below_a_non_monotone_curve(monkeypatch):
+    """Faithfulness by hand, non-monotone in k: the top 3 edges reach the target, 4 to 7 fall back,
+    8 and more reach it again. Doubling then bisecting would stop at 8; the scan below the first
+    hit finds 3, and the record says the curve was not monotone."""
+    from plateauscope.analysis import edges as E
+
+    runs = EdgeRuns.of(random_model(), random_pairs())
+    scores = edge_attribution(runs)
+    order = scores.ranking()
+
+    def by_size(curve):
+        return lambda runs, masks: torch.tensor([curve(int(m.sum())) for m in masks], dtype=torch.float32)
+
+    monkeypatch.setattr(E, "faithfulness", by_size(lambda k: 0.9 if k == 3 else 0.85 if k >= 8 else 0.1))
+    circuit = E.faithful_circuit(runs, scores, target=0.8)
+    assert circuit.edges == order[:3] and circuit.faithfulness == pytest.approx(0.9) and not circuit.monotone
+    assert set(range(1, 9)) <= set(circuit.evaluated)  # every k below the grid's first hit is measured
+    monkeypatch.setattr(E, "faithfulness", by_size(lambda k: min(1.0, k / 10)))
+    circuit = E.faithful_circuit(runs, scores, target=0.8)
+    assert circuit.edges == order[:8] and circuit.monotone
+
+
+def test_exact_edge_agreement_covers_a_random_sample_outside_the_top():
+    """Exact patching checks attribution on the strongest edges and on a seeded random sample of
+    the others; each effect equals that edge patched alone into the clean run, edge by edge."""
+    from plateauscope.analysis.edges import edges_summary, exact_edge_record
+
+    model, pairs = random_model(), random_pairs()
+    record = exact_edge_record(model, pairs, 4)
+    top, sample = record["edges"], record["sample"]["edges"]
+    assert len(top) == len(sample) == 4 and not set(top) & set(sample)
+    assert top == edge_attribution(EdgeRuns.of(model, pairs)).ranking()[:4]
+    runs = EdgeRuns.of(model, pairs)
+    for edge, effect in zip(sample, record["sample"]["effect"]):
+        assert effect == pytest.approx(float(patch_each_edge(runs, [edge]).effect[edge]), abs=1e-5)
+    assert exact_edge_record(model, pairs, 4)["sample"]["edges"] == sample  # seeded
+    # the summary reports the sample from tau/2 on only
+    edges = [{"step": 10, "graph": dataclasses.asdict(runs.graph), "circuit": None}]
+    late, early = {"step": 60, **record}, {"step": 20, **record}
+    summary = edges_summary(edges, [early, late], tau=100)
+    assert summary["sample_agreement"]["steps"] == 1 and summary["sample_agreement"]["from_step"] == 50

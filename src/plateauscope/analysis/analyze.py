@@ -49,6 +49,7 @@ from plateauscope.analysis.circuit import (
 )
 from plateauscope.analysis.edges import (
     CIRCUIT_PAIRS,
+    EDGE_RECORD_VERSION,
     FAITHFULNESS_TARGET,
     edge_record,
     edges_summary,
@@ -136,7 +137,8 @@ class AnalysisSettings:
                 "edges": ("n_examples", "seed", "edge_target", "circuit_pairs"), "edge_exact": ("n_examples", "seed", "n_exact_edges"),
                 "patterns": ("pattern_examples", "seed")}[name]
         key = {k: v for k, v in self.to_dict().items() if k in keys}
-        return {**key, "record": RECORD_VERSION} if name == "circuit" else key
+        version = {"circuit": RECORD_VERSION, "edges": EDGE_RECORD_VERSION, "edge_exact": EDGE_RECORD_VERSION}.get(name)
+        return {**key, "record": version} if version else key
 
 
 def stored_settings(run_dir: str | Path) -> AnalysisSettings:
@@ -248,7 +250,7 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
                 append_records(folder / file, [{"step": step, "settings": settings.for_cache(name), **fresh[name]}])
     cache = load_analysis(run.path, settings)
     result = {**summarize(run, cache, tau, records, settings.smooth),
-              "edges": edges_summary(cache["edges"], cache["edge_exact"]), "settings": settings.to_dict()}
+              "edges": edges_summary(cache["edges"], cache["edge_exact"], tau=tau), "settings": settings.to_dict()}
     write_json_result(folder / ROUTING_FILE, result)
     (folder / LEGACY_ROUTING_FILE).unlink(missing_ok=True)  # an older analysis's summary, now replaced
     return result

@@ -33,10 +33,11 @@ linear in the receiver's input; otherwise its error is second order (through Lay
 attention and the MLP), so the strongest edges are also patched exactly and the agreement reported.
 
 The circuit at a checkpoint (:func:`faithful_circuit`): the k edges of largest |attribution|, with
-k the smallest found whose faithfulness reaches the target (0.8 by default). The search doubles k
-until the target is met, then bisects between the last miss and the first hit, so it assumes that
-faithfulness does not fall back below the target between those two; the faithfulness of the
-returned set is always measured, never assumed.
+k the smallest whose faithfulness reaches the target (0.8 by default). Faithfulness is not monotone
+in k (edges ranked by |attribution| include edges that push the wrong way), so no bisection: the
+search doubles k until the target is met, then measures every k below that first hit, side by side
+in batches, and takes the smallest that reaches the target. The record says whether the measured
+curve was monotone (``monotone``: it never falls by more than :data:`MONOTONE_TOL` as k grows).
 
 Only a HookedTransformer (``use_split_qkv_input`` gives each head its own query, key and value
 input; ``use_hook_mlp_in`` the MLP's); both flags are set for the call and restored after it.
@@ -385,12 +386,24 @@ class Circuit:
     """Faithfulness of the top-k edges for every k the search measured."""
     pairs: int
     """Pairs the faithfulness was measured on."""
+    monotone: bool = True
+    """Whether the measured faithfulness never fell (by more than :data:`MONOTONE_TOL`) as k grew."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types."""
         return {"edges": self.edges, "size": len(self.edges), "faithfulness": self.faithfulness,
-                "target": self.target, "pairs": self.pairs,
+                "target": self.target, "pairs": self.pairs, "monotone": self.monotone,
                 "evaluated": {str(k): v for k, v in sorted(self.evaluated.items())}}
+
+
+EDGE_RECORD_VERSION = 2
+"""Version of the edge and exact-edge records (2: the faithful circuit's search scans every k below
+its first hit, and exact patching also checks a random sample outside the top edges); part of their
+cache keys, so that older records are recomputed."""
+MONOTONE_TOL = 1e-3
+"""A fall of the faithfulness curve smaller than this counts as noise, not as non-monotone."""
+SCAN_BATCH = 64
+"""Masks measured side by side when the search scans below its first hit."""
 
 
 def faithful_circuit(runs: EdgeRuns, scores: EdgeScores, target: float = FAITHFULNESS_TARGET,
@@ -415,24 +428,34 @@ def faithful_circuit(runs: EdgeRuns, scores: EdgeScores, target: float = FAITHFU
     grid = sorted({min(2 ** i, n_edges) for i in range(int(math.log2(n_edges)) + 2)})
     measure(grid)
     hi = next((k for k in grid if seen[k] >= target), n_edges)
-    lo = max([k for k in grid if k < hi], default=0)
-    while hi - lo > 1:  # invariant: the top hi edges reach the target, the top lo do not
-        mid = (lo + hi) // 2
-        measure([mid])
-        lo, hi = (lo, mid) if seen[mid] >= target else (mid, hi)
-    return Circuit(order[:hi], seen[hi], target, seen, len(runs.pairs.clean))
+    below = [k for k in range(1, hi) if k not in seen]  # every k below the first hit, not only a bisection's
+    for i in range(0, len(below), SCAN_BATCH):
+        measure(below[i: i + SCAN_BATCH])
+    k = min((k for k, f in seen.items() if f >= target), default=n_edges)
+    curve = [seen[k] for k in sorted(seen)]
+    monotone = all(b >= a - MONOTONE_TOL for a, b in zip(curve, curve[1:]))
+    return Circuit(order[:k], seen[k], target, seen, len(runs.pairs.clean), monotone)
 
 
-def agreement_top(runs: EdgeRuns, scores: EdgeScores, n: int) -> dict[str, Any]:
-    """Exact patching of the ``n`` edges of largest |attribution| and how well attribution agrees
-    there: rank correlation of the effects and the largest error (logits and normalised)."""
-    top = scores.ranking()[:n]
-    exact = patch_each_edge(runs, top)
-    a, e = scores.effect[top].double().numpy(), exact.effect[top].double().numpy()
+def agreement_on(runs: EdgeRuns, scores: EdgeScores, edges: list[int]) -> dict[str, Any]:
+    """Exact patching of ``edges`` and how well attribution agrees there: rank correlation of the
+    effects and the largest error (logits and normalised)."""
+    exact = patch_each_edge(runs, edges)
+    a, e = scores.effect[edges].double().numpy(), exact.effect[edges].double().numpy()
     gap = runs.clean - runs.corrupt
-    err = float(np.abs(a - e).max()) if top else 0.0
-    return {"edges": top, "effect": e.tolist(), "spearman": _spearman(e, a), "max_abs_err": err,
+    err = float(np.abs(a - e).max()) if edges else 0.0
+    return {"edges": edges, "effect": e.tolist(), "spearman": _spearman(e, a), "max_abs_err": err,
             "max_abs_err_normalised": err / abs(gap) if abs(gap) >= 1e-6 else None}
+
+
+def agreement_top(runs: EdgeRuns, scores: EdgeScores, n: int, seed: int = 0) -> dict[str, Any]:
+    """:func:`agreement_on` the ``n`` edges of largest |attribution|, and (``sample``) on ``n`` edges
+    drawn at random (seeded) from the rest: the top alone would hide how attribution ranks the
+    edges it calls weak."""
+    order = scores.ranking()
+    rest = order[n:]
+    pick = torch.randperm(len(rest), generator=torch.Generator().manual_seed(seed))[:n].sort().values
+    return {**agreement_on(runs, scores, order[:n]), "sample": agreement_on(runs, scores, [rest[i] for i in pick])}
 
 
 STABLE_JACCARD = 0.8
@@ -489,12 +512,17 @@ def graph_of_record(record: dict[str, Any]) -> EdgeGraph:
     return EdgeGraph(**record["graph"])
 
 
-def edges_summary(records: list[dict[str, Any]], exact: list[dict[str, Any]], top: int = 5) -> dict[str, Any] | None:
+def edges_summary(records: list[dict[str, Any]], exact: list[dict[str, Any]], top: int = 5,
+                  tau: int | None = None) -> dict[str, Any] | None:
     """The circuit over time from cached edge records: its size and faithfulness at the last step,
     its strongest edges by name, the step from which it is stable (:func:`stable_from`), and the
-    agreement of attribution with exact patching over the exact steps."""
+    agreement of attribution with exact patching over the exact steps: on the top edges at every
+    step, and on a random sample of the others from tau/2 on (on the plateau the clean-corrupted gap
+    is under 0.01 logits and the ranks are noise)."""
     if not records:
         return None
+    late = [a["sample"] for a in exact if a.get("sample") and tau is not None and a["step"] >= tau / 2]
+    rho_late = [a["spearman"] for a in late if a.get("spearman") is not None]
     names = graph_of_record(records[-1]).edge_names()
     steps = [r["step"] for r in records]
     circuits = [r["circuit"]["edges"] if r.get("circuit") else None for r in records]
@@ -505,6 +533,7 @@ def edges_summary(records: list[dict[str, Any]], exact: list[dict[str, Any]], to
         "final_step": steps[-1],
         "final_circuit": None if not last else {
             "size": last["size"], "faithfulness": last["faithfulness"], "target": last["target"],
+            "monotone": last.get("monotone"),  # None: an older record, searched by bisection
             "strongest": [f"{names[i]['sender']} -> {names[i]['receiver']} ({names[i]['input']})"
                           for i in last["edges"][:top]]},
         "sizes": [[s, c and len(c)] for s, c in zip(steps, circuits)],
@@ -513,6 +542,10 @@ def edges_summary(records: list[dict[str, Any]], exact: list[dict[str, Any]], to
         "agreement": {"steps": len(exact), "spearman_median": median(rho), "spearman_min": min(rho) if rho else None,
                       "max_abs_err": max((a["max_abs_err"] for a in exact), default=None),
                       "n_edges": max((len(a["edges"]) for a in exact), default=0)},
+        "sample_agreement": {"steps": len(late), "from_step": tau / 2 if tau is not None else None,
+                             "spearman_median": median(rho_late), "spearman_min": min(rho_late) if rho_late else None,
+                             "max_abs_err": max((a["max_abs_err"] for a in late), default=None),
+                             "n_edges": max((len(a["edges"]) for a in late), default=0)},
     }
 
 
@@ -537,10 +570,17 @@ def format_edges(s: dict[str, Any] | None, t_form: int | None, tau: int | None) 
     if last:
         lines.append(f"edge circuit    {last['size']} of {s['n_edges']} edges recover {last['faithfulness']:.2f} of the "
                      f"metric at step {s['final_step']} (target {last['target']}); {stability(s, tau)} "
-                     f"(t_form {na(t_form, '{}')}, tau {na(tau, '{}')})")
+                     f"(t_form {na(t_form, '{}')}, tau {na(tau, '{}')})"
+                     + ("; faithfulness is not monotone in k (fewer edges can reach the target than more)"
+                        if last.get("monotone") is False else ""))
         lines.append(f"strongest edges {'; '.join(last['strongest'])}")
     a = s["agreement"]
     if a["steps"]:
         lines.append(f"edge attribution vs exact (top {a['n_edges']} edges, {a['steps']} steps): Spearman median "
                      f"{na(a['spearman_median'])} (min {na(a['spearman_min'])}), max |error| {a['max_abs_err']:.3f} logits")
+    b = s.get("sample_agreement") or {}
+    if b.get("steps"):
+        lines.append(f"edge attribution vs exact ({b['n_edges']} random edges outside the top, {b['steps']} steps from "
+                     f"tau/2): Spearman median {na(b['spearman_median'])} (min {na(b['spearman_min'])}), "
+                     f"max |error| {b['max_abs_err']:.3f} logits")
     return lines
