@@ -136,7 +136,9 @@ def main() -> None:
     print(f"same metrics.jsonl (but wall_s): {same_metrics}; same analysis records: {same_analysis}")
     rows.append(row("same metrics.jsonl and analysis records", float(same_metrics and same_analysis), "(1 = yes)",
                     "1", same_metrics and same_analysis))
-    print(f"saved {save('ab', rows, {'baseline': args.baseline, 'rounds': args.rounds, 'steps': args.steps})}")
+    settings = {"baseline": args.baseline, "rounds": args.rounds, "steps": args.steps}
+    # against another baseline than the default: a file of its own (it answers another question)
+    print(f"saved {save('ab', rows, settings, part=None if args.baseline == BASELINE else f'vs-{args.baseline}')}")
 
 
 if __name__ == "__main__":
