@@ -77,7 +77,7 @@ class MarkovChains(Task):
         return {"loss": loss, "accuracy": (logp.argmax(-1) == evalset[:, pos + 1]).float().mean().item(),
                 "excess_loss": loss + ref["bigram"], "unigram_gap": loss + ref["unigram"]}
 
-    def plateau_reference(self) -> dict:  # know-nothing: uniform over the k states; marginal: the unigram
+    def plateau_reference(self, evalset=None) -> dict:  # know-nothing: uniform over k states; marginal: unigram
         return {"metric": "unigram_gap", "marginal": 0.0, "unigram_gap": log(self.cfg.n_states) - self.unigram_loss}
 
     def cue_positions(self, tokens: Tensor, query: int) -> Tensor:  # the states after earlier occurrences (-1: pad)

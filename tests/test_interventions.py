@@ -19,6 +19,7 @@ from plateauscope.analysis.analyze import analyze_run
 from plateauscope.analysis.formation import RULES
 from plateauscope.cli.train import main
 from plateauscope.dynamics.interventions import (
+    condition_label,
     intervention_rows,
     intervention_table,
     lead_table_text,
@@ -301,7 +302,7 @@ def test_an_unfinished_run_counts_as_censored_at_its_last_evaluation(interventio
     assert row["wait_ratio"] == pytest.approx(records[-1]["step"] / tau_0)
     table = {t["condition"]: t for t in intervention_table(intervention_rows(out))}
     assert table["readout given (trained)"]["unfinished"] == 1
-    assert table["routing given (trained)"]["unfinished"] == 0
+    assert table["embeddings and layer 0 given (trained)"]["unfinished"] == 0
 
 
 def test_a_relative_point_whose_baseline_never_reached_tau_fails_in_one_line(tmp_path):
@@ -334,19 +335,21 @@ def test_the_reading_follows_the_intervals(ratios, censored, expected):
 
 
 def test_the_transplant_reading_names_the_bottleneck_only_when_the_intervals_part():
+    # --transplant routing is labelled by what it gives (the embeddings and all of layer 0), not "the routing"
+    assert condition_label({"transplant": "routing"}) == "embeddings and layer 0 given (trained)"
     def table_of(routing, readout):
-        return intervention_table([_row("routing given (trained)", i, r) for i, r in enumerate(routing)]
+        return intervention_table([_row("embeddings and layer 0 given (trained)", i, r) for i, r in enumerate(routing)]
                                   + [_row("readout given (trained)", i, r) for i, r in enumerate(readout)])
-    assert "the routing is the bottleneck" in reading(table_of((0.3, 0.35, 0.32), (0.8, 0.9, 0.85)))[0]
+    assert "the wait is in the embeddings and layer 0" in reading(table_of((0.3, 0.35, 0.32), (0.8, 0.9, 0.85)))[0]
     assert "the readout is the bottleneck" in reading(table_of((0.8, 0.9, 0.85), (0.3, 0.35, 0.32)))[0]
     assert "neither half" in reading(table_of((0.3, 0.9, 0.5), (0.4, 0.8, 0.6)))[0]
 
 
 @pytest.mark.parametrize("starts, expected", [
-    ((0.96, 1.0, 0.98), "the routing is there from step 0"),
+    ((0.96, 1.0, 0.98), "the attention to z is there from step 0"),
     ((0.3, 0.5, 0.4), "its t_form times the routing's formation"),
 ])
 def test_the_lead_reading_says_routed_at_start_only_when_the_attention_starts_near_its_final_value(starts, expected):
-    rows = [{**_row("routing given (trained)", i, 0.3), "lead_attention": 0.5, "attention_start": s}
+    rows = [{**_row("embeddings and layer 0 given (trained)", i, 0.3), "lead_attention": 0.5, "attention_start": s}
             for i, s in enumerate(starts)]
     assert expected in reading(intervention_table(rows))[-1]

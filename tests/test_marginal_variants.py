@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from plateauscope.tasks.selector import SelectorTask
-from plateauscope.tasks.selector_metrics import global_marginal_reference
+from plateauscope.tasks.selector_metrics import EvalSet, evaluate, global_marginal_reference
 from plateauscope.training.config import ConfigError, TaskConfig
 from plateauscope.training.metrics import summarize
 from tests.handbuilt import GlobalMarginal, UniformOverAlphabet, UniformOverCandidates
@@ -119,3 +119,16 @@ def test_the_command_line_refuses_a_pool_without_its_options(capsys):
     assert main(["--preset", "tiny", "--set", "target_pool=20", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "target_pool needs target_uniqueness=group" in err
+
+
+@pytest.mark.parametrize("variant", [POOL, {"first_char_zipf": 1.0, "target_uniqueness": "group"}], ids=["pool", "zipf"])
+def test_the_references_are_over_the_groups_the_set_loss_is_measured_on(variant):
+    # 5 of 30 groups evaluated: the know-nothing and p(A) models, scored on those groups, get exactly the
+    # references over the same groups. The p(A) reference over every group differs from it.
+    task = small_task(n_b=30, **variant)
+    evalset = EvalSet.build(task, n_eval_groups=5, n_tracked_groups=2, seed=1)
+    ref, everywhere = task.plateau_reference(evalset), task.plateau_reference()
+    assert evaluate(UniformOverAlphabet(task), task, evalset)["set_loss"] == pytest.approx(ref["set_loss"], abs=1e-4)
+    measured = evaluate(GlobalMarginal(task), task, evalset)["set_loss"]
+    assert measured == pytest.approx(ref["global_marginal"]["set_loss"], abs=1e-4)
+    assert abs(measured - everywhere["global_marginal"]["set_loss"]) > 1e-2

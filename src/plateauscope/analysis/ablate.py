@@ -251,26 +251,14 @@ def group_candidate_loss(scores: Float[Tensor, "C G K K"]) -> Float[Tensor, "C G
 def ablation_metrics_by_group(
     model: Model, task: Task, evalset: Any, masks: Bool[Tensor, "C n_layers n_heads"], kind: str = "zero",
 ) -> tuple[list[dict[str, float]], Float[Tensor, "C G"] | None]:
-    """:func:`ablation_metrics`, and for a task with candidates each mask's progress measure in each
-    eval group (the spread an interval over the groups is made from; None without candidates)."""
+    """For each ablation mask (an all-False mask: unablated), the task's progress measure as
+    ``candidate_loss`` and its cue effect as ``delta_z`` (the selector task's names): from its
+    ``candidate_metrics`` when it has candidates, else from its ``evaluate`` with the heads ablated.
+    With candidates, also each mask's progress measure in each eval group (the spread an interval
+    over the groups is made from; None without candidates)."""
     if "candidates" in task.capabilities:
         scores = ablation_scores(model, task, evalset, masks, kind)
         return [task.candidate_metrics(s, evalset) for s in scores], group_candidate_loss(scores)
-    return ablation_metrics(model, task, evalset, masks, kind), None
-
-
-def ablation_metrics(
-    model: Model,
-    task: Task,
-    evalset: Any,
-    masks: Bool[Tensor, "C n_layers n_heads"],
-    kind: str = "zero",
-) -> list[dict[str, float]]:
-    """For each ablation mask (an all-False mask: unablated), the task's progress measure as
-    ``candidate_loss`` and its cue effect as ``delta_z`` (the selector task's names): from its
-    ``candidate_metrics`` when it has candidates, else from its ``evaluate`` with the heads ablated."""
-    if "candidates" in task.capabilities:
-        return ablation_metrics_by_group(model, task, evalset, masks, kind)[0]
     if kind not in KINDS:
         raise ValueError(f"ablation kind must be one of {KINDS}, got {kind!r}")
     if kind == "cue_mean":
@@ -284,7 +272,14 @@ def ablation_metrics(
             m = task.evaluate(model, evalset)
         out.append({"candidate_loss": m[progress.key],  # no cue effect logged: NaN (null in the cache)
                     "delta_z": m.get(progress.cue_effect_key, math.nan) if progress.cue_effect_key else math.nan})
-    return out
+    return out, None
+
+
+def ablation_metrics(
+    model: Model, task: Task, evalset: Any, masks: Bool[Tensor, "C n_layers n_heads"], kind: str = "zero",
+) -> list[dict[str, float]]:
+    """:func:`ablation_metrics_by_group` without the per-group values."""
+    return ablation_metrics_by_group(model, task, evalset, masks, kind)[0]
 
 
 def ablate_each_head(

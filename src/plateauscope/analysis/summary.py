@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from plateauscope.analysis import formation as sel
+from plateauscope.analysis import formation
 from plateauscope.analysis.ablate import MARGINAL_TOL, near_height
 from plateauscope.analysis.attention import chance_attention
 from plateauscope.analysis.attribution import agreement
@@ -52,7 +52,7 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
     final_patch = patches[-1]
     final_attn = next(r for r in reversed(attn) if r["step"] == final_patch["step"]) if any(
         r["step"] == final_patch["step"] for r in attn) else attn[-1]
-    (layer, head), scores = sel.pick_routing_head(final_attn["to_z_first"], final_patch["heads"]["normalised"])
+    (layer, head), scores = formation.pick_routing_head(final_attn["to_z_first"], final_patch["heads"]["normalised"])
     progress = run.progress
     cue = progress.cue_effect_key or ""
     steps = [r["step"] for r in attn]
@@ -63,15 +63,15 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
     # cue's effect to 0, so the t_form rules start at the release, not before it.
     release = run.config.train.hide_cue_until or 0
     rules_start = max(plateau_start, release)
-    form = sel.formation_step(steps, series, rules_start)
+    form = formation.formation_step(steps, series, rules_start)
     eval_steps = [r["step"] for r in records]
     tau_lo = _previous(eval_steps, tau) if tau is not None else None
     t_lo = form["t_form_bracket"][0] if form["t_form_bracket"] else None
-    lead = sel.lead_fraction(tau, tau_lo, form["t_form"], t_lo)
+    lead = formation.lead_fraction(tau, tau_lo, form["t_form"], t_lo)
     circ = cache.get("circuit") or []
-    rules = sel.t_form_rules(
+    rules = formation.t_form_rules(
         tau, tau_lo, rules_start, progress.height, (steps, series),
-        ([r["step"] for r in circ], sel.gated_shares([r["shares"]["share"][layer][head] for r in circ],
+        ([r["step"] for r in circ], formation.gated_shares([r["shares"]["share"][layer][head] for r in circ],
                                                      [r["shares"]["total_positive"] for r in circ])),
         ([r["step"] for r in records if r.get(cue) is not None], [r[cue] for r in records if r.get(cue) is not None]),
         smooth)
@@ -83,10 +83,10 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
         best = max(range(len(final) * n_heads), key=lambda i: final[i // n_heads][i % n_heads])
         at = (best // n_heads, best % n_heads)
         values = [r["rules"][name][at[0]][at[1]] for r in attn]
-        formed = sel.formation_step(steps, values, rules_start)
+        formed = formation.formation_step(steps, values, rules_start)
         lo = formed["t_form_bracket"][0] if formed["t_form_bracket"] else None
         return {"head": list(at), "label": f"L{at[0]}H{at[1]}",
-                **formed, **sel.lead_fraction(tau, tau_lo, formed["t_form"], lo)}
+                **formed, **formation.lead_fraction(tau, tau_lo, formed["t_form"], lo)}
 
     # the task's other attention rules (e.g. induction's previous-token head), when it names any
     rule_heads = {name: rule_head(name) for name in attn[-1].get("rules") or {}}

@@ -16,8 +16,8 @@ same seed without intervention (tau_0, its tau):
   --analyze``), the lead by each t_form rule of ``plateauscope.analysis.formation``, counted from the release:
   ``(tau - t_form) / (tau - S)``, the selector's lead fraction when S = 0. Every analysis sees a
   checkpoint with the run's interventions as they were at its step, so a hidden cue's t_form
-  comes after its release. With the routing given, the routing is there at step 0: a lead
-  measures only what still rises after it.
+  comes after its release. With the embeddings and layer 0 given, the attention is there at step 0: a
+  lead measures only what still rises after it.
 
 Per condition, over seeds: the median of ``wait / tau_0`` with the order-statistic interval of the
 median and the coverage it has at that seed count (``plateauscope.analysis.intervals.median_interval``:
@@ -47,6 +47,11 @@ from plateauscope.training.metrics import compute_tau
 
 SAME_WAIT = (0.8, 1.25)
 """A wait within this factor of tau_0 reads as "about tau_0" when its interval also holds 1."""
+TRANSPLANT_WORDS = {"routing": "embeddings and layer 0", "readout": "readout"}
+"""A transplant's condition label names what it gives. ``--transplant routing`` gives the embeddings, layer-0
+attention (where to look) and layer-0 values and MLP (what is carried) at once, so its label names the parts,
+not "the routing"."""
+EARLY_GIVEN, READOUT_GIVEN = (f"{TRANSPLANT_WORDS[t]} given" for t in ("routing", "readout"))
 ROUTED_AT_START = 0.9
 """Attention to z at the plateau start at least this fraction of its final value reads as "routed from
 step 0": its attention t_form then times a small rise, not the routing's formation."""
@@ -59,7 +64,8 @@ def condition_label(options: dict[str, Any]) -> str:
     if "hide_cue_until" in options:
         return f"cue hidden until step {options['hide_cue_until']}"
     if "transplant" in options:
-        return f"{options['transplant']} given ({'frozen' if options.get('freeze_transplant') else 'trained'})"
+        given = TRANSPLANT_WORDS.get(options["transplant"], options["transplant"])
+        return f"{given} given ({'frozen' if options.get('freeze_transplant') else 'trained'})"
     if "only_head" in options:
         return f"one route: only head {options['only_head']}"
     if "masked_heads" in options:
@@ -258,19 +264,21 @@ def reading(table: list[dict]) -> list[str]:
         else:
             verdict = "the intervals do not agree on one reading"
         lines.append(f"Cue hidden, (tau - S) / tau_0 over seeds: {text}. Reading: {verdict}.")
-    given = {c: by[c] for c in ("routing given (trained)", "routing given (frozen)", "readout given (trained)")
+    given = {c: by[c] for c in (f"{EARLY_GIVEN} (trained)", f"{EARLY_GIVEN} (frozen)", f"{READOUT_GIVEN} (trained)")
              if c in by}
     if given:
         text = "; ".join(f"{c}: tau / tau_0 {_interval(r)}, {r['reached']} of {r['seeds']} seeds reached tau, "
                          f"starting at {na(r['start_loss'], '{:.2f}')} log K" for c, r in given.items())
-        routing, readout = given.get("routing given (trained)"), given.get("readout given (trained)")
+        routing, readout = given.get(f"{EARLY_GIVEN} (trained)"), given.get(f"{READOUT_GIVEN} (trained)")
         verdict = "the intervals overlap: neither half alone is shown to be the bottleneck"
         if routing and readout and routing["wait_ratio_ci"] and readout["wait_ratio_ci"] and \
                 not (routing["lower_bound"] and readout["lower_bound"]):
             if routing["wait_ratio_ci"].high < readout["wait_ratio_ci"].low and not routing["lower_bound"]:
-                verdict = "given the routing, tau comes sooner than given the readout: the routing is the bottleneck"
+                verdict = ("given the embeddings and layer 0, tau comes sooner than given the readout: the wait is "
+                           "in the embeddings and layer 0 (this transplant cannot tell where to look from what is carried)")
             elif readout["wait_ratio_ci"].high < routing["wait_ratio_ci"].low and not readout["lower_bound"]:
-                verdict = "given the readout, tau comes sooner than given the routing: the readout is the bottleneck"
+                verdict = ("given the readout, tau comes sooner than given the embeddings and layer 0: the readout "
+                           "is the bottleneck")
         lines.append(f"Transplants: {text}. Reading: {verdict}.")
     routes = [r for r in table if r["condition"].startswith("one route")]
     if routes:
@@ -282,14 +290,14 @@ def reading(table: list[dict]) -> list[str]:
         text = "; ".join(f"{r['condition']}: {na(r['lead_attention'], '{:.2f}')} by attention, "
                          f"{na(r['lead_cue_effect'], '{:.2f}')} by the cue effect" for r in analysed)
         line = f"Lead from the release, (tau - t_form) / (tau - S), medians over the analysed seeds: {text}."
-        given = [r for r in analysed if r["condition"].startswith("routing given") and r["attention_start"] is not None]
+        given = [r for r in analysed if r["condition"].startswith(EARLY_GIVEN) and r["attention_start"] is not None]
         if given:
             starts = "; ".join(f"{r['condition']}: {r['attention_start']:.2f}" for r in given)
             base = f"; unmodified: {na(by['unmodified']['attention_start'], '{:.2f}')}" if "unmodified" in by else ""
             routed = all(r["attention_start"] >= ROUTED_AT_START for r in given)
             line += (f" Attention to z at the plateau start, as a fraction of its final value: {starts}{base}. "
-                     + ("Given, the routing is there from step 0, and its attention t_form times a small rise."
-                        if routed else f"Given, the attention still starts below {ROUTED_AT_START:g} of its final "
-                        "value, so its t_form times the routing's formation."))
+                     + ("Given layer 0, the attention to z is there from step 0, and its t_form times a small rise."
+                        if routed else f"Given layer 0, the attention still starts below {ROUTED_AT_START:g} of its "
+                        "final value, so its t_form times the routing's formation."))
         lines.append(line)
     return lines

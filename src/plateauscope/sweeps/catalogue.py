@@ -65,7 +65,7 @@ def _intervention_grids(seeds: range, hide_at: tuple[float, ...], only_heads: tu
                         ) -> tuple[dict[str, tuple], ...]:
     """Per seed (model and data seed together): the unmodified run and each intervention relative to it.
     Ordered by cost over all seeds, so a sweep stopped early has the sharpest contrast over every
-    seed: the unmodified runs, the routing or the readout given (the shortest runs), the routing
+    seed: the unmodified runs, the embeddings and layer 0 or the readout given (the shortest runs), layer 0
     given frozen, the hidden cue (the longest: many never reach tau), then the single routes."""
     seeds_of = [{"seed": (i,), "data_seed": (i,)} for i in seeds]
     grids = [*seeds_of, *({**s, "transplant": ("routing", "readout")} for s in seeds_of),
@@ -209,15 +209,15 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
     SweepSpec(
         name="plateau-interventions", base="ci", fixed={"forward": "trimmed"},
         grids=_intervention_grids(range(5), _HIDE_AT, ("0.0", "0.1", "0.2", "0.3")),
-        description="what the plateau waits for: the cue hidden until S = 0.25-1 tau_0, the routing or the "
-                    "readout given (trained or frozen), one route in layer 0; ci, 5 seeds",
+        description="what the plateau waits for: the cue hidden until S = 0.25-1 tau_0, the embeddings and layer 0 "
+                    "or the readout given (trained or frozen), one route in layer 0; ci, 5 seeds",
         cost="60 runs (5 unmodified, 55 interventions, ~1-2.5 tau_0 each), 105,425 steps"),
     SweepSpec(
         name="plateau-interventions-demo", base="demo",
         fixed={"forward": "trimmed"},
         grids=_intervention_grids(range(3), (0.5,), ()),
         description="the main contrasts of plateau-interventions on the demo model: the cue hidden until "
-                    "0.5 tau_0, the routing or the readout given; 3 seeds",
+                    "0.5 tau_0, the embeddings and layer 0 or the readout given; 3 seeds",
         cost="15 runs of the paper model, 33,200 steps"),
     SweepSpec(
         name="plateau-interventions-tiny", base="tiny",

@@ -222,9 +222,10 @@ class Task(ABC):
         """Every logged metric of ``model`` on ``evalset`` (plain floats and lists), including
         ``loss``, ``accuracy`` and the progress measure's fields."""
 
-    def plateau_reference(self) -> dict | None:
+    def plateau_reference(self, evalset: Any = None) -> dict | None:
         """The exact know-nothing references of the plateau verdict (capability ``plateau_reference``),
-        or None for no verdict. A dict: ``metric`` (the logged field the verdict reads, default
+        over the examples of ``evalset`` (the run's evaluation set, whose metric the verdict reads;
+        None: the whole data set), or None for no verdict. A dict: ``metric`` (the logged field the verdict reads, default
         ``set_loss``), ``marginal`` (its value once the marginal is learned, default 0), the metric's
         own name -> its value for a model that knows nothing, and optionally ``global_marginal``
         (``{metric: value}`` for a model that knows the data set's global marginal)."""

@@ -277,12 +277,15 @@ class SelectorTask(Task):
         """``plateauscope.tasks.selector_metrics.candidate_metrics``: candidate loss and accuracy, set loss, delta_z, seq NLL."""
         return metrics.candidate_metrics(scores, evalset.shift)
 
-    def plateau_reference(self) -> dict | None:
+    def plateau_reference(self, evalset: Any = None) -> dict | None:
         """Going backward (None forward): ``plateauscope.tasks.selector_metrics.know_nothing_reference``,
-        with ``global_marginal_reference`` under ``global_marginal``."""
+        with ``global_marginal_reference`` under ``global_marginal``, over ``evalset``'s groups (the
+        groups whose set loss the verdict reads; default every group)."""
         if self.cfg.direction != "backward":
             return None
-        return {**metrics.know_nothing_reference(self), "global_marginal": metrics.global_marginal_reference(self)}
+        groups = None if evalset is None else evalset.groups
+        return {**metrics.know_nothing_reference(self, groups),
+                "global_marginal": metrics.global_marginal_reference(self, groups)}
 
     def summary_fields(self) -> dict:
         """D, K and the direction."""

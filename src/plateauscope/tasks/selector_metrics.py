@@ -65,6 +65,8 @@ class EvalSet:
     """The true sequences of the eval groups."""
     tracked_groups: Int[Tensor, " Gt"]
     tracked_seqs: Int[Tensor, "Et seq"]
+    groups: Int[Tensor, " G"] | None = None
+    """The evaluation groups (sorted): the plateau verdict's references average over these."""
 
     @classmethod
     def build(cls, task: Task, n_eval_groups: int, n_tracked_groups: int, seed: int) -> EvalSet:
@@ -77,7 +79,7 @@ class EvalSet:
         shift = torch.randint(1, max(K, 2), (len(eval_groups), K), generator=gen) if backward else None
         cand = task.candidate_sequences(eval_groups).flatten(0, 2) if backward else None
         return cls(cand, shift, task.tokens[task.example_ids(eval_groups).flatten()], tracked,
-                   task.tokens[task.example_ids(tracked).flatten()])
+                   task.tokens[task.example_ids(tracked).flatten()], eval_groups)
 
 
 def evaluate(model: nn.Module, task: Task, evalset: EvalSet, batch_size: int = 512) -> dict:

@@ -223,7 +223,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
             point = load_resume_point(out, tc.max_steps) if resume else None
             if point is not None and point.complete:
                 log.info("%s is already complete at step %d", out, point.step)
-                results[i] = finish(out, point.records, task, point.step, reuse=True)
+                results[i] = finish(out, point.records, task, point.step, evalsets[0], reuse=True)
                 continue
             if point is None:
                 weights.append(build_hooked_transformer(hooked_cfg, seed=c.model.seed, device=dev).state_dict())

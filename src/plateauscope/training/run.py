@@ -138,7 +138,9 @@ class Run:
         if "plateau" in summary:
             return summary["plateau"]
         records = self.metrics() if (self.path / METRICS_FILE).exists() else []
-        reference = self.task().plateau_reference() if records else None
+        tc = self.config.train
+        reference = self.task().plateau_reference(self.task().build_evalset(tc.eval_groups, tc.tracked_groups, tc.seed)
+                                                  ) if records else None
         if reference is None:
             return None
         progress = self.progress

@@ -168,7 +168,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
                               f"resume it with that backend, not {backend}")
         if point.complete:
             log.info("%s is already complete at step %d", out, point.step)
-            return finish(out, point.records, task, point.step, reuse=True)
+            return finish(out, point.records, task, point.step, evalsets[0], reuse=True)
         step = point.step
         load_hooked_state_dict(model, point.weights)
         optimizer.load_state_dict(point.optimizer)
@@ -341,7 +341,7 @@ class RunState:
     def finish(self, task: Task, step: int) -> dict:
         """Close ``metrics.jsonl``, then write and return ``summary.json`` (:func:`finish`)."""
         self.close()
-        return finish(self.out, self.evaluations.records, task, step, machines=self.machines)
+        return finish(self.out, self.evaluations.records, task, step, self.evalsets[0], machines=self.machines)
 
 
 def take_step(loss_of: Callable[[Tensor], Tensor], batch: Int[Tensor, "*members batch seq"],
@@ -499,14 +499,15 @@ def stop_due(tc: TrainConfig, tau: int | None, step: int) -> bool:
     return tc.stop_after_tau is not None and tau is not None and step >= tc.stop_after_tau * tau
 
 
-def finish(out: Path, records: list[dict], task: Task, step: int, reuse: bool = False,
+def finish(out: Path, records: list[dict], task: Task, step: int, evalset: Any, reuse: bool = False,
            machines: list[dict] | None = None) -> dict:
     """Write and return ``summary.json`` (``reuse``: return the one already written, if any), with
-    the machines that trained the run."""
+    the machines that trained the run; the plateau verdict's references are over ``evalset``, the
+    run's evaluation set."""
     summary_path = out / rd.SUMMARY_FILE
     if reuse and summary_path.exists():
         return rd.read_json(summary_path)
-    summary = {**summarize(records, task.progress, task.plateau_reference()), "final_step": step, "complete": True,
+    summary = {**summarize(records, task.progress, task.plateau_reference(evalset)), "final_step": step, "complete": True,
                **task.summary_fields(), "machines": machines or []}
     rd.write_json_atomic(summary_path, summary)
     return summary
