@@ -59,7 +59,8 @@ torch.set_num_threads(2)
 cfg = get_preset("ci").replace(max_steps={steps}, stop_after_tau=None)
 t0, c0 = time.perf_counter(), time.process_time()
 train(cfg, sys.argv[1], device="cpu", progress=False)
-print(json.dumps({{"wall": 1000 * (time.perf_counter() - t0) / {steps}, "cpu": 1000 * (time.process_time() - c0) / {steps}}}))
+wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+print(json.dumps({{"wall": 1000 * wall / {steps}, "cpu": 1000 * cpu / {steps}}}))
 """
 
 ANALYZE = """
@@ -124,7 +125,8 @@ def main() -> None:
     if args.rounds < 1 or args.steps < 1:
         sys.exit("bench/ab.py: --rounds and --steps must be at least 1")
     workloads = (args.only,) if args.only else WORKLOADS
-    print(f"{describe(machine_record())}; {args.current or 'this checkout'} against {args.baseline}; {args.rounds} rounds")
+    print(f"{describe(machine_record())}; {args.current or 'this checkout'} against {args.baseline}; "
+          f"{args.rounds} rounds")
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         trees = {"baseline": export(args.baseline, tmp / "baseline"),
@@ -164,8 +166,9 @@ def main() -> None:
             print(f"ci {workload} ({clock} {unit}):".ljust(28) + f" {statistics.median(base):>10.2f} "
                   f"{statistics.median(cur):>10.2f} {ratio:>7.3f} {spread.text('{:.3f}') if spread else '':>16}  "
                   + (f"<= {TARGET} ({'met' if ratio <= TARGET else 'NOT met'})" if judged else "(printed only)"))
+            interval = f"; {spread.label} {spread.text('{:.3f}')}" if spread else ""
             measure = (f"ci {workload} {clock} time, {args.current or 'current'} / {args.baseline} (median of "
-                       f"{args.rounds} paired rounds" + (f"; {spread.label} {spread.text('{:.3f}')})" if spread else ")"))
+                       f"{args.rounds} paired rounds{interval})")
             rows.append(row(measure, round(ratio, 3), "x", f"<= {TARGET}", ratio <= TARGET) if judged
                         else row(measure, round(ratio, 3), "x"))
     for measure, ok in checks.items():
@@ -174,7 +177,8 @@ def main() -> None:
     settings = {"baseline": args.baseline, "current": args.current, "rounds": args.rounds, "steps": args.steps,
                 "only": args.only}
     # against another baseline than the default: a file of its own (it answers another question)
-    part = "-".join(filter(None, [args.current, None if args.baseline == BASELINE else f"vs-{args.baseline}", args.only]))
+    other_baseline = None if args.baseline == BASELINE else f"vs-{args.baseline}"
+    part = "-".join(filter(None, [args.current, other_baseline, args.only]))
     print(f"saved {save('ab', rows, settings, part=part or None)}")
 
 

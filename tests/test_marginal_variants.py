@@ -121,7 +121,10 @@ def test_the_command_line_refuses_a_pool_without_its_options(capsys):
     assert err.count("\n") == 1 and "target_pool needs target_uniqueness=group" in err
 
 
-@pytest.mark.parametrize("variant", [POOL, {"first_char_zipf": 1.0, "target_uniqueness": "group"}], ids=["pool", "zipf"])
+ZIPF_REPEATING = {"first_char_zipf": 1.0, "target_uniqueness": "group"}
+
+
+@pytest.mark.parametrize("variant", [POOL, ZIPF_REPEATING], ids=["pool", "zipf"])
 def test_the_references_are_over_the_groups_the_set_loss_is_measured_on(variant):
     # 5 of 30 groups evaluated: the know-nothing and p(A) models, scored on those groups, get exactly the
     # references over the same groups. The p(A) reference over every group differs from it.

@@ -275,7 +275,8 @@ def reading(table: list[dict]) -> list[str]:
                 not (routing["lower_bound"] and readout["lower_bound"]):
             if routing["wait_ratio_ci"].high < readout["wait_ratio_ci"].low and not routing["lower_bound"]:
                 verdict = ("given the embeddings and layer 0, tau comes sooner than given the readout: the wait is "
-                           "in the embeddings and layer 0 (this transplant cannot tell where to look from what is carried)")
+                           "in the embeddings and layer 0 (this transplant cannot tell where to look from what is "
+                           "carried)")
             elif readout["wait_ratio_ci"].high < routing["wait_ratio_ci"].low and not readout["lower_bound"]:
                 verdict = ("given the readout, tau comes sooner than given the embeddings and layer 0: the readout "
                            "is the bottleneck")

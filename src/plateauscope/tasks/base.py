@@ -225,7 +225,8 @@ class Task(ABC):
     def plateau_reference(self, evalset: Any = None) -> dict | None:
         """The exact know-nothing references of the plateau verdict (capability ``plateau_reference``),
         over the examples of ``evalset`` (the run's evaluation set, whose metric the verdict reads;
-        None: the whole data set), or None for no verdict. A dict: ``metric`` (the logged field the verdict reads, default
+        None: the whole data set), or None for no verdict. A dict: ``metric`` (the logged field the verdict
+        reads, default
         ``set_loss``), ``marginal`` (its value once the marginal is learned, default 0), the metric's
         own name -> its value for a model that knows nothing, and optionally ``global_marginal``
         (``{metric: value}`` for a model that knows the data set's global marginal)."""

@@ -138,9 +138,11 @@ class Run:
         if "plateau" in summary:
             return summary["plateau"]
         records = self.metrics() if (self.path / METRICS_FILE).exists() else []
-        tc = self.config.train
-        reference = self.task().plateau_reference(self.task().build_evalset(tc.eval_groups, tc.tracked_groups, tc.seed)
-                                                  ) if records else None
+        if not records:
+            return None
+        tc, task = self.config.train, self.task()
+        # the references over the run's own evaluation groups, as train() computes them
+        reference = task.plateau_reference(task.build_evalset(tc.eval_groups, tc.tracked_groups, tc.seed))
         if reference is None:
             return None
         progress = self.progress

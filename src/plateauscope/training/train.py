@@ -507,8 +507,8 @@ def finish(out: Path, records: list[dict], task: Task, step: int, evalset: Any, 
     summary_path = out / rd.SUMMARY_FILE
     if reuse and summary_path.exists():
         return rd.read_json(summary_path)
-    summary = {**summarize(records, task.progress, task.plateau_reference(evalset)), "final_step": step, "complete": True,
-               **task.summary_fields(), "machines": machines or []}
+    summary = {**summarize(records, task.progress, task.plateau_reference(evalset)), "final_step": step,
+               "complete": True, **task.summary_fields(), "machines": machines or []}
     rd.write_json_atomic(summary_path, summary)
     return summary
 
