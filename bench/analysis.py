@@ -45,10 +45,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # transformer_lens.patching's progre
 import torch  # noqa: E402
 import transformer_lens.patching as tl_patching  # noqa: E402
 
-from plateauscope.analysis import (
-    analyze,  # noqa: E402
-    edges,  # noqa: E402
-)
+from plateauscope.analysis import analyze  # noqa: E402
 from plateauscope.analysis import attribution as attr  # noqa: E402
 from plateauscope.analysis import patch as P  # noqa: E402
 from plateauscope.analysis.inputs import logit_diff, prompt_pairs  # noqa: E402
@@ -131,15 +128,13 @@ def compare_patching(run: Run, step: int, n_pairs: int, rounds: int) -> list[tup
     return rows
 
 
-def time_analysis(run: Run, every: int) -> tuple[float, dict[str, float], int]:
-    """``analyze_run`` on every ``every``-th checkpoint with a fresh cache: total seconds, seconds
-    per part, and the number of checkpoints analysed."""
+def time_analysis(run: Run, every: int, full: bool = False) -> tuple[float, dict[str, float], int]:
+    """``analyze_run`` on every ``every``-th checkpoint with a fresh cache (the adaptive plan, or the
+    exhaustive one with ``full``): total seconds, seconds per part, and the number of checkpoints analysed."""
     parts: dict[str, float] = defaultdict(float)
     originals = {name: getattr(analyze, name) for name in
                  ("attention_to_z", "attribute_all", "patch", "ablate_each_head", "circuit_record", "summarize",
-                  "exact_edge_record", "pattern_record")}
-    circuit_search = edges.faithful_circuit
-    edge_record = analyze.edge_record
+                  "edge_record", "edge_circuit_record", "exact_edge_record", "pattern_record")}
     load = Run.model
 
     def timed(label: str, fn: Callable) -> Callable:
@@ -155,7 +150,8 @@ def time_analysis(run: Run, every: int) -> tuple[float, dict[str, float], int]:
     labels = {"attention_to_z": "attention to z", "attribute_all": "attribution patching (heads, resid)",
               "patch": "exact patching (heads, resid)", "ablate_each_head": "head ablation (zero, mean)",
               "circuit_record": "circuit (head sets, reads-z patching)",
-              "summarize": "selector summary", "exact_edge_record": EDGE_PARTS[2],
+              "summarize": "selector summary", "edge_record": EDGE_PARTS[0], "edge_circuit_record": EDGE_PARTS[1],
+              "exact_edge_record": EDGE_PARTS[2],
               "pattern_record": "attention patterns (time view)"}
     with tempfile.TemporaryDirectory() as tmp:
         view = Path(tmp) / run.path.name  # the run's files, and an empty analysis cache
@@ -167,19 +163,13 @@ def time_analysis(run: Run, every: int) -> tuple[float, dict[str, float], int]:
             for name, fn in originals.items():
                 setattr(analyze, name, timed(labels[name], fn))
             Run.model = timed("loading checkpoints", load)
-            # the edge record is its attribution plus the circuit search: time the two apart
-            edges.faithful_circuit = timed(EDGE_PARTS[1], circuit_search)
-            analyze.edge_record = timed("edge record", edge_record)
             t0 = time.perf_counter()
-            analyze.analyze_run(view, every=every, progress=False)
+            analyze.analyze_run(view, every=every, progress=False, full=full)
             total = time.perf_counter() - t0
         finally:
             for name, fn in originals.items():
                 setattr(analyze, name, fn)
             Run.model = load
-            edges.faithful_circuit = circuit_search
-            analyze.edge_record = edge_record
-    parts[EDGE_PARTS[0]] = parts.pop("edge record", 0.0) - parts.get(EDGE_PARTS[1], 0.0)
     n = len(pick_steps(run.steps, every))
     return total, dict(parts), n
 
@@ -191,6 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pairs", type=int, default=256, help="prompt pairs (default 256)")
     p.add_argument("--rounds", type=int, default=2, help="each sweep is timed this many times; the fastest counts")
     p.add_argument("--every", type=int, default=2, help="analyse every N-th checkpoint (default 2, as make demo)")
+    p.add_argument("--full", action="store_true", help="the exhaustive analysis plan (default: the adaptive one)")
     p.add_argument("--skip-analyze", action="store_true", help="only the patching comparison")
     p.add_argument("--skip-patching", action="store_true", help="only the timed analysis")
     args = p.parse_args(argv)
@@ -222,8 +213,9 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(row(measure, diff, "") if sweep.startswith("attribution")
                         else against(measure, diff, "", "<=", EXACT_TOLERANCE))
     if not args.skip_analyze:
-        total, parts, n = time_analysis(run, args.every)
-        print(f"\ninterp.analyze of {n} checkpoints (every {args.every}): {total:.1f} s")
+        total, parts, n = time_analysis(run, args.every, args.full)
+        plan = "full" if args.full else "adaptive"
+        print(f"\nanalyze_run ({plan}) of {n} checkpoints (every {args.every}): {total:.1f} s")
         for part, sec in sorted(parts.items(), key=lambda kv: -kv[1]):
             print(f"  {part:<38} {sec:7.1f} s  {sec / total:6.1%}")
         rest = total - sum(parts.values())
@@ -234,7 +226,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{'met' if attribution <= EDGE_TARGET_S else 'NOT met'}); with the circuit search and exact patching "
               f"{all_edges:.1f} s ({'met' if all_edges <= EDGE_TARGET_S else 'NOT met'}), "
               f"{all_edges / total:.0%} of plateauscope.analysis.analyze")
-        on = f"{args.preset}, {n} checkpoints (every {args.every})"
+        on = f"{args.preset}, {n} checkpoints (every {args.every}, {plan})"
         edge_rows = {f"{on}: edges, attribution of every edge": attribution,
                      f"{on}: edges, with the circuit search and exact patching": all_edges}
         rows.append(row(f"{on}: analyze_run", total, "s"))

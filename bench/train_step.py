@@ -22,7 +22,12 @@ written at every checkpoint (``resume_every=1``) against the default ``resume_ev
 bit (``--only-resume``); ``--forward trimmed`` (the last block only at the loss positions) against
 the fused forward, per step, on the ``ci`` and ``paper`` models (``--only-trimmed``); bf16 autocast
 (per step, both loops) and, with ``--compile``, ``torch.compile`` of the fused loss (its first step,
-the compilation, and its steps after).
+the compilation, and its steps after). ``--only-flops`` (issue 40): the FLOPs of a step (forward and
+backward, ``torch.utils.flop_counter``) over the bare fused step's time, against the sustained fp32
+matmul rate measured in the same process at the model's largest GEMM and at 2048^2 (target: at
+least 0.6 of the former), and the training loop on the preset's own schedule against the bare step
+(target: at least 0.9), on the ``paper`` and the ``demo`` models; and a profile of the step: the
+share of its CPU time in matrix multiplications and its largest operators.
 
 The figures are saved (``bench/record.py``); an ``--only-*`` run as a part of its own
 (``train_step-resume-<machine>.json``), so that it leaves the whole run's file alone. A measure
@@ -58,6 +63,9 @@ ROOT = Path(__file__).resolve().parents[1]
 STEP_TARGET, EVAL_TARGET, END_TO_END_TARGET = 1.4, 0.05, 1.3
 """Issue 22: per step at least 1.4x a plain eager loop; evaluation under 5% of the wall time; end to
 end at least 1.3x the authors' code."""
+FLOPS_TARGET, LOOP_TARGET = 0.6, 0.9
+"""Issue 40: the step at least 60% of the sustained matmul rate for the model's own shapes; the training
+loop at least 90% of the bare step's rate (evaluation, checkpoints and logging 10% or less)."""
 
 
 def authors_differences(steps: int) -> list[str]:
@@ -158,11 +166,10 @@ def compiled_loop(cfg: RunConfig, steps: int) -> tuple[float, float]:
     return times[0], sum(times[2:]) / steps
 
 
-def our_loop(cfg: RunConfig, steps: int) -> float:
-    """Seconds per step of ``plateauscope.training.train`` with evaluation and checkpoints off: the time of a
-    2N-step run minus that of an N-step run, over N, so set-up and the end-point evaluation cancel."""
-    cfg = cfg.replace(eval_every=10**9, ckpt_every=10**9, early_log_points=0)
-
+def loop_seconds_per_step(cfg: RunConfig, steps: int) -> float:
+    """Seconds per step of ``plateauscope.training.train`` on ``cfg``'s schedule of evaluations,
+    checkpoints and logging: the time of a 2N-step run minus that of an N-step run, over N, so
+    set-up and the end-point evaluation cancel."""
     def run(n: int) -> float:
         with tempfile.TemporaryDirectory() as d:
             t0 = time.perf_counter()
@@ -170,6 +177,11 @@ def our_loop(cfg: RunConfig, steps: int) -> float:
             return time.perf_counter() - t0
 
     return (run(2 * steps) - run(steps)) / steps
+
+
+def our_loop(cfg: RunConfig, steps: int) -> float:
+    """Seconds per step of ``plateauscope.training.train`` with evaluation and checkpoints off."""
+    return loop_seconds_per_step(cfg.replace(eval_every=10**9, ckpt_every=10**9, early_log_points=0), steps)
 
 
 def measured_eval_share(cfg: RunConfig, steps: int) -> tuple[list[tuple[bool, float]], float]:
@@ -263,6 +275,106 @@ def end_to_end(args: argparse.Namespace) -> tuple[list[float], list[float]]:
     return ours, theirs
 
 
+def step_flops(cfg: RunConfig) -> int:
+    """FLOPs of one training step's fused forward and backward (``torch.utils.flop_counter``; AdamW's
+    elementwise update is not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    task, (batch,) = minibatches(cfg, 1)
+    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)
+    params = dict(model.named_parameters())
+    with FlopCounterMode(display=False) as counter:
+        task.loss(fused_logits(model.cfg, params, batch[:, : task.input_len]), batch).backward()
+    return counter.get_total_flops()
+
+
+def matmul_rate(m: int, k: int, n: int, seconds: float = 1.0) -> float:
+    """Sustained fp32 FLOP/s of an (m x k) @ (k x n) matmul on this machine: repeated for about
+    ``seconds`` after a warm-up; the best of 3 such runs."""
+    a, b = torch.randn(m, k), torch.randn(k, n)
+    out = torch.empty(m, n)
+    for _ in range(3):
+        torch.mm(a, b, out=out)
+    t0 = time.perf_counter()
+    reps = 0
+    while time.perf_counter() - t0 < seconds / 4:
+        torch.mm(a, b, out=out)
+        reps += 1
+    best = float("inf")
+    for _ in range(3):
+        t0 = time.perf_counter()
+        for _ in range(reps * 4):
+            torch.mm(a, b, out=out)
+        best = min(best, (time.perf_counter() - t0) / (reps * 4))
+    return 2 * m * k * n / best
+
+
+GEMM_OPS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+"""The profiler's matrix-multiplication kernels."""
+
+
+def profile_step(cfg: RunConfig, steps: int, top: int = 8) -> tuple[float, list[tuple[str, float]]]:
+    """Where the bare fused step spends its time (``torch.profiler``, ``steps`` steps after a warm-up):
+    the share of self CPU time in matrix multiplications, and the ``top`` operators with their shares."""
+    from torch.profiler import ProfilerActivity, profile
+
+    task, batches = minibatches(cfg, steps + 3)
+    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)
+    params = dict(model.named_parameters())
+    opt = adamw(model.parameters(), cfg.train)
+
+    def step(batch: torch.Tensor) -> None:
+        opt.zero_grad(set_to_none=True)
+        task.loss(fused_logits(model.cfg, params, batch[:, : task.input_len]), batch).backward()
+        opt.step()
+
+    for batch in batches[:3]:
+        step(batch)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for batch in batches[3:]:
+            step(batch)
+    ops = [(e.key, e.self_cpu_time_total) for e in prof.key_averages()]
+    total = sum(t for _, t in ops)
+    gemm = sum(t for k, t in ops if k in GEMM_OPS) / total
+    return gemm, [(k, t / total) for k, t in sorted(ops, key=lambda kt: -kt[1])[:top]]
+
+
+def print_flops(name: str, steps: int, rounds: int) -> list[dict]:
+    """The step's achieved FLOP/s against the sustained matmul rate measured here (the model's own
+    largest GEMM, and a 2048^2 square one), and the training loop's rate against the bare step's."""
+    cfg = get_preset(name)
+    task = build_task(cfg.task_name, cfg.task)
+    flops = step_flops(cfg)
+    bare = min(plain_loop(cfg, steps, fused=True) for _ in range(rounds))
+    loop = min(loop_seconds_per_step(cfg, steps) for _ in range(rounds))
+    tokens = cfg.train.batch_size * task.input_len
+    m = cfg.model
+    wide = m.d_model if m.attn_only else m.d_mlp  # the MLP's GEMM is the largest, where there is one
+    own = matmul_rate(tokens, m.d_model, wide)
+    square = matmul_rate(2048, 2048, 2048)
+    achieved = flops / bare
+    shape = f"{tokens}x{m.d_model}x{wide}"
+    print(f"{name}: {flops / 1e9:.2f} GFLOP per step (forward and backward), bare fused step {bare * 1e3:.1f} ms: "
+          f"{achieved / 1e9:.0f} GFLOP/s")
+    print(f"  sustained fp32 matmul: {own / 1e9:.0f} GFLOP/s at the model's largest GEMM ({shape}), "
+          f"{square / 1e9:.0f} GFLOP/s at 2048^2")
+    print(f"  step / own-shape matmul rate: {achieved / own:.2f} (target >= {FLOPS_TARGET}: "
+          f"{met(achieved / own >= FLOPS_TARGET)}); / square: {achieved / square:.2f}")
+    print(f"  training loop {loop * 1e3:.1f} ms/step on the preset's schedule: {bare / loop:.2f} of the bare step's "
+          f"rate (target >= {LOOP_TARGET}: {met(bare / loop >= LOOP_TARGET)})")
+    gemm, top = profile_step(cfg, steps)
+    print(f"  profile of the bare step: {gemm:.0%} of its CPU time in matrix multiplications; the largest: "
+          + ", ".join(f"{k} {share:.0%}" for k, share in top))
+    on = f"{name}, batch {cfg.train.batch_size}"
+    return [row(f"{on}: share of the step's CPU time in matrix multiplications (profiler)", 100 * gemm, "%"),row(f"{on}: GFLOP per training step", flops / 1e9, "GFLOP"),
+            row(f"{on}: achieved by the bare fused step", achieved / 1e9, "GFLOP/s"),
+            row(f"{on}: sustained fp32 matmul, the model's largest GEMM ({shape})", own / 1e9, "GFLOP/s"),
+            row(f"{on}: sustained fp32 matmul, 2048^2", square / 1e9, "GFLOP/s"),
+            against(f"{on}: step / sustained matmul rate at the model's shape", achieved / own, "", ">=", FLOPS_TARGET),
+            row(f"{on}: step / sustained matmul rate at 2048^2", achieved / square, ""),
+            against(f"{on}: training loop / bare step rate", bare / loop, "", ">=", LOOP_TARGET)]
+
+
 def met(ok: bool) -> str:
     return "met" if ok else "NOT met"
 
@@ -282,6 +394,9 @@ def main() -> None:
                    help="only --forward trimmed against --forward fused, per step (ci and paper)")
     p.add_argument("--only-resume", action="store_true",
                    help="only the resume state at every checkpoint against the default resume_every (ci and paper)")
+    p.add_argument("--only-flops", action="store_true",
+                   help="only the step's FLOP/s against the sustained matmul rate, and the loop against the bare step "
+                        "(paper and demo)")
     p.add_argument("--authors-repo", type=Path, help="a checkout of mihirs-0/synass-lens")
     p.add_argument("--authors-python", type=Path, help="the python of a venv with the authors' requirements")
     p.add_argument("--compile", action="store_true", help="also time torch.compile of the fused loss")
@@ -309,6 +424,10 @@ def main() -> None:
     if args.only_resume:
         rows = print_resume_cost("ci", 1000, args.rounds) + print_resume_cost("paper", args.paper_steps, args.rounds)
         print(f"saved {save('train_step', rows, settings, 'resume')}")
+        return
+    if args.only_flops:
+        rows = [r for name in ("paper", "demo") for r in print_flops(name, args.steps, args.rounds)]
+        print(f"saved {save('train_step', rows, settings, 'flops')}")
         return
     if args.only_eval:
         rows = print_eval_share("paper", args.paper_steps, EVAL_TARGET)

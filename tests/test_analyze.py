@@ -186,31 +186,37 @@ def test_view_cli_errors(tmp_path, capsys, tiny_run):
 
 
 def test_edge_cache_follows_its_settings(tiny_run, tmp_path):
-    """Edge records are cached at every analysed step and the exact ones at the exact steps; a second
-    call computes nothing; another faithfulness target recomputes the edges (and nothing else) and
-    keeps both."""
+    """Edge attribution is cached at every analysed step, the faithful circuit and the exact edges at
+    the expensive pass's steps; a second call computes nothing; another faithfulness target recomputes
+    the circuits (and nothing else) and keeps both; the full plan searches the circuit at every step."""
     import dataclasses
 
-    from plateauscope.analysis.results import EDGE_EXACT_FILE, EDGES_FILE, PATTERNS_FILE
+    from plateauscope.analysis.results import EDGE_CIRCUIT_FILE, EDGE_EXACT_FILE, EDGES_FILE, PATTERNS_FILE
     from plateauscope.training.run import read_jsonl
 
     run = Run(tiny_run)
-    steps = [run.steps[0], run.steps[len(run.steps) // 2], run.steps[-1]]
+    steps = run.steps
     path = copy_run(tiny_run, tmp_path / "tiny", steps=steps)
     folder = analysis_dir(path)
     base = AnalysisSettings(n_examples=16, ablation_groups=2)
-    analyze_run(path, n_exact=1, settings=base, progress=False)
-    assert [r["step"] for r in read_jsonl(folder / EDGES_FILE)] == steps
-    assert [r["step"] for r in read_jsonl(folder / PATTERNS_FILE)] == steps
-    exact = [r["step"] for r in read_jsonl(folder / EDGE_EXACT_FILE)]
-    assert exact == [r["step"] for r in read_jsonl(folder / PATCH_FILE)] and steps[-1] in exact
+
+    def steps_of(file: str) -> list[int]:
+        return [r["step"] for r in read_jsonl(folder / file)]
+
+    summary = analyze_run(path, n_exact=1, settings=base, progress=False)
+    assert steps_of(EDGES_FILE) == steps_of(PATTERNS_FILE) == steps
+    exact = steps_of(EDGE_EXACT_FILE)
+    assert exact == steps_of(PATCH_FILE) == steps_of(EDGE_CIRCUIT_FILE) == sorted(map(int, summary["plan"]["steps"]))
+    assert steps[-1] in exact
     before = {f.name: f.read_text() for f in folder.iterdir() if f.suffix == ".jsonl"}
     analyze_run(path, n_exact=1, settings=base, progress=False)
     assert {f.name: f.read_text() for f in folder.iterdir() if f.suffix == ".jsonl"} == before
     analyze_run(path, n_exact=1, settings=dataclasses.replace(base, edge_target=0.5), progress=False)
     after = {f.name: f.read_text() for f in folder.iterdir() if f.suffix == ".jsonl"}
-    assert {name for name in after if after[name] != before[name]} == {EDGES_FILE}
-    assert len(read_jsonl(folder / EDGES_FILE)) == 2 * len(steps)
+    assert {name for name in after if after[name] != before[name]} == {EDGE_CIRCUIT_FILE}
+    assert len(read_jsonl(folder / EDGE_CIRCUIT_FILE)) == 2 * len(exact)
+    analyze_run(path, n_exact=1, settings=base, progress=False, full=True)
+    assert sorted(set(steps_of(EDGE_CIRCUIT_FILE))) == steps
 
 
 def test_circuit_cache_follows_its_settings(tiny_run, tmp_path):

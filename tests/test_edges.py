@@ -263,7 +263,7 @@ def test_exact_edge_agreement_covers_a_random_sample_outside_the_top():
         assert effect == pytest.approx(float(patch_each_edge(runs, [edge]).effect[edge]), abs=1e-5)
     assert exact_edge_record(model, pairs, 4)["sample"]["edges"] == sample  # seeded
     # the summary reports the sample from tau/2 on only
-    edges = [{"step": 10, "graph": dataclasses.asdict(runs.graph), "circuit": None}]
+    edges = [{"step": 10, "graph": dataclasses.asdict(runs.graph)}]
     late, early = {"step": 60, **record}, {"step": 20, **record}
-    summary = edges_summary(edges, [early, late], tau=100)
+    summary = edges_summary(edges, [{"step": 10, "circuit": None}], [early, late], tau=100)
     assert summary["sample_agreement"]["steps"] == 1 and summary["sample_agreement"]["from_step"] == 50

@@ -389,6 +389,10 @@ def test_the_view_of_a_real_run_holds_its_analysis_files(ci_analysed, ci_view):
     cache = load_analysis(ci_analysed)
     assert data["steps"] == [r["step"] for r in cache["edges"]] == [r["step"] for r in cache["attention"]]
     assert data["edge_scores"] == [r["effect"] for r in cache["edges"]]
+    searched = {r["step"] for r in cache["edge_circuit"]}
+    assert [c is not None for c in data["circuit"]] == [
+        s in searched and bool(next(r for r in cache["edge_circuit"] if r["step"] == s)["circuit"]) for s in data["steps"]]
+    assert (f"searched at {len(searched)} of these" in data["caption"]) == (len(searched) < len(data["steps"]))
     assert path.stat().st_size < PAGE_LIMIT_BYTES
     assert data["markers"]["tau"] == cache["routing"]["tau"]
 
@@ -417,7 +421,7 @@ def test_the_view_of_a_real_run_in_chromium(chromium_binary, ci_analysed, ci_vie
         effect = next(r for r in cache["edges"] if r["step"] == step)["effect"]
         scores = sorted((e[0], float(e[3])) for e in got["edges"])
         np.testing.assert_allclose([s for _, s in scores], effect, rtol=1e-3, atol=1e-6)
-        circuit = next(r for r in cache["edges"] if r["step"] == step)["circuit"]
+        circuit = next((r for r in cache["edge_circuit"] if r["step"] == step), {}).get("circuit")
         assert {e[0] for e in got["edges"] if e[4]} == set(circuit["edges"] if circuit else [])
         attention = next(r for r in cache["attention"] if r["step"] == step)["to_z_first"]
         for layer, head, value in got["heatmaps"][0]:

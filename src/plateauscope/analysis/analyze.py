@@ -1,31 +1,38 @@
 """Run the analyses over a run's checkpoint series, with a cache, and summarise the routing head.
 
 The driver: it asks the run's task (``plateauscope.tasks``) for its cue and prompt pairs and knows no
-task itself. For each chosen checkpoint (lazily, one model in memory at a time):
+task itself. Each checkpoint is loaded lazily, one model in memory at a time. Two passes:
 
-* attention to the cue (``plateauscope.analysis.attention``) and attribution patching of head outputs and the
-  residual stream (``plateauscope.analysis.attribution``, the fast first-order mode) at every chosen step;
-* exact activation patching (``plateauscope.analysis.patch``) and zero / mean head ablation
-  (``plateauscope.analysis.ablate``) at a subset: evenly spaced steps plus those nearest the plateau start,
-  tau/2 and tau, and the last step;
-* the edges of the residual-stream graph (``plateauscope.analysis.edges``): attribution of every edge and the
-  smallest faithful circuit at every chosen step, exact patching of the strongest edges at the
-  subset (skip them with ``--no-edges``); and the attention patterns of a few examples (for the
-  time view, ``plateauscope.views.view``);
-* at the same subset, the concentration of the routing (``plateauscope.analysis.circuit``): each head's share
-  of the head-patching effect, ablation of sets of heads (mean by default), and patching of head
-  outputs at the cue positions and the prediction position (the z positions and the last ``<SEP>``).
+* the *cheap* pass, at every chosen step, a fixed few forwards and backwards each: attention to the
+  cue (``plateauscope.analysis.attention``), attribution patching of head outputs and the residual
+  stream (``plateauscope.analysis.attribution``), attribution of every edge of the residual-stream
+  graph (``plateauscope.analysis.edges``) and the attention patterns of a few examples (for the time
+  view, ``plateauscope.views.view``);
+* the *expensive* pass, at the landmarks that ``plateauscope.analysis.landmarks`` finds from the cheap
+  pass (plateau start and middle, each rule's t_form, tau, the last step, then steps where the cheap
+  signals change fastest, up to ``n_exact`` steps in all; then, by bisection, the steps that narrow
+  t_form by patch share, which reads the exact records, to neighbouring analysed steps): exact activation patching (``plateauscope.analysis.patch``),
+  zero / mean head ablation (``plateauscope.analysis.ablate``), the concentration of the routing
+  (``plateauscope.analysis.circuit``: each head's share of the head-patching effect, ablation of sets
+  of heads, patching at the cue positions and the prediction position), exact patching of the
+  strongest edges and the smallest faithful edge circuit.
+
+``full=True`` (``--full``) is the exhaustive plan instead: the faithful edge circuit at every chosen
+step, and the rest of the expensive pass at ``n_exact`` evenly spaced steps plus those nearest the
+plateau start, tau/2 and tau, and the last step. Skip the edge analyses with ``--no-edges``.
 
 Results go to ``RUN/analysis/`` as one JSON-lines file per analysis (``plateauscope.analysis.results``); each
 record stores the settings it was made with (:class:`AnalysisSettings`), and a second call only
-computes the steps that have no record with the same settings. Where exact and attribution patching both ran, their
-agreement (Spearman rank correlation, max error) is reported, so the fast mode can be trusted,
-or not, with numbers. ``routing.json`` (``plateauscope.analysis.summary``) holds the routing head, t_form, tau
-and the lead fraction (``plateauscope.analysis.formation``), t_form and the lead by each of the three rules
-(``t_form_rules``) and the circuit verdict (``circuit``: ``single head`` / ``conjunctive`` / ``redundant`` /
-``unresolved`` / ``none``).
+computes the steps that have no record with the same settings (both plans share the cache). Where
+exact and attribution patching both ran, their agreement (Spearman rank correlation, max error) is
+reported, so the fast mode can be trusted, or not, with numbers. ``routing.json``
+(``plateauscope.analysis.summary``) holds the routing head, t_form, tau and the lead fraction
+(``plateauscope.analysis.formation``), t_form and the lead by each of the three rules
+(``t_form_rules``), the circuit verdict (``circuit``: ``single head`` / ``conjunctive`` /
+``redundant`` / ``unresolved`` / ``none``) and the plan (``plan``: which steps got the expensive
+pass, and why).
 
-    plateauscope analyze --run checkpoints/demo [--every N | --steps 0 100 200] [--n-exact 12]
+    plateauscope analyze --run checkpoints/demo [--every N | --steps 0 100 200] [--n-exact 12] [--full]
 """
 
 from __future__ import annotations
@@ -51,17 +58,20 @@ from plateauscope.analysis.edges import (
     CIRCUIT_PAIRS,
     EDGE_RECORD_VERSION,
     FAITHFULNESS_TARGET,
+    edge_circuit_record,
     edge_record,
     edges_summary,
     exact_edge_record,
 )
 from plateauscope.analysis.inputs import prompt_pairs
+from plateauscope.analysis.landmarks import landmark_steps
 from plateauscope.analysis.patch import patch
 from plateauscope.analysis.results import (
     ABLATION_FILE,
     ATTENTION_FILE,
     ATTRIBUTION_FILE,
     CIRCUIT_FILE,
+    EDGE_CIRCUIT_FILE,
     EDGE_EXACT_FILE,
     EDGES_FILE,
     LEGACY_ROUTING_FILE,
@@ -85,11 +95,18 @@ from plateauscope.training.run import Run, RunError
 log = logging.getLogger(__name__)
 
 CACHE_FILES = {"attention": ATTENTION_FILE, "attribution": ATTRIBUTION_FILE, "patch": PATCH_FILE,
-               "circuit": CIRCUIT_FILE, "ablation": ABLATION_FILE, "edges": EDGES_FILE, "edge_exact": EDGE_EXACT_FILE,
-               "patterns": PATTERNS_FILE}
+               "circuit": CIRCUIT_FILE, "ablation": ABLATION_FILE, "edges": EDGES_FILE,
+               "edge_circuit": EDGE_CIRCUIT_FILE, "edge_exact": EDGE_EXACT_FILE, "patterns": PATTERNS_FILE}
 """The per-step caches of :func:`analyze_run`, by analysis name, in the order a step computes them
-(the circuit reuses the head patching; the head ablation of the circuit's kind reuses its set ablations)."""
-EDGE_ANALYSES = ("edges", "edge_exact")
+(the circuit reuses the head patching; the head ablation of the circuit's kind reuses its set
+ablations; the edge circuit and exact edges reuse the edge attribution)."""
+CHEAP = ("attention", "attribution", "edges", "patterns")
+"""The cheap pass: a fixed few forwards and backwards per checkpoint, at every chosen step."""
+EXPENSIVE = ("patch", "circuit", "ablation", "edge_circuit", "edge_exact")
+"""The expensive pass: at the landmarks (adaptive) or at the exact steps (``full``)."""
+EDGE_ANALYSES = ("edges", "edge_circuit", "edge_exact")
+MAX_BISECTIONS = 10
+"""Most expensive steps the adaptive plan adds to narrow t_form by patch share (2^10 analysed steps apart)."""
 """The analyses ``--no-edges`` skips (they need the TransformerLens 3.x backend)."""
 ABLATION_KINDS = ("zero", "mean")
 
@@ -134,10 +151,12 @@ class AnalysisSettings:
         keys = {"attention": ("n_examples", "seed"), "attribution": ("n_examples", "seed", "patch_targets"),
                 "patch": ("n_examples", "seed", "patch_targets"), "ablation": ("ablation_groups", "seed"),
                 "circuit": ("n_examples", "seed", "ablation_groups", "circuit_ablation"),
-                "edges": ("n_examples", "seed", "edge_target", "circuit_pairs"), "edge_exact": ("n_examples", "seed", "n_exact_edges"),
+                "edges": ("n_examples", "seed"), "edge_circuit": ("n_examples", "seed", "edge_target", "circuit_pairs"),
+                "edge_exact": ("n_examples", "seed", "n_exact_edges"),
                 "patterns": ("pattern_examples", "seed")}[name]
         key = {k: v for k, v in self.to_dict().items() if k in keys}
-        version = {"circuit": RECORD_VERSION, "edges": EDGE_RECORD_VERSION, "edge_exact": EDGE_RECORD_VERSION}.get(name)
+        version = {"circuit": RECORD_VERSION, "edges": EDGE_RECORD_VERSION, "edge_circuit": EDGE_RECORD_VERSION,
+                   "edge_exact": EDGE_RECORD_VERSION}.get(name)
         return {**key, "record": version} if version else key
 
 
@@ -176,11 +195,14 @@ def exact_steps(steps: list[int], n: int, landmarks: list[int]) -> list[int]:
 
 def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int = 1, n_exact: int = 12,
                 settings: AnalysisSettings | None = None, device: str = "cpu",
-                progress: bool = True, backend: str | None = None, edges: bool = True) -> dict[str, Any]:
+                progress: bool = True, backend: str | None = None, edges: bool = True,
+                full: bool = False) -> dict[str, Any]:
     """Analyse the chosen checkpoints (only what the cache lacks for these settings); return the summary.
     ``backend``: hooked or bridge (None: the installed TransformerLens); not a setting (both give the
     same numbers, so the cache is shared). ``edges``: also the edge analyses (hooked backend only;
-    on the bridge they are skipped, and said so in the log)."""
+    on the bridge they are skipped, and said so in the log). ``n_exact``: the budget of the expensive
+    pass (adaptive: the landmarks, then fast-change steps up to ``n_exact`` in all; ``full``: ``n_exact``
+    evenly spaced steps, plus the landmarks; module docstring)."""
     settings = settings or AnalysisSettings()
     run = Run(run_dir)
     task = run.task()
@@ -195,29 +217,25 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
                  "them as they were at its step", run.path)
     records = run.metrics()
     tau = compute_tau(records, run.progress)
+    tau_lo = max((r["step"] for r in records if tau is not None and r["step"] < tau), default=None)
     summary = run.summary or {}
-    plateau_start = (summary.get("plateau_span") or [chosen[0]])[0]
-    landmarks = [plateau_start] + ([tau // 2, tau] if tau else [])
-    exact = set(exact_steps(chosen, n_exact, landmarks))
+    plateau_span = summary.get("plateau_span")
+    plateau_start = (plateau_span or [chosen[0]])[0]
+    skip_edges = not edges or resolve_backend(backend) != "hooked"
+    if edges and skip_edges:
+        log.info("%s: the edge analyses need the hooked backend (TransformerLens 3.x): skipped", run.path)
 
     folder = analysis_dir(run.path)
-    cache = load_analysis(run.path, settings)
-    done = {name: {r["step"] for r in cache[name]} for name in CACHE_FILES}
-    wanted = {"attention": set(chosen), "attribution": set(chosen), "patch": exact, "ablation": exact,
-              "circuit": exact, "edges": set(chosen), "edge_exact": exact, "patterns": set(chosen)}
-    if edges and resolve_backend(backend) != "hooked":
-        log.info("%s: the edge analyses need the hooked backend (TransformerLens 3.x): skipped", run.path)
-    if not edges or resolve_backend(backend) != "hooked":
-        wanted.update({name: set() for name in EDGE_ANALYSES})
-    todo = sorted(s for name in CACHE_FILES for s in wanted[name] - done[name])
     pairs = prompt_pairs(task, settings.n_examples, settings.seed)
     targets = settings.patch_targets
 
-    cached_heads = {r["step"]: r["heads"] for r in cache["patch"] if "heads" in r}
-    cached_sets = {r["step"]: r["ablation"] for r in cache["circuit"]}
-    cached_effects = {r["step"]: r["effect"] for r in cache["edges"]}
+    def cached(name: str) -> dict[int, dict[str, Any]]:
+        return {r["step"]: r for r in load_records(folder / CACHE_FILES[name], settings.for_cache(name))}
 
     def compute(name: str, step: int, model: torch.nn.Module, fresh: dict[str, Any]) -> dict[str, Any]:
+        def earlier(source: str) -> dict[str, Any] | None:  # this step's record of an analysis computed before
+            return fresh.get(source) or cached(source).get(step)
+
         if name == "attention":
             return attention_to_z(model, task, settings.n_examples, settings.seed).to_dict()
         if name == "attribution":
@@ -226,31 +244,68 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
         if name == "patch":
             return {t: patch(model, pairs, t).to_dict() for t in targets}
         if name == "edges":
-            return edge_record(model, pairs, settings.edge_target, settings.circuit_pairs)
+            return edge_record(model, pairs)
+        if name == "edge_circuit":
+            return edge_circuit_record(model, pairs, (earlier("edges") or {}).get("effect"),
+                                       settings.edge_target, settings.circuit_pairs)
         if name == "edge_exact":
-            effect = (fresh.get("edges") or {}).get("effect") or cached_effects.get(step)
-            return exact_edge_record(model, pairs, settings.n_exact_edges, effect)
+            return exact_edge_record(model, pairs, settings.n_exact_edges, (earlier("edges") or {}).get("effect"))
         if name == "patterns":
             return pattern_record(model, task, settings.pattern_examples, settings.seed)
         if name == "circuit":
-            heads = (fresh.get("patch") or {}).get("heads") or cached_heads.get(step)
             return circuit_record(model, task, pairs, settings.circuit_ablation, settings.ablation_groups,
-                                  settings.seed, heads)
-        sets = (fresh.get("circuit") or {}).get("ablation") or cached_sets.get(step)
+                                  settings.seed, (earlier("patch") or {}).get("heads"))
+        sets = (earlier("circuit") or {}).get("ablation")
         return {k: (each_head_ablation(sets) if sets and sets["kind"] == k else
                     ablate_each_head(model, task, k, settings.ablation_groups, settings.seed)).to_dict()
                 for k in ABLATION_KINDS}
 
-    for step in tqdm(sorted(set(todo)), desc=f"analyse {run.path.name}", disable=not progress, dynamic_ncols=True):
-        model = run.model(step, device, backend)
-        fresh: dict[str, Any] = {}
-        for name, file in CACHE_FILES.items():
-            if step in wanted[name] and step not in done[name]:
-                fresh[name] = compute(name, step, model, fresh)
-                append_records(folder / file, [{"step": step, "settings": settings.for_cache(name), **fresh[name]}])
+    def run_pass(wanted: dict[str, set[int]], desc: str) -> None:
+        # each step's missing analyses, in CACHE_FILES order, with its model loaded once
+        if skip_edges:
+            wanted = {name: set() if name in EDGE_ANALYSES else todo for name, todo in wanted.items()}
+        done = {name: set(cached(name)) for name in wanted}
+        todo = sorted({s for name in wanted for s in wanted[name] - done[name]})
+        for step in tqdm(todo, desc=desc, disable=not progress, dynamic_ncols=True):
+            model = run.model(step, device, backend)
+            fresh: dict[str, Any] = {}
+            for name in CACHE_FILES:
+                if step in wanted.get(name, ()) and step not in done[name]:
+                    fresh[name] = compute(name, step, model, fresh)
+                    append_records(folder / CACHE_FILES[name],
+                                   [{"step": step, "settings": settings.for_cache(name), **fresh[name]}])
+
+    if full:
+        landmarks = [plateau_start] + ([tau // 2, tau] if tau else [])
+        exact = set(exact_steps(chosen, n_exact, landmarks))
+        plan = {"mode": "full", "steps": {str(s): ["exact step"] for s in sorted(exact)}}
+        run_pass({**{name: set(chosen) for name in CHEAP}, **{name: exact for name in EXPENSIVE},
+                  "edge_circuit": set(chosen)}, f"analyse {run.path.name}")
+    else:
+        run_pass({name: set(chosen) for name in CHEAP}, f"analyse {run.path.name} (cheap pass)")
+        cache = load_analysis(run.path, settings)
+        rules_start = max(plateau_start, run.config.train.hide_cue_until or 0)
+        picked = landmark_steps(chosen, cache["attention"], cache["attribution"], records, run.progress.key,
+                                run.progress.cue_effect_key, run.progress.height, tau, tau_lo, plateau_span,
+                                rules_start, n_exact)
+        run_pass({name: set(picked) for name in EXPENSIVE}, f"analyse {run.path.name} (landmarks)")
+        # The patch-share rule reads the exact records, which exist at the landmarks only: bisect its
+        # bracket over the analysed steps until they are neighbours, so that t_form by that rule has the
+        # checkpoints' resolution (a few steps more; the cheap stand-in can be far off).
+        for _ in range(MAX_BISECTIONS):
+            cache = load_analysis(run.path, settings)
+            bracket = summarize(run, cache, tau, records, settings.smooth)["t_form_rules"]["patch_share"]["t_form_bracket"]
+            inner = [s for s in chosen if bracket and bracket[0] < s < bracket[1]]
+            if not inner:
+                break
+            middle = inner[len(inner) // 2]
+            picked.setdefault(middle, []).append("bisecting t_form by patch_share")
+            run_pass({name: {middle} for name in EXPENSIVE}, f"analyse {run.path.name} (step {middle})")
+        plan = {"mode": "adaptive", "steps": {str(s): why for s, why in sorted(picked.items())}}
     cache = load_analysis(run.path, settings)
     result = {**summarize(run, cache, tau, records, settings.smooth),
-              "edges": edges_summary(cache["edges"], cache["edge_exact"], tau=tau), "settings": settings.to_dict()}
+              "edges": edges_summary(cache["edges"], cache["edge_circuit"], cache["edge_exact"], tau=tau),
+              "plan": plan, "settings": settings.to_dict()}
     write_json_result(folder / ROUTING_FILE, result)
     (folder / LEGACY_ROUTING_FILE).unlink(missing_ok=True)  # an older analysis's summary, now replaced
     return result

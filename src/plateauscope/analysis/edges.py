@@ -396,10 +396,11 @@ class Circuit:
                 "evaluated": {str(k): v for k, v in sorted(self.evaluated.items())}}
 
 
-EDGE_RECORD_VERSION = 2
-"""Version of the edge and exact-edge records (2: the faithful circuit's search scans every k below
-its first hit, and exact patching also checks a random sample outside the top edges); part of their
-cache keys, so that older records are recomputed."""
+EDGE_RECORD_VERSION = 3
+"""Version of the edge records (2: the faithful circuit's search scans every k below its first hit,
+and exact patching also checks a random sample outside the top edges; 3: the faithful circuit has
+its own cache, apart from the attribution); part of their cache keys, so that older records are
+recomputed."""
 MONOTONE_TOL = 1e-3
 """A fall of the faithfulness curve smaller than this counts as noise, not as non-monotone."""
 SCAN_BATCH = 64
@@ -481,18 +482,32 @@ def stable_from(steps: list[int], circuits: list[list[int] | None], min_jaccard:
     return out
 
 
-def edge_record(model: Model, pairs: PromptPairs, target: float = FAITHFULNESS_TARGET,
-                circuit_pairs: int = CIRCUIT_PAIRS) -> dict[str, Any]:
-    """One checkpoint's cached edge analysis: the graph's shape, the clean and corrupted metrics,
-    every edge's attribution effect (logits) on ``pairs``, and the faithful circuit (None when
-    undefined) of that ranking, its faithfulness measured on the first ``circuit_pairs`` pairs."""
+def edge_record(model: Model, pairs: PromptPairs) -> dict[str, Any]:
+    """One checkpoint's cached edge attribution: the graph's shape, the clean and corrupted metrics
+    and every edge's attribution effect (logits) on ``pairs``. One clean forward and one corrupted
+    forward and backward: the cheap pass runs it at every analysed step."""
     runs = EdgeRuns.of(model, pairs)
     scores = edge_attribution(runs)
-    circuit = faithful_circuit(runs, scores, target, circuit_pairs)
     g = runs.graph
     return {"graph": {"n_layers": g.n_layers, "n_heads": g.n_heads, "has_mlp": g.has_mlp},
-            "clean": runs.clean, "corrupt": runs.corrupt, "effect": [round(x, 6) for x in scores.effect.tolist()],
-            "circuit": circuit.to_dict() if circuit else None}
+            "clean": runs.clean, "corrupt": runs.corrupt, "effect": [round(x, 6) for x in scores.effect.tolist()]}
+
+
+def _scores(runs: EdgeRuns, effect: list[float] | None) -> EdgeScores:
+    """Edge attribution on ``runs``: ``effect`` when already computed on these pairs, else computed."""
+    if effect is None:
+        return edge_attribution(runs)
+    return EdgeScores(torch.tensor(effect), runs.normalise(torch.tensor(effect)), "attribution")
+
+
+def edge_circuit_record(model: Model, pairs: PromptPairs, effect: list[float] | None = None,
+                        target: float = FAITHFULNESS_TARGET, circuit_pairs: int = CIRCUIT_PAIRS) -> dict[str, Any]:
+    """One checkpoint's faithful circuit (None when undefined) of the ranking by ``effect`` (an
+    :func:`edge_record`'s attribution on these pairs; None: computed), its faithfulness measured on
+    the first ``circuit_pairs`` pairs. Many patched forwards: the expensive pass runs it."""
+    runs = EdgeRuns.of(model, pairs)
+    circuit = faithful_circuit(runs, _scores(runs, effect), target, circuit_pairs)
+    return {"circuit": circuit.to_dict() if circuit else None}
 
 
 def exact_edge_record(model: Model, pairs: PromptPairs, n: int, effect: list[float] | None = None) -> dict[str, Any]:
@@ -500,11 +515,7 @@ def exact_edge_record(model: Model, pairs: PromptPairs, n: int, effect: list[flo
     strongest edges (:func:`agreement_top`); ``effect``: the attribution already computed on these
     pairs (an :func:`edge_record`'s), else it is computed."""
     runs = EdgeRuns.of(model, pairs)
-    if effect is None:
-        scores = edge_attribution(runs)
-    else:
-        scores = EdgeScores(torch.tensor(effect), runs.normalise(torch.tensor(effect)), "attribution")
-    return agreement_top(runs, scores, n)
+    return agreement_top(runs, _scores(runs, effect), n)
 
 
 def graph_of_record(record: dict[str, Any]) -> EdgeGraph:
@@ -512,25 +523,28 @@ def graph_of_record(record: dict[str, Any]) -> EdgeGraph:
     return EdgeGraph(**record["graph"])
 
 
-def edges_summary(records: list[dict[str, Any]], exact: list[dict[str, Any]], top: int = 5,
-                  tau: int | None = None) -> dict[str, Any] | None:
-    """The circuit over time from cached edge records: its size and faithfulness at the last step,
-    its strongest edges by name, the step from which it is stable (:func:`stable_from`), and the
-    agreement of attribution with exact patching over the exact steps: on the top edges at every
-    step, and on a random sample of the others from tau/2 on (on the plateau the clean-corrupted gap
-    is under 0.01 logits and the ranks are noise)."""
+def edges_summary(records: list[dict[str, Any]], circuit_records: list[dict[str, Any]], exact: list[dict[str, Any]],
+                  top: int = 5, tau: int | None = None) -> dict[str, Any] | None:
+    """The circuit over time from cached edge records (:func:`edge_record`) and the faithful circuits
+    searched (:func:`edge_circuit_record`, at every analysed step or at the landmarks only): its size
+    and faithfulness at the last searched step, its strongest edges by name, the step from which it is
+    stable over the searched steps (:func:`stable_from`), and the agreement of attribution with exact
+    patching over the exact steps: on the top edges at every step, and on a random sample of the
+    others from tau/2 on (on the plateau the clean-corrupted gap is under 0.01 logits and the ranks
+    are noise)."""
     if not records:
         return None
     late = [a["sample"] for a in exact if a.get("sample") and tau is not None and a["step"] >= tau / 2]
     rho_late = [a["spearman"] for a in late if a.get("spearman") is not None]
     names = graph_of_record(records[-1]).edge_names()
-    steps = [r["step"] for r in records]
-    circuits = [r["circuit"]["edges"] if r.get("circuit") else None for r in records]
-    last = records[-1].get("circuit")
+    steps = [r["step"] for r in circuit_records]
+    circuits = [r["circuit"]["edges"] if r.get("circuit") else None for r in circuit_records]
+    last = circuit_records[-1].get("circuit") if circuit_records else None
     rho = [a["spearman"] for a in exact if a.get("spearman") is not None]
     return {
         "n_edges": len(names),
-        "final_step": steps[-1],
+        "final_step": steps[-1] if steps else None,
+        "searched_steps": len(steps),
         "final_circuit": None if not last else {
             "size": last["size"], "faithfulness": last["faithfulness"], "target": last["target"],
             "monotone": last.get("monotone"),  # None: an older record, searched by bisection

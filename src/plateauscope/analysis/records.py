@@ -95,8 +95,9 @@ class EdgesAtStep:
     """One attribution score per edge, in the graph's edge order."""
     clean_metric: float
     corrupt_metric: float
-    circuit_edges: list[Any]
-    """The smallest set of edges that recovers the target fraction of the metric."""
+    circuit_edges: list[Any] | None
+    """The smallest set of edges that recovers the target fraction of the metric (None where the
+    circuit was not searched: the adaptive analysis searches it at the landmarks only)."""
     faithfulness: float | None
     """The fraction of the metric that ``circuit_edges`` recover."""
 
@@ -191,8 +192,10 @@ def _circuit(r: dict[str, Any]) -> CircuitAtStep:
                          shares["top_share"], [tuple(h) for h in shares["heads_for_80"]], r)
 
 
-def _edges(r: dict[str, Any]) -> EdgesAtStep:
-    circuit = r.get("circuit") or {}
+def _edges(r: dict[str, Any], searched: dict[int, dict[str, Any]]) -> EdgesAtStep:
+    if r["step"] not in searched:
+        return EdgesAtStep(r["step"], _array(r["effect"]), r["clean"], r["corrupt"], None, None)
+    circuit = searched[r["step"]].get("circuit") or {}
     return EdgesAtStep(r["step"], _array(r["effect"]), r["clean"], r["corrupt"], list(circuit.get("edges", [])),
                        circuit.get("faithfulness"))
 
@@ -219,6 +222,6 @@ def read_analysis(run_dir: str | Path, settings: AnalysisSettings | None = None)
         attribution=[_patching(r) for r in raw["attribution"]],
         ablation=[_ablation(r) for r in raw["ablation"]],
         circuit=[_circuit(r) for r in raw["circuit"]],
-        edges=[_edges(r) for r in raw["edges"]],
+        edges=[_edges(r, {c["step"]: c for c in raw["edge_circuit"]}) for r in raw["edges"]],
         summary=_summary(raw["routing"]) if raw["routing"] else None,
     )

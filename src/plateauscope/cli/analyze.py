@@ -21,7 +21,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, type=Path, help="run directory")
     p.add_argument("--every", type=int, default=1, help="analyse every N-th checkpoint (default 1: all)")
     p.add_argument("--steps", type=int, nargs="+", help="analyse exactly these steps")
-    p.add_argument("--n-exact", type=int, default=12, help="checkpoints that also get exact patching and ablation")
+    p.add_argument("--n-exact", type=int, default=12,
+                   help="budget of the expensive pass (exact patching, ablation, the circuits): the landmarks, then "
+                        "the steps where the cheap signals change fastest, up to this many in all (default 12)")
+    p.add_argument("--full", action="store_true",
+                   help="the exhaustive plan: the faithful edge circuit at every analysed step, and the rest of the "
+                        "expensive pass at --n-exact evenly spaced steps plus the landmarks")
     p.add_argument("--n-examples", type=int, default=256, help="prompt pairs / examples per analysis")
     p.add_argument("--ablation-groups", type=int, default=8, help="eval groups scored per ablation")
     p.add_argument("--seed", type=int, default=0, help="seed of the example samples (default 0)")
@@ -48,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     def body(args: argparse.Namespace) -> None:
         if args.every < 1:
             raise CliError(f"--every must be at least 1, got {args.every}")
+        if args.n_exact < 0:
+            raise CliError(f"--n-exact must be at least 0, got {args.n_exact}")
         if args.smooth < 1:
             raise CliError(f"--smooth must be at least 1, got {args.smooth}")
         if not 0 < args.edge_target <= 1:
@@ -61,7 +68,8 @@ def main(argv: list[str] | None = None) -> int:
                                     edge_target=args.edge_target, circuit_pairs=args.circuit_pairs,
                                     n_exact_edges=args.n_exact_edges)
         result = analyze_run(args.run, args.steps, args.every, args.n_exact, settings, args.device,
-                             progress=not args.no_progress, backend=args.backend, edges=not args.no_edges)
+                             progress=not args.no_progress, backend=args.backend, edges=not args.no_edges,
+                             full=args.full)
         print(format_summary(result, Run(args.run).progress))
         print(f"results in {analysis_dir(args.run)}")
 

@@ -7,7 +7,7 @@ ablation, patterns) and ``metrics.jsonl`` and returns the dict that
 * the steps: every step with an edge record;
 * the edge graph and each edge's attribution effect in logits of the task's metric (not
   normalised: during the plateau the clean-corrupted gap is near 0 and a share of it is noise;
-  in logits the circuit visibly grows), and the faithful circuit at each step;
+  in logits the circuit visibly grows), and the faithful circuit at each step it was searched at;
 * heatmaps (layers x heads): attention to the cue, the attribution effect of head outputs in
   logits, and the progress measure with the head mean-ablated (only at the exact steps);
 * the attention patterns of a few examples, as cached (uint8, base64);
@@ -69,7 +69,8 @@ def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None
     curve_keys = [k for i, k in enumerate(curve_keys) if k not in curve_keys[:i] and any(k in r for r in records)]
     labels = {progress.key: progress.label, progress.cue_effect_key: progress.cue_label, "set_loss": "set loss",
               "loss": "training loss"}
-    summary = edges_summary(edges, cache["edge_exact"])
+    summary = edges_summary(edges, cache["edge_circuit"], cache["edge_exact"])
+    searched = {r["step"]: r.get("circuit") for r in cache["edge_circuit"]}
     return {
         "title": f"{run.path.name}: the circuit over training",
         "caption": caption(summary, sel.get("t_form"), sel.get("tau"), len(steps)),
@@ -79,7 +80,7 @@ def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None
         "nodes": graph.nodes(),
         "edges": graph.edge_names(),
         "edge_scores": [r["effect"] for r in edges],
-        "circuit": [r["circuit"]["edges"] if r.get("circuit") else None for r in edges],
+        "circuit": [searched[s]["edges"] if searched.get(s) else None for s in steps],
         "heatmaps": [h for h in heatmaps if any(v is not None for v in h["values"])],
         "patterns": {"examples": patterns[-1]["tokens"] if patterns else [],
                      "values": _by_step(patterns, steps, lambda r: r["values"])},
@@ -97,6 +98,9 @@ def caption(summary: dict[str, Any] | None, t_form: int | None, tau: int | None,
             "(logits), on one scale over all steps; blue raises the clean answer, red lowers it. Highlighted: the "
             "faithful circuit, the fewest top edges that recover the target share of the metric when every "
             "other edge is patched to the corrupted run.")
+    searched = (summary or {}).get("searched_steps")
+    if searched is not None and searched < n_steps:
+        text += f" The circuit was searched at {searched} of these checkpoints, the landmarks of the adaptive analysis."
     last = (summary or {}).get("final_circuit")
     if last:
         text += (f" At step {summary['final_step']}, {last['size']} of {summary['n_edges']} edges recover "
