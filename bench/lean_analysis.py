@@ -143,10 +143,11 @@ def main(argv: list[str] | None = None) -> int:
     met = share <= TARGET_SHARE
     print(f"(analyse + report + view) / train: adaptive {share:.3f} (target <= {TARGET_SHARE}: "
           f"{'met' if met else 'NOT met'}), full {share_full:.3f}")
+    measure = f"{on}: (analyse + report + view) / training, adaptive"
     rows = [row(f"{on}: training", t_train, "s"), row(f"{on}: analyse, adaptive", t_adaptive, "s"),
             row(f"{on}: analyse, full", t_full, "s"), row(f"{on}: report + view", t_report + t_view, "s"),
-            (against if args.preset == "demo" else lambda m, v, u, *_: row(m, v, u))(
-                f"{on}: (analyse + report + view) / training, adaptive", share, "", "<=", TARGET_SHARE),
+            # the target is the demo's; another preset's share is printed without one
+            against(measure, share, "", "<=", TARGET_SHARE) if args.preset == "demo" else row(measure, share, ""),
             row(f"{on}: (analyse + report + view) / training, full", share_full, "")]
     print("\nfindings under both plans:")
     for name, same, detail in compare(adaptive, full, caches):

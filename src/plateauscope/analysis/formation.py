@@ -71,6 +71,18 @@ def formation_step(steps: list[int], values: list[float], start_step: int = 0) -
     return out
 
 
+def rule_follower(attention: list[dict[str, Any]], rule: str, start_step: int = 0
+                  ) -> tuple[tuple[int, int], dict[str, Any]]:
+    """The head that follows a task's named attention ``rule`` most at the last of the ``attention``
+    records (the first such head on a tie), and when it formed (:func:`formation_step` on its series)."""
+    final = attention[-1]["rules"][rule]
+    n_heads = len(final[0])
+    best = max(range(len(final) * n_heads), key=lambda i: final[i // n_heads][i % n_heads])
+    layer, head = best // n_heads, best % n_heads
+    values = [r["rules"][rule][layer][head] for r in attention]
+    return (layer, head), formation_step([r["step"] for r in attention], values, start_step)
+
+
 def lead_fraction(tau: int | None, tau_lo: int | None, t_form: int | None, t_lo: int | None) -> dict[str, Any]:
     """(tau - t_form) / tau with its bracket over tau in (tau_lo, tau] and t_form in (t_lo, t_form]."""
     if tau is None or t_form is None or tau <= 0:

@@ -32,6 +32,7 @@ import numpy as np
 
 from plateauscope.analysis import formation
 
+
 def _nearest(steps: list[int], target: int) -> int:
     return min(steps, key=lambda s: (abs(s - target), s))
 
@@ -45,9 +46,10 @@ def attribution_shares(record: dict[str, Any], layer: int, head: int) -> tuple[f
 
 
 def cheap_signals(attention: list[dict[str, Any]], attribution: list[dict[str, Any]]
-                  ) -> tuple[tuple[int, int], list[int], dict[str, list[float]]]:
-    """The routing head from the cheap records, the steps both hold, and its cheap series: attention to
-    the cue, attribution share (gated as the patch-share rule gates it) and the summed positive attribution."""
+                  ) -> tuple[list[int], dict[str, list[float]]]:
+    """The steps both cheap caches hold, and the cheap series of the routing head chosen from them:
+    attention to the cue, attribution share (gated as the patch-share rule gates it) and the summed
+    positive attribution."""
     by_step = {r["step"]: r for r in attribution}
     attn = [r for r in attention if r["step"] in by_step]
     if not attn:
@@ -55,7 +57,7 @@ def cheap_signals(attention: list[dict[str, Any]], attribution: list[dict[str, A
     (layer, head), _ = formation.pick_routing_head(attn[-1]["to_z_first"], by_step[attn[-1]["step"]]["heads"]["normalised"])
     steps = [r["step"] for r in attn]
     shares, totals = zip(*(attribution_shares(by_step[s], layer, head) for s in steps))
-    return (layer, head), steps, {
+    return steps, {
         "attention": [r["to_z_first"][layer][head] for r in attn],
         "share": formation.gated_shares(list(shares), list(totals)),
         "total": list(totals)}
@@ -101,7 +103,7 @@ def landmark_steps(steps: list[int], attention: list[dict[str, Any]], attributio
     add(tau // 2 if tau else None, "tau/2")
     add(steps[-1], "last step")
 
-    _, cheap_steps, cheap = cheap_signals(attention, attribution)
+    cheap_steps, cheap = cheap_signals(attention, attribution)
     eval_steps = [r["step"] for r in records if r.get(cue_key) is not None] if cue_key else []
     rules = formation.t_form_rules(
         tau, tau_lo, rules_start, height, (cheap_steps, cheap["attention"]), (cheap_steps, cheap["share"]),
@@ -111,10 +113,7 @@ def landmark_steps(steps: list[int], attention: list[dict[str, Any]], attributio
             add(rule["t_form"], f"t_form by {name} (cheap)")
             add(rule["t_form_bracket"][0], f"before t_form by {name} (cheap)")
     for name in attention[-1].get("rules") or {}:
-        final = np.asarray(attention[-1]["rules"][name], dtype=float)
-        at = np.unravel_index(int(np.argmax(final)), final.shape)
-        form = formation.formation_step([r["step"] for r in attention],
-                                        [r["rules"][name][at[0]][at[1]] for r in attention], rules_start)
+        _, form = formation.rule_follower(attention, name, rules_start)
         if form["t_form"] is not None:
             add(form["t_form"], f"t_form of the {name} head")
             add(form["t_form_bracket"][0], f"before t_form of the {name} head")

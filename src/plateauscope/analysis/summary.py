@@ -78,12 +78,7 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
 
     def rule_head(name: str) -> dict[str, Any]:
         # the head that follows a named attention rule most at the end, and when it formed
-        final = attn[-1]["rules"][name]
-        n_heads = len(final[0])
-        best = max(range(len(final) * n_heads), key=lambda i: final[i // n_heads][i % n_heads])
-        at = (best // n_heads, best % n_heads)
-        values = [r["rules"][name][at[0]][at[1]] for r in attn]
-        formed = formation.formation_step(steps, values, rules_start)
+        at, formed = formation.rule_follower(attn, name, rules_start)
         lo = formed["t_form_bracket"][0] if formed["t_form_bracket"] else None
         return {"head": list(at), "label": f"L{at[0]}H{at[1]}",
                 **formed, **formation.lead_fraction(tau, tau_lo, formed["t_form"], lo)}
