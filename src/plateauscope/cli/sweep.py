@@ -15,7 +15,7 @@ from plateauscope.sweeps.catalogue import SWEEPS, get_sweep
 from plateauscope.sweeps.executors import run_sweep
 from plateauscope.sweeps.spec import EXECUTORS, SweepSpec, expand, is_complete
 from plateauscope.training import run as rd
-from plateauscope.training.config import ConfigError
+from plateauscope.training.config import CHECKPOINT_POLICIES, ConfigError
 from plateauscope.training.presets import get_preset
 
 
@@ -54,6 +54,8 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
         if len(values) != 1:
             raise ConfigError(f"--set {s!r}: one value only (use --grid for several)")
         extra[key] = values[0]
+    if args.checkpoints:
+        extra["checkpoints"] = args.checkpoints
     if extra:
         spec = SweepSpec(spec.name, spec.base, spec.grids, {**spec.fixed, **extra}, spec.description, spec.cost)
     return spec
@@ -74,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--executor", default="local", choices=EXECUTORS, help="where the runs train (default local)")
     p.add_argument("--workers", type=int, help="parallel jobs (default: the cores; slurm: array parallelism)")
     p.add_argument("--threads", type=int, help="torch threads per job (default: cores // workers)")
+    p.add_argument("--checkpoints", choices=CHECKPOINT_POLICIES,
+                   help="which checkpoints every run keeps (train --checkpoints): dense or adaptive")
     p.add_argument("--ensemble", action="store_true",
                    help="train the seeds of each configuration as one vectorised model")
     p.add_argument("--device", default="cpu", help="cpu, cuda or auto (default cpu)")

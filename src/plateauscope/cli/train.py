@@ -11,7 +11,7 @@ from pathlib import Path
 from plateauscope.backend import BACKENDS, BackendError
 from plateauscope.tasks.loading import BUILTIN_TASKS, task_class
 from plateauscope.training import run as rd
-from plateauscope.training.config import FORWARDS, TRANSPLANTS, ConfigError, RunConfig
+from plateauscope.training.config import CHECKPOINT_POLICIES, FORWARDS, TRANSPLANTS, ConfigError, RunConfig
 from plateauscope.training.presets import PRESETS, get_preset, task_defaults
 from plateauscope.training.train import OneLineParser, _fmt, default_run_name, train
 
@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "parameters, 1.5x faster), trimmed (fused, the last block only at the loss positions: "
                         "1.15-1.4x faster again) or hooked (HookedTransformer's own forward). Evaluation and "
                         "checkpoints are the same in all three")
+    p.add_argument("--checkpoints", choices=CHECKPOINT_POLICIES,
+                   help="which checkpoints to keep: dense (every ckpt_every steps) or adaptive (dense only from "
+                        "the plateau's middle to 1.3 tau, every coarse_every steps elsewhere; the same bytes)")
     p.add_argument("--hide-cue-until", type=int, metavar="S",
                    help="intervention: mask attention to the cue (z) in every head before step S, then release it")
     p.add_argument("--mask-heads", type=lambda text: tuple(h.strip() for h in text.split(",") if h.strip()),
@@ -73,7 +76,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     cfg = cfg.with_options(args.set)
     overrides = {name: getattr(args, attr) for name, attr in [
         ("seed", "seed"), ("lr", "lr"), ("batch_size", "batch_size"), ("max_steps", "max_steps"),
-        ("stop_after_tau", "stop_after_tau"), ("threads", "threads"), ("forward", "forward"),
+        ("stop_after_tau", "stop_after_tau"), ("threads", "threads"), ("forward", "forward"), ("checkpoints", "checkpoints"),
         ("hide_cue_until", "hide_cue_until"), ("masked_heads", "mask_heads"), ("transplant", "transplant"),
         ("donor", "donor"), ("freeze_transplant", "freeze_transplant")] if getattr(args, attr) is not None}
     cfg = cfg.replace(**overrides)

@@ -22,6 +22,7 @@ TAILS: tuple[str, ...] = ("random", "by_first_char")
 ORDERS: tuple[str, ...] = ("bz", "zb")
 SELECTORS: tuple[str, ...] = ("shared", "private")
 FORWARDS: tuple[str, ...] = ("fused", "trimmed", "hooked")
+CHECKPOINT_POLICIES: tuple[str, ...] = ("dense", "adaptive")
 TRANSPLANTS: tuple[str, ...] = ("routing", "readout")
 
 T = TypeVar("T", bound="JsonConfig")
@@ -268,6 +269,14 @@ class TrainConfig(JsonConfig):
     default sets costs about 8 training steps of the paper model: 100 keeps it near 10%."""
     ckpt_every: int = 10
     """Write a checkpoint every this many steps (plus the log-spaced early steps)."""
+    checkpoints: str = "dense"
+    """Which checkpoints the run keeps (``plateauscope.training.checkpoint_policy``). ``dense``: every
+    ``ckpt_every`` steps. ``adaptive``: every ``ckpt_every`` steps only in the transition window (the
+    plateau's middle to 1.3 tau), and elsewhere every ``coarse_every`` steps; the kept files are
+    byte-identical to a dense run's, and no step is trained twice."""
+    coarse_every: int = 100
+    """``checkpoints=adaptive``: the spacing of the checkpoints kept outside the window (a multiple of
+    ``ckpt_every``)."""
     resume_every: int = 100
     """Write the state a killed run resumes from (optimiser, data order, RNG states) at the first
     checkpoint at or after every multiple of this many steps, and at the last: a resumed run trains
@@ -323,10 +332,14 @@ class TrainConfig(JsonConfig):
         """Raise a one-line ConfigError for values the training loop cannot run with; return self."""
         if self.forward not in FORWARDS:
             raise ConfigError(f"forward must be one of {', '.join(FORWARDS)}, got {self.forward!r}")
-        for name in ("batch_size", "max_steps", "eval_every", "ckpt_every", "resume_every", "eval_groups",
-                     "tracked_groups"):
+        if self.checkpoints not in CHECKPOINT_POLICIES:
+            raise ConfigError(f"checkpoints must be one of {', '.join(CHECKPOINT_POLICIES)}, got {self.checkpoints!r}")
+        for name in ("batch_size", "max_steps", "eval_every", "ckpt_every", "coarse_every", "resume_every",
+                     "eval_groups", "tracked_groups"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.checkpoints == "adaptive" and self.coarse_every % self.ckpt_every:
+            raise ConfigError(f"coarse_every={self.coarse_every} must be a multiple of ckpt_every={self.ckpt_every}")
         if self.tracked_every is not None and self.tracked_every < 1:
             raise ConfigError(f"tracked_every must be at least 1 (or None), got {self.tracked_every}")
         if self.lr <= 0:

@@ -77,6 +77,7 @@ from plateauscope.training.train import (
     prepare_run_dir,
     resolve_device,
     take_step,
+    with_stored_policy,
 )
 
 log = logging.getLogger(__name__)
@@ -183,6 +184,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
     if not cfgs or len(cfgs) != len(out_dirs):
         raise ConfigError(f"an ensemble needs one run directory per config, got {len(cfgs)} and {len(out_dirs)}")
     cfgs = [dataclasses.replace(c, task_name=canonical_task_name(c.task_name)).validate() for c in cfgs]
+    cfgs = [with_stored_policy(c, Path(o), resume) for c, o in zip(cfgs, out_dirs)]
     same_but_seed(cfgs)
     if any(has_interventions(c.train) for c in cfgs):
         raise ConfigError("interventions (hide_cue_until, masked_heads, transplant) train solo runs, not seed ensembles")

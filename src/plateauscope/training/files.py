@@ -27,7 +27,7 @@ from typing import Any
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_file, safe_open, save_file
+from safetensors.torch import load_file, safe_open, save
 
 CONFIG_FILE = "config.json"
 DATASET_FILE = "dataset.jsonl"
@@ -78,10 +78,24 @@ def write_json_atomic(path: Path, obj: Any) -> None:
 
 
 def save_checkpoint(path: Path, state_dict: dict[str, torch.Tensor], step: int) -> None:
-    """Write weights as safetensors with the format tag and the step in the metadata, atomically."""
+    """Write weights as safetensors with the format tag and the step in the metadata, atomically.
+    The same weights give the same bytes (:func:`_sorted_metadata`)."""
     tensors = {k: v.detach().to("cpu").contiguous() for k, v in state_dict.items()}
-    meta = {"format": CHECKPOINT_FORMAT, "step": str(step)}
-    atomic_write(path, lambda tmp: save_file(tensors, tmp, metadata=meta))
+    blob = _sorted_metadata(save(tensors, metadata={"format": CHECKPOINT_FORMAT, "step": str(step)}))
+    atomic_write(path, lambda tmp: Path(tmp).write_bytes(blob))
+
+
+def _sorted_metadata(blob: bytes) -> bytes:
+    """A safetensors file's bytes with its metadata keys in sorted order. safetensors writes the
+    metadata from a hash map, in an order that changes from one process to the next, so two
+    checkpoints of the same weights would differ in their header; the tensors' entries and data are
+    already in a fixed order. The header stays padded to 8 bytes, as safetensors pads it."""
+    n = int.from_bytes(blob[:8], "little")
+    header = json.loads(blob[8: 8 + n])
+    header["__metadata__"] = dict(sorted(header["__metadata__"].items()))
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + blob[8 + n:]
 
 
 def read_checkpoint_metadata(path: Path) -> dict[str, str]:

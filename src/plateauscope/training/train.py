@@ -42,6 +42,7 @@ from plateauscope.backend import (
 from plateauscope.tasks.base import ProgressMeasure, Task, TaskError
 from plateauscope.tasks.loading import build_task, canonical_task_name
 from plateauscope.training import run as rd
+from plateauscope.training.checkpoint_policy import CheckpointPolicy, transition_window
 from plateauscope.training.config import ConfigError, RunConfig, TrainConfig
 from plateauscope.training.files import ResumePoint, load_resume_point, save_checkpoint_and_state
 from plateauscope.training.fused import fused_logits, unsupported_reason
@@ -123,9 +124,10 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     ``stop_at_step`` abandons the run right after that step's evaluation, as a kill would
     (no checkpoint, no summary, unless they were due anyway): it exists to test resuming.
     """
-    cfg = dataclasses.replace(cfg, task_name=canonical_task_name(cfg.task_name)).validate()
-    tc = cfg.train
     out = Path(out_dir)
+    cfg = with_stored_policy(dataclasses.replace(cfg, task_name=canonical_task_name(cfg.task_name)), out, resume)
+    cfg.validate()
+    tc = cfg.train
     dev = resolve_device(device)
     backend = resolve_backend(backend)
     if tc.threads:
@@ -278,6 +280,10 @@ class EvaluationLog:
         self.tau = self.tau if self.tau is not None else compute_tau([record], self.measure)
         self.stop = stop_due(self.tc, self.tau, record["step"])
 
+    def window(self, complete: bool = False) -> tuple[int, int | None]:
+        """The transition window so far (:func:`plateauscope.training.checkpoint_policy.transition_window`)."""
+        return transition_window(self.records, self.measure, complete)
+
     def close(self) -> None:
         """Close ``metrics.jsonl`` (again: a no-op)."""
         self.file.close()
@@ -301,6 +307,10 @@ class RunState:
     """``time.perf_counter()`` at the run's (resumed) step 0, for ``wall_s``."""
     backend: str = "hooked"
     """The backend whose parameter order the optimiser state in ``resume.pt`` follows."""
+    policy: CheckpointPolicy = CheckpointPolicy(adaptive=False, coarse=frozenset())
+    """Which of the scheduled checkpoints the run keeps (``train.checkpoints``)."""
+    resume_step: int | None = None
+    """The step of the latest resume state, whose checkpoint is never pruned."""
 
     @classmethod
     def start(cls, out: Path, tc: TrainConfig, evalsets: tuple[Any, Any], measure: ProgressMeasure, n_examples: int,
@@ -313,7 +323,8 @@ class RunState:
         return cls(out=out, tc=tc, evalsets=evalsets, order=DataOrder(tc.seed, n_examples, point),
                    evaluations=EvaluationLog(out, records, measure, tc),
                    machines=[here] if point is None else machines_on_resume(out, point.machines, here),
-                   t0=time.perf_counter() - (0.0 if point is None else point.wall_s), backend=backend)
+                   t0=time.perf_counter() - (0.0 if point is None else point.wall_s), backend=backend,
+                   policy=CheckpointPolicy.of(tc), resume_step=None if point is None else point.step)
 
     def close(self) -> None:
         """Close ``metrics.jsonl`` (again: a no-op)."""
@@ -334,13 +345,22 @@ class RunState:
 
     def checkpoint(self, step: int, weights: dict[str, Tensor], optimizer_state: dict | None) -> None:
         """Checkpoint ``weights``; with an ``optimizer_state`` (in the solo run's format), also the resume
-        state: this data order, the wall clock, the global RNG, the backend and the machines."""
+        state: this data order, the wall clock, the global RNG, the backend and the machines. Under the
+        adaptive policy, a checkpoint past the window's end is not written, and those that the metrics
+        so far put outside the window are deleted."""
+        window = self.evaluations.window() if self.policy.adaptive else (0, None)
+        if optimizer_state is None and not self.policy.keeps(step, window):
+            return
         save_checkpoint_and_state(self.out, step, weights, optimizer_state, self.order.generator, self.order.perm,
                                   self.order.cursor, time.perf_counter() - self.t0, self.backend, self.machines)
+        self.resume_step = step if optimizer_state is not None else self.resume_step
+        self.policy.prune(self.out, window, protect=self.resume_step)
 
     def finish(self, task: Task, step: int) -> dict:
-        """Close ``metrics.jsonl``, then write and return ``summary.json`` (:func:`finish`)."""
+        """Close ``metrics.jsonl``, keep the checkpoints of the final window, then write and return
+        ``summary.json`` (:func:`finish`)."""
         self.close()
+        self.policy.prune(self.out, self.evaluations.window(complete=True), protect=step)
         return finish(self.out, self.evaluations.records, task, step, self.evalsets[0], machines=self.machines)
 
 
@@ -456,6 +476,25 @@ def prepare_run_dir(cfg: RunConfig, task: Task, out: Path, resume: bool) -> dict
         rd.write_json_atomic(existing, {"run": cfg.to_dict(), "hooked_transformer_config": hooked_cfg,
                                         "vocab": task.vocab, "layout": task.layout_record()})
     return hooked_cfg
+
+
+POLICY_FIELDS: tuple[str, ...] = ("checkpoints", "coarse_every")
+"""The TrainConfig fields of the checkpoint policy: they change which files a run keeps, not its numbers."""
+
+
+def with_stored_policy(cfg: RunConfig, out: Path, resume: bool) -> RunConfig:
+    """``cfg`` with the checkpoint policy of the run stored in ``out`` when resuming it: a run keeps the
+    policy it started with (a dense run resumed as adaptive would delete checkpoints it has), so a
+    run written before the policy existed, or under another one, resumes without an error."""
+    if not resume or not (out / rd.CONFIG_FILE).exists():
+        return cfg
+    stored = (rd.read_json(out / rd.CONFIG_FILE).get("run") or {}).get("train") or {}
+    defaults = TrainConfig()
+    kept = {name: stored.get(name, getattr(defaults, name)) for name in POLICY_FIELDS}
+    if any(getattr(cfg.train, name) != value for name, value in kept.items()):
+        log.info("%s: resumed with its own checkpoint policy (%s)", out,
+                 ", ".join(f"{k}={v}" for k, v in kept.items()))
+    return dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, **kept))
 
 
 def _differences(a: dict, b: dict, prefix: str = "") -> list[tuple[str, object, object]]:
