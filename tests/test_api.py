@@ -62,6 +62,14 @@ def test_unknown_verb_is_one_line_exit_2(capsys):
     assert err.count("\n") == 1 and "unknown verb 'trian'" in err and "train" in err
 
 
+@pytest.mark.parametrize("verb", sorted(VERBS))
+def test_a_bad_flag_of_every_verb_is_one_line_exit_2(verb, capsys):
+    with pytest.raises(SystemExit) as stop:
+        main([verb, "--no-such-flag"])
+    err = capsys.readouterr().err
+    assert stop.value.code == 2 and err.count("\n") == 1 and f"see plateauscope {verb} --help" in err, err
+
+
 @pytest.mark.parametrize("argv", [["-m", "plateauscope", "--help"], ["-m", "interp.patch", "--help"]])
 def test_module_entry_points(argv):
     done = subprocess.run([sys.executable, *argv], capture_output=True, text=True)

@@ -20,11 +20,12 @@ from plateauscope.cli.common import (
     run_cli,
     write_json,
 )
+from plateauscope.training.train import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The flags of ``plateauscope ablate``."""
-    parser = argparse.ArgumentParser(prog="plateauscope ablate", description=_module.__doc__.splitlines()[0])
+    parser = OneLineParser(prog="plateauscope ablate", description=_module.__doc__.splitlines()[0])
     add_ckpt_args(parser)
     parser.add_argument("--kind", choices=KINDS, default="zero", help="zero or mean ablation (default zero)")
     parser.add_argument("--groups", type=int, default=DEFAULT_GROUPS,

@@ -13,11 +13,12 @@ from plateauscope.analysis.results import analysis_dir
 from plateauscope.analysis.summary import format_summary
 from plateauscope.cli.common import CliError, add_backend_arg, run_cli
 from plateauscope.training.run import Run
+from plateauscope.training.train import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``plateauscope analyze``."""
-    p = argparse.ArgumentParser(prog="plateauscope analyze", description=_module.__doc__.splitlines()[0])
+    p = OneLineParser(prog="plateauscope analyze", description=_module.__doc__.splitlines()[0])
     p.add_argument("--run", required=True, type=Path, help="run directory")
     p.add_argument("--every", type=int, default=1, help="analyse every N-th checkpoint (default 1: all)")
     p.add_argument("--steps", type=int, nargs="+", help="analyse exactly these steps")

@@ -13,11 +13,12 @@ from plateauscope.cli.common import (
     run_cli,
     write_json,
 )
+from plateauscope.training.train import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The flags of ``plateauscope attention``."""
-    parser = argparse.ArgumentParser(prog="plateauscope attention", description=_module.__doc__.splitlines()[0])
+    parser = OneLineParser(prog="plateauscope attention", description=_module.__doc__.splitlines()[0])
     add_ckpt_args(parser)
     return parser
 

@@ -11,6 +11,7 @@ from pathlib import Path
 from plateauscope.cli import analyze, report, train, view
 from plateauscope.training import run as rd
 from plateauscope.training.machine import machine_record
+from plateauscope.training.train import OneLineParser
 
 DEFAULT_OUT = Path("checkpoints/demo")
 
@@ -37,7 +38,7 @@ def against_target(seconds: float, machine: dict) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``plateauscope demo``."""
-    p = argparse.ArgumentParser(prog="plateauscope demo", description=__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="plateauscope demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"run directory (default {DEFAULT_OUT})")
     p.add_argument("--preset", default="demo", help="the preset to train (default demo; tiny or ci for a quick look)")
     p.add_argument("--every", type=int, default=2, help="analyse every N-th checkpoint (default 2)")

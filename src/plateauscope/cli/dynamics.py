@@ -40,13 +40,14 @@ from plateauscope.dynamics.llc import (
 from plateauscope.dynamics.noise import noise_lines
 from plateauscope.training import run as rd
 from plateauscope.training.run import Run, write_text_atomic
+from plateauscope.training.train import OneLineParser
 from plateauscope.views.pages import write_page
 from plateauscope.views.sweep_report import build_sweep_report
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``plateauscope dynamics``."""
-    p = argparse.ArgumentParser(prog="plateauscope dynamics", description="A sweep's per-run table, the fits across runs and (--report) its HTML page.")
+    p = OneLineParser(prog="plateauscope dynamics", description="A sweep's per-run table, the fits across runs and (--report) its HTML page.")
     p.add_argument("--sweep", required=True, type=Path, help="a sweep directory (plateauscope sweep --out)")
     p.add_argument("--csv", type=Path, help=f"where to write the table (default SWEEP/{DYNAMICS_CSV_FILE})")
     p.add_argument("--json", type=Path, help="also write the fits as JSON to this file")

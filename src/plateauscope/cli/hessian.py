@@ -29,11 +29,12 @@ from plateauscope.analysis.hessian_engine import (
 )
 from plateauscope.analysis.results import settings_key
 from plateauscope.cli.common import CliError, resolve_ckpt, run_cli, write_json
+from plateauscope.training.train import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``plateauscope hessian``."""
-    p = argparse.ArgumentParser(prog="plateauscope hessian", description=_module.__doc__.splitlines()[0])
+    p = OneLineParser(prog="plateauscope hessian", description=_module.__doc__.splitlines()[0])
     where = p.add_mutually_exclusive_group(required=True)
     where.add_argument("--ckpt", type=Path, help="a checkpoint file, or a run directory (with --step)")
     where.add_argument("--run", type=Path, help="a run directory: analyse --steps, cached in RUN/analysis/")

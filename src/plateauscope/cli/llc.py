@@ -16,12 +16,13 @@ from plateauscope.analysis.llc import (
 )
 from plateauscope.analysis.results import LLC_SUMMARY_FILE, analysis_dir
 from plateauscope.cli.common import run_cli
+from plateauscope.training.train import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``plateauscope llc``."""
     d = LLCSettings()
-    p = argparse.ArgumentParser(prog="plateauscope llc", description=_module.__doc__.splitlines()[0])
+    p = OneLineParser(prog="plateauscope llc", description=_module.__doc__.splitlines()[0])
     p.add_argument("--run", required=True, type=Path, help="run directory")
     p.add_argument("--every", type=int, default=1, help="every N-th checkpoint (default 1: all)")
     p.add_argument("--steps", type=int, nargs="+", help="exactly these steps")

@@ -18,11 +18,12 @@ from plateauscope.cli.common import (
     run_cli,
     write_json,
 )
+from plateauscope.training.train import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``plateauscope patch``."""
-    p = argparse.ArgumentParser(prog="plateauscope patch", description=_module.__doc__.split("\n\n")[0])
+    p = OneLineParser(prog="plateauscope patch", description=_module.__doc__.split("\n\n")[0])
     add_ckpt_args(p)
     p.add_argument("--target", default="heads", choices=TARGETS, help="component set to patch (default heads)")
     p.add_argument("--method", default="exact", choices=("exact", "attribution", "both"),

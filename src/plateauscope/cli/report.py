@@ -11,12 +11,13 @@ from plateauscope.analysis.analyze import analyze_run
 from plateauscope.analysis.results import REPORT_FILE, analysis_dir, routing_summary_path
 from plateauscope.cli.common import run_cli
 from plateauscope.training.run import Run, RunError
+from plateauscope.training.train import OneLineParser
 from plateauscope.views.report import write_report
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``plateauscope report``."""
-    p = argparse.ArgumentParser(prog="plateauscope report", description=_module.__doc__.splitlines()[0])
+    p = OneLineParser(prog="plateauscope report", description=_module.__doc__.splitlines()[0])
     p.add_argument("--run", required=True, type=Path, help="run directory (analysed by plateauscope analyze)")
     p.add_argument("--out", type=Path, help=f"output file (default RUN/{REPORT_FILE})")
     p.add_argument("--examples", type=int, default=2, help="examples shown as attention patterns (default 2)")

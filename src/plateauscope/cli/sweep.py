@@ -17,6 +17,7 @@ from plateauscope.sweeps.spec import EXECUTORS, SweepSpec, expand, is_complete
 from plateauscope.training import run as rd
 from plateauscope.training.config import CHECKPOINT_POLICIES, ConfigError
 from plateauscope.training.presets import get_preset
+from plateauscope.training.train import OneLineParser
 
 
 def _parse_value(text: str) -> Any:
@@ -63,7 +64,7 @@ def spec_from_args(args: argparse.Namespace) -> SweepSpec:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``plateauscope sweep``."""
-    p = argparse.ArgumentParser(prog="plateauscope sweep", description=_module.__doc__.splitlines()[0],
+    p = OneLineParser(prog="plateauscope sweep", description=_module.__doc__.splitlines()[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="Then: plateauscope dynamics --sweep OUT")
     p.add_argument("--list", action="store_true", help="list the shipped sweeps with their expected cost, and exit")

@@ -11,12 +11,13 @@ from plateauscope.analysis.analyze import analyze_run, load_analysis
 from plateauscope.analysis.results import VIEW_FILE
 from plateauscope.cli.common import CliError, run_cli
 from plateauscope.training.run import Run
+from plateauscope.training.train import OneLineParser
 from plateauscope.views.view import write_view
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``plateauscope view``."""
-    p = argparse.ArgumentParser(prog="plateauscope view", description=_module.__doc__.splitlines()[0])
+    p = OneLineParser(prog="plateauscope view", description=_module.__doc__.splitlines()[0])
     p.add_argument("--run", required=True, type=Path, help="run directory (analysed by plateauscope analyze)")
     p.add_argument("--out", type=Path, help=f"output file (default RUN/{VIEW_FILE})")
     p.add_argument("--analyze", action="store_true", help="run the analysis first if it has no edge records")
