@@ -63,9 +63,9 @@ def test_the_same_weights_give_the_same_checkpoint_bytes(tmp_path):
 
 
 def expected_steps(run: Run, coarse_every: int) -> set[int]:
-    """The checkpoints an adaptive run keeps, from its summary (not from the policy's own code):
-    the dense ones from the plateau span's middle (no plateau: tau / 2) to 1.3 tau, and outside the early ones, every
-    ``coarse_every``-th, the resume points and the last step."""
+    """The checkpoints an adaptive run keeps, from its summary (not from the policy's own code): the
+    dense ones from the plateau span's middle (no plateau: tau / 2) to 1.3 tau, and outside the early
+    ones, every ``coarse_every``-th, the resume points and the last step."""
     summary, tc = rd.read_json(run.path / rd.SUMMARY_FILE), run.config.train
     span, tau, last = summary["plateau_span"], summary["tau"], summary["final_step"]
     dense = {s for s in scheduled_steps(tc.ckpt_every, tc.max_steps, tc.early_log_points) if s <= last} | {last}

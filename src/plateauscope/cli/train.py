@@ -76,7 +76,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     cfg = cfg.with_options(args.set)
     overrides = {name: getattr(args, attr) for name, attr in [
         ("seed", "seed"), ("lr", "lr"), ("batch_size", "batch_size"), ("max_steps", "max_steps"),
-        ("stop_after_tau", "stop_after_tau"), ("threads", "threads"), ("forward", "forward"), ("checkpoints", "checkpoints"),
+        ("stop_after_tau", "stop_after_tau"), ("threads", "threads"), ("forward", "forward"),
+        ("checkpoints", "checkpoints"),
         ("hide_cue_until", "hide_cue_until"), ("masked_heads", "mask_heads"), ("transplant", "transplant"),
         ("donor", "donor"), ("freeze_transplant", "freeze_transplant")] if getattr(args, attr) is not None}
     cfg = cfg.replace(**overrides)
