@@ -70,7 +70,7 @@ def copy_run(src: Path, dst: Path, steps: list[int] | None = None, with_analysis
     renames), so sharing them is safe and costs nothing.
     """
     dst.mkdir(parents=True)
-    for name in (rd.CONFIG_FILE, rd.DATASET_FILE, rd.METRICS_FILE, rd.SUMMARY_FILE):
+    for name in (rd.CONFIG_FILE, rd.DATASET_FILE, rd.METRICS_FILE, rd.SUMMARY_FILE, rd.CHECKSUMS_FILE):
         if (src / name).exists():
             shutil.copy2(src / name, dst / name)
     (dst / rd.CHECKPOINT_DIR).mkdir()

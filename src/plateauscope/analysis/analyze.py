@@ -85,6 +85,7 @@ from plateauscope.analysis.results import (
     read_routing_summary,
     settings_key,
     write_json_result,
+    writes_cache,
 )
 from plateauscope.analysis.summary import summarize
 from plateauscope.backend import resolve_backend
@@ -146,8 +147,9 @@ class AnalysisSettings:
         """The inverse of :meth:`to_dict` (fields added since a summary was written take their defaults)."""
         return cls(**{**d, "patch_targets": tuple(d["patch_targets"])})
 
-    def for_cache(self, name: str) -> dict[str, Any]:
-        """The settings that analysis ``name`` depends on: the key its records are stored under."""
+    def for_cache(self, name: str, task: str) -> dict[str, Any]:
+        """The settings that analysis ``name`` depends on, and ``task`` (the run's
+        :meth:`plateauscope.training.run.Run.task_fingerprint`): the key its records are stored under."""
         keys = {"attention": ("n_examples", "seed"), "attribution": ("n_examples", "seed", "patch_targets"),
                 "patch": ("n_examples", "seed", "patch_targets"), "ablation": ("ablation_groups", "seed"),
                 "circuit": ("n_examples", "seed", "ablation_groups", "circuit_ablation"),
@@ -157,7 +159,7 @@ class AnalysisSettings:
         key = {k: v for k, v in self.to_dict().items() if k in keys}
         version = {"circuit": RECORD_VERSION, "edges": EDGE_RECORD_VERSION, "edge_circuit": EDGE_RECORD_VERSION,
                    "edge_exact": EDGE_RECORD_VERSION}.get(name)
-        return {**key, "record": version} if version else key
+        return {**key, **({"record": version} if version else {}), "task": task}
 
 
 def stored_settings(run_dir: str | Path) -> AnalysisSettings:
@@ -175,11 +177,22 @@ def load_analysis(run_dir: str | Path, settings: AnalysisSettings | None = None)
     """
     settings = settings or stored_settings(run_dir)
     folder = analysis_dir(run_dir)
-    out: dict[str, Any] = {name: load_records(folder / file, settings.for_cache(name))
+    task = Run(run_dir).task_fingerprint()
+    out: dict[str, Any] = {name: load_records(folder / file, settings.for_cache(name, task))
                            for name, file in CACHE_FILES.items()}
     routing = read_routing_summary(run_dir)
-    out["routing"] = routing if routing and routing.get("settings") == settings.to_dict() else None
+    same = routing and routing.get("settings") == settings.to_dict() and routing.get("task") == task
+    out["routing"] = routing if same else None
     return out
+
+
+def task_changed(run: Run, settings: AnalysisSettings) -> bool:
+    """Whether the run's cache holds records of these settings made by another version of its task
+    (its source file or config), or before records stored the task, and none made by this one."""
+    key = settings.for_cache("attention", run.task_fingerprint())
+    records = load_records(analysis_dir(run.path) / ATTENTION_FILE)
+    others = [r for r in records if {**(r.get("settings") or {}), "task": key["task"]} == key]
+    return bool(others) and not any(r["settings"] == key for r in others)
 
 
 def exact_steps(steps: list[int], n: int, landmarks: list[int]) -> list[int]:
@@ -193,16 +206,19 @@ def exact_steps(steps: list[int], n: int, landmarks: list[int]) -> list[int]:
     return sorted(steps[i] for i in idx)
 
 
+@writes_cache
 def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int = 1, n_exact: int = 12,
                 settings: AnalysisSettings | None = None, device: str = "cpu",
                 progress: bool = True, backend: str | None = None, edges: bool = True,
-                full: bool = False) -> dict[str, Any]:
+                full: bool = False, expensive: bool = True) -> dict[str, Any]:
     """Analyse the chosen checkpoints (only what the cache lacks for these settings); return the summary.
     ``backend``: hooked or bridge (None: the installed TransformerLens); not a setting (both give the
     same numbers, so the cache is shared). ``edges``: also the edge analyses (hooked backend only;
     on the bridge they are skipped, and said so in the log). ``n_exact``: the budget of the expensive
     pass (adaptive: the landmarks, then fast-change steps up to ``n_exact`` in all; ``full``: ``n_exact``
-    evenly spaced steps, plus the landmarks; module docstring)."""
+    evenly spaced steps, plus the landmarks; module docstring). ``expensive=False``: the cheap pass
+    only (a run still training: ``plateauscope.views.live``). ``wait=False``: exit with one line,
+    rather than wait, when another process is writing the run's analysis cache."""
     settings = settings or AnalysisSettings()
     run = Run(run_dir)
     task = run.task()
@@ -228,9 +244,13 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     folder = analysis_dir(run.path)
     pairs = prompt_pairs(task, settings.n_examples, settings.seed)
     targets = settings.patch_targets
+    fingerprint = run.task_fingerprint()
+    if task_changed(run, settings):
+        log.warning("%s: the task (%s) changed since its analysis cache was written: recomputing", run.path,
+                    run.config.task_name)
 
     def cached(name: str) -> dict[int, dict[str, Any]]:
-        return {r["step"]: r for r in load_records(folder / CACHE_FILES[name], settings.for_cache(name))}
+        return {r["step"]: r for r in load_records(folder / CACHE_FILES[name], settings.for_cache(name, fingerprint))}
 
     def compute(name: str, step: int, model: torch.nn.Module, fresh: dict[str, Any]) -> dict[str, Any]:
         def earlier(source: str) -> dict[str, Any] | None:  # this step's record of an analysis computed before
@@ -273,7 +293,7 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
                 if step in wanted.get(name, ()) and step not in done[name]:
                     fresh[name] = compute(name, step, model, fresh)
                     append_records(folder / CACHE_FILES[name],
-                                   [{"step": step, "settings": settings.for_cache(name), **fresh[name]}])
+                                   [{"step": step, "settings": settings.for_cache(name, fingerprint), **fresh[name]}])
 
     if full:
         landmarks = [plateau_start] + ([tau // 2, tau] if tau else [])
@@ -281,6 +301,9 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
         plan = {"mode": "full", "steps": {str(s): ["exact step"] for s in sorted(exact)}}
         run_pass({**{name: set(chosen) for name in CHEAP}, **{name: exact for name in EXPENSIVE},
                   "edge_circuit": set(chosen)}, f"analyse {run.path.name}")
+    elif not expensive:
+        run_pass({name: set(chosen) for name in CHEAP}, f"analyse {run.path.name} (cheap pass)")
+        plan = {"mode": "cheap", "steps": {}, "stand_in": "attribution patching stands in for exact patching"}
     else:
         run_pass({name: set(chosen) for name in CHEAP}, f"analyse {run.path.name} (cheap pass)")
         cache = load_analysis(run.path, settings)
@@ -303,9 +326,11 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
             run_pass({name: {middle} for name in EXPENSIVE}, f"analyse {run.path.name} (step {middle})")
         plan = {"mode": "adaptive", "steps": {str(s): why for s, why in sorted(picked.items())}}
     cache = load_analysis(run.path, settings)
+    if not expensive:  # the summary reads head patching: its cheap stand-in until the expensive pass
+        cache = {**cache, "patch": cache["attribution"]}
     result = {**summarize(run, cache, tau, records, settings.smooth),
               "edges": edges_summary(cache["edges"], cache["edge_circuit"], cache["edge_exact"], tau=tau),
-              "plan": plan, "settings": settings.to_dict()}
+              "plan": plan, "settings": settings.to_dict(), "task": fingerprint}
     write_json_result(folder / ROUTING_FILE, result)
     (folder / LEGACY_ROUTING_FILE).unlink(missing_ok=True)  # an older analysis's summary, now replaced
     return result

@@ -9,11 +9,13 @@ stay in the file (keeping both costs a few kilobytes, and switching back is free
 
 Files are written atomically (a temporary file, then one rename: ``plateauscope.training.run.atomic_write``),
 so a killed analysis never leaves a torn record behind; appending rewrites the file that way.
-Records are strict JSON: NaN and infinities become ``null`` (:func:`strict_json`).
+Records are strict JSON: NaN and infinities become ``null`` (:func:`strict_json`). One process writes a
+run's caches at a time (:func:`writes_cache`, a lock file in ``RUN/analysis/``); readers take no lock.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -23,6 +25,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
+from plateauscope.training.files import LOCK_FILE, writer_lock
 from plateauscope.training.run import (
     Run,
     RunError,
@@ -113,6 +116,21 @@ def analysis_dir(run_dir: str | Path) -> Path:
     return Path(run_dir) / ANALYSIS_DIR
 
 
+def writes_cache(fn: Callable) -> Callable:
+    """Run ``fn`` (whose first argument is a run directory or a :class:`Run`) holding the lock on the
+    run's analysis caches: a second writer of the same run waits for the first and then finds its
+    records cached, so the work is done once. The keyword ``wait=False`` exits with one line
+    instead of waiting."""
+    @functools.wraps(fn)
+    def locked(run: Any, *args: Any, wait: bool = True, **kwargs: Any) -> Any:
+        run_dir = Path(getattr(run, "path", run))
+        if not run_dir.is_dir():
+            raise RunError(f"{run_dir}: no such run directory")
+        with writer_lock(analysis_dir(run_dir) / LOCK_FILE, "its analysis cache", wait):
+            return fn(run, *args, **kwargs)
+    return locked
+
+
 def strict_json(obj: Any) -> Any:
     """``obj`` with every NaN / infinity replaced by None (tuples become lists, and an object with a
     ``to_dict``, such as an interval, its dict): valid strict JSON."""
@@ -171,6 +189,7 @@ def pick_steps(available: list[int], every: int = 1, steps: list[int] | None = N
     return chosen
 
 
+@writes_cache
 def cached_series(run: Run, path: Path, settings: Mapping[str, Any], steps: list[int],
                   compute: Callable[[int, Any], dict[str, Any]], desc: str, device: str = "cpu",
                   progress: bool = True) -> list[dict[str, Any]]:

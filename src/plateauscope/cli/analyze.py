@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from pathlib import Path
 
 import plateauscope.analysis.analyze as _module
@@ -14,6 +15,7 @@ from plateauscope.analysis.summary import format_summary
 from plateauscope.cli.common import CliError, add_backend_arg, run_cli
 from plateauscope.training.run import Run
 from plateauscope.training.train import OneLineParser
+from plateauscope.views.live import POLL_S, follow
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-edges", action="store_true", help="skip the edge analyses (plateauscope.analysis.edges)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
     add_backend_arg(p)
+    p.add_argument("--follow", action="store_true",
+                   help="analyse the run while it trains: each new checkpoint's cheap pass, the report and the view "
+                        "rewritten live; the whole analysis when summary.json says complete, then exit")
+    p.add_argument("--poll", type=float, default=POLL_S,
+                   help=f"with --follow: seconds between two looks at the run directory (default {POLL_S:g})")
+    p.add_argument("--no-wait", action="store_true",
+                   help="exit with one line, rather than wait, when another process is analysing the run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
@@ -68,9 +77,23 @@ def main(argv: list[str] | None = None) -> int:
                                     circuit_ablation=args.circuit_ablation, smooth=args.smooth,
                                     edge_target=args.edge_target, circuit_pairs=args.circuit_pairs,
                                     n_exact_edges=args.n_exact_edges)
-        result = analyze_run(args.run, args.steps, args.every, args.n_exact, settings, args.device,
-                             progress=not args.no_progress, backend=args.backend, edges=not args.no_edges,
-                             full=args.full)
+        if args.follow:
+            if args.steps or args.every != 1 or args.full:
+                raise CliError("--follow analyses every checkpoint with the adaptive plan: not with --steps, "
+                               "--every or --full")
+            if args.poll <= 0:
+                raise CliError(f"--poll must be positive, got {args.poll}")
+            logging.basicConfig(level=logging.INFO, format="%(message)s")
+            try:
+                result = follow(args.run, settings, args.n_exact, args.poll, device=args.device, backend=args.backend,
+                                edges=not args.no_edges, wait=not args.no_wait)
+            except KeyboardInterrupt:
+                raise CliError(f"stopped following {args.run}: every cache file is whole; analyze it again "
+                               "to continue") from None
+        else:
+            result = analyze_run(args.run, args.steps, args.every, args.n_exact, settings, args.device,
+                                 progress=not args.no_progress, backend=args.backend, edges=not args.no_edges,
+                                 full=args.full, wait=not args.no_wait)
         print(format_summary(result, Run(args.run).progress))
         print(f"results in {analysis_dir(args.run)}")
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from plateauscope.tasks.base import ProgressMeasure
 from plateauscope.training.config import TrainConfig
-from plateauscope.training.files import CHECKPOINT_DIR, _CKPT_RE, checkpoint_name
+from plateauscope.training.files import CHECKPOINT_DIR, _CKPT_RE, checkpoint_name, forget_verified
 from plateauscope.training.metrics import compute_tau, plateau_span
 from plateauscope.training.schedule import resume_steps, scheduled_steps
 
@@ -78,6 +78,7 @@ class CheckpointPolicy:
         folder = Path(out) / CHECKPOINT_DIR
         steps = [int(m.group(1)) for p in folder.iterdir() if (m := _CKPT_RE.match(p.name))] if folder.is_dir() else []
         gone = sorted(s for s in steps if s != protect and not self.keeps(s, window))
+        forget_verified(Path(out), [f"{CHECKPOINT_DIR}/{checkpoint_name(s)}" for s in gone])
         for step in gone:
             (folder / checkpoint_name(step)).unlink(missing_ok=True)
         return gone

@@ -59,7 +59,7 @@ from plateauscope.tasks.base import Task
 from plateauscope.tasks.loading import build_task, canonical_task_name
 from plateauscope.training import run as rd
 from plateauscope.training.config import ConfigError, RunConfig
-from plateauscope.training.files import load_resume_point
+from plateauscope.training.files import load_resume_point, resume_state_file
 from plateauscope.training.interventions import has_interventions
 from plateauscope.training.machine import machine_record
 from plateauscope.training.model import build_hooked_transformer
@@ -74,6 +74,7 @@ from plateauscope.training.train import (
     evaluation_sets,
     finish,
     fused_loss,
+    locks_runs,
     prepare_run_dir,
     resolve_device,
     take_step,
@@ -166,10 +167,11 @@ def clip_member_grads(params: dict[str, Tensor], max_norm: float) -> None:
 
 def resume_step(out: Path) -> int:
     """The step a member would resume from (0: a fresh start)."""
-    path = out / rd.RESUME_FILE
-    return int(rd.load_resume_state(path)["step"]) if path.exists() else 0
+    path = resume_state_file(out)
+    return int(rd.load_resume_state(path)["step"]) if path is not None else 0
 
 
+@locks_runs
 @deterministic
 def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bool = False, device: str = "auto",
                    progress: bool = True, stop_at_step: int | None = None,

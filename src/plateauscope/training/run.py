@@ -6,6 +6,10 @@ names this module re-exports.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import inspect
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,6 +30,8 @@ from plateauscope.training.files import (
     SUMMARY_FILE as SUMMARY_FILE,
     CHECKPOINT_DIR as CHECKPOINT_DIR,
     RESUME_FILE as RESUME_FILE,
+    PREVIOUS_RESUME_FILE as PREVIOUS_RESUME_FILE,
+    CHECKSUMS_FILE as CHECKSUMS_FILE,
     MANIFEST_FILE as MANIFEST_FILE,
     CHECKPOINT_FORMAT as CHECKPOINT_FORMAT,
     READABLE_CHECKPOINT_FORMATS as READABLE_CHECKPOINT_FORMATS,
@@ -41,6 +47,7 @@ from plateauscope.training.files import (
     load_resume_state as load_resume_state,
     read_json as read_json,
     read_jsonl as read_jsonl,
+    read_checksums as read_checksums,
 )
 from plateauscope.training.interventions import Interventions, has_interventions
 from plateauscope.training.metrics import compute_tau, plateau_span, plateau_verdict
@@ -93,6 +100,8 @@ class Run:
         """The checkpoint file of ``step``, or a one-line RunError naming the steps that exist."""
         path = self.path / CHECKPOINT_DIR / checkpoint_name(step)
         if not path.is_file():
+            if f"{CHECKPOINT_DIR}/{path.name}" in (read_checksums(self.path) or {}):
+                raise RunError(f"{path}: missing (listed in {CHECKSUMS_FILE})")
             have = self.steps
             span = f"{have[0]}..{have[-1]}, {len(have)} checkpoints" if have else "none"
             raise RunError(f"{self.path}: no checkpoint at step {step} (steps: {span})")
@@ -148,6 +157,14 @@ class Run:
         progress = self.progress
         tau = compute_tau(records, progress)
         return plateau_verdict(records, progress.height, plateau_span(records, progress, tau), reference)
+
+    def task_fingerprint(self) -> str:
+        """What made the run's task, as 16 hex digits of a SHA-256: the source file of its class and
+        its config. The analysis caches are keyed on it, so an edited task file recomputes."""
+        cls = task_class(self.config.task_name)
+        digest = hashlib.sha256(Path(inspect.getsourcefile(cls) or "").read_bytes())
+        digest.update(json.dumps(dataclasses.asdict(self.config.task), sort_keys=True, default=str).encode())
+        return digest.hexdigest()[:16]
 
     def task(self) -> Task:
         """The run's task, rebuilt from ``dataset.jsonl`` (cached)."""

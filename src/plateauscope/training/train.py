@@ -21,6 +21,7 @@ import dataclasses
 import functools
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -44,7 +45,15 @@ from plateauscope.tasks.loading import build_task, canonical_task_name
 from plateauscope.training import run as rd
 from plateauscope.training.checkpoint_policy import CheckpointPolicy, transition_window
 from plateauscope.training.config import ConfigError, RunConfig, TrainConfig
-from plateauscope.training.files import ResumePoint, load_resume_point, save_checkpoint_and_state
+from plateauscope.training.files import (
+    TRAIN_LOCK_FILE,
+    ResumePoint,
+    disk_error,
+    load_resume_point,
+    resume_state_file,
+    save_checkpoint_and_state,
+    writer_lock,
+)
 from plateauscope.training.fused import fused_logits, unsupported_reason
 from plateauscope.training.interventions import (
     Interventions,
@@ -111,6 +120,21 @@ class TrainingHooks:
 NO_HOOKS = TrainingHooks()
 
 
+def locks_runs(fn: Callable) -> Callable:
+    """Train (``fn(cfg_or_cfgs, out_dir_or_dirs, ...)``) holding each run directory's training lock
+    (``plateauscope.training.files.writer_lock``): a second process that trains the same run waits
+    for the first, saying so in one line, then resumes it or stops with one line."""
+    @functools.wraps(fn)
+    def locked(cfg: Any, out: Any, *args: Any, **kwargs: Any) -> Any:
+        outs = [out] if isinstance(out, (str, os.PathLike)) else out
+        with contextlib.ExitStack() as locks:
+            for o in outs:
+                locks.enter_context(writer_lock(Path(o) / TRAIN_LOCK_FILE, "the run"))
+            return fn(cfg, out, *args, **kwargs)
+    return locked
+
+
+@locks_runs
 @deterministic
 def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str = "auto",
           progress: bool = True, stop_at_step: int | None = None, backend: str | None = None,
@@ -142,7 +166,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     if has_interventions(tc) and backend != "hooked":
         raise ConfigError("interventions (hide_cue_until, masked_heads, transplant) need --backend hooked")
     model = build_model(hooked_config_dict(cfg.model, task), backend=backend, seed=cfg.model.seed, device=dev)
-    fresh = not (resume and (out / rd.RESUME_FILE).exists())
+    fresh = not (resume and resume_state_file(out) is not None)
     donor = load_donor(tc, hooked_state_dict(model)) if tc.transplant and fresh else None
     prepare_run_dir(cfg, task, out, resume)
 
@@ -269,14 +293,16 @@ class EvaluationLog:
         self.records, self.measure, self.tc = records, measure, tc
         self.tau = compute_tau(records, measure)
         self.stop = False
-        self.file = open(out / rd.METRICS_FILE, "a")
+        self.file = open(out / rd.METRICS_FILE, "ab", buffering=0)  # unbuffered: a full disk fails here, not at close
 
     def log(self, record: dict) -> None:
-        """Append ``record`` (flushed at once: a kill loses no evaluation), and update tau (the first
+        """Append ``record`` (written at once: a kill loses no evaluation), and update tau (the first
         step that reaches the progress measure's threshold, fixed once seen) and the stop flag."""
         self.records.append(record)
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        try:
+            self.file.write((json.dumps(record) + "\n").encode())
+        except OSError as e:  # a torn last line is dropped on reading, and cut off on resume
+            raise disk_error(Path(self.file.name), e) from None
         self.tau = self.tau if self.tau is not None else compute_tau([record], self.measure)
         self.stop = stop_due(self.tc, self.tau, record["step"])
 

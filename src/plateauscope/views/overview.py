@@ -56,6 +56,10 @@ class _Axes:
     def __init__(self, x_range: tuple[float, float], y_range: tuple[float, float], panel: tuple[int, int]):
         self.x0, self.x1 = x_range
         self.y0, self.y1 = y_range
+        if self.x1 == self.x0:  # one evaluation so far (a run followed live): a unit-wide axis
+            self.x1 = self.x0 + 1
+        if self.y1 == self.y0:
+            self.y1 = self.y0 + 1
         self.top, self.bottom = panel
 
     def px(self, x: float | int) -> float:

@@ -56,8 +56,25 @@ def page(title: str, parts: list[str]) -> str:
             "<body><main>\n" + "\n".join(parts) + "\n</main></body></html>\n")
 
 
-def write_page(path: str | Path, text: str) -> Path:
-    """Write a page atomically and return its path."""
+LIVE_RELOAD_S = 30
+"""How often a live page (:func:`with_live_status`) reloads itself in the browser, in seconds."""
+
+
+def with_live_status(text: str, live: str | None) -> str:
+    """A page (from :func:`page`) with a banner of its live status (``live``, e.g. "live: last analysed
+    step 120 of 400, refreshed 14:02:11") that reloads itself every :data:`LIVE_RELOAD_S` seconds;
+    the page unchanged when ``live`` is None."""
+    if live is None:
+        return text
+    text = text.replace('<meta charset="utf-8">',
+                        f'<meta charset="utf-8"><meta http-equiv="refresh" content="{LIVE_RELOAD_S}">', 1)
+    banner = (f'<p class="live" id="live-status" style="background:#fff3cd;padding:0.4em 0.8em;border-radius:4px">'
+              f'{html.escape(live)}</p>')
+    return text.replace("<body><main>\n", f"<body><main>\n{banner}\n", 1)
+
+
+def write_page(path: str | Path, text: str, live: str | None = None) -> Path:
+    """Write a page atomically (with its live status, if any: :func:`with_live_status`) and return its path."""
     path = Path(path)
-    write_text_atomic(path, text)
+    write_text_atomic(path, with_live_status(text, live))
     return path

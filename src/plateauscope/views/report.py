@@ -346,9 +346,11 @@ def _attention_section(run: Run, sel: dict[str, Any], n_examples: int, seed: int
     return parts
 
 
-def write_report(run_dir: str | Path, out: str | Path | None = None, n_examples: int = 2, seed: int = 0) -> Path:
+def write_report(run_dir: str | Path, out: str | Path | None = None, n_examples: int = 2, seed: int = 0,
+                 live: str | None = None) -> Path:
     """Write the report (default ``RUN/report.html``) and, next to it, the run at a glance
-    (``overview.svg``); return the report's path."""
+    (``overview.svg``); return the report's path. ``live``: the status line of a run still being
+    followed (``plateauscope.views.live``)."""
     path = Path(out) if out is not None else Path(run_dir) / REPORT_FILE
     write_text_atomic(path.parent / OVERVIEW_FILE, build_overview(run_dir)[0])
-    return write_page(path, build_report(run_dir, n_examples, seed))
+    return write_page(path, build_report(run_dir, n_examples, seed), live)

@@ -16,13 +16,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from plateauscope.analysis.results import VIEW_FILE
-from plateauscope.training.run import write_text_atomic
+from plateauscope.views.pages import write_page
 from plateauscope.views.time_data import time_view_data
 from plateauscope.views.time_view import render_time_view
 
 
-def write_view(run_dir: str | Path, out: str | Path | None = None) -> Path:
-    """Write the view (default ``RUN/view.html``) from the run's cached analyses; return its path."""
+def write_view(run_dir: str | Path, out: str | Path | None = None, live: str | None = None) -> Path:
+    """Write the view (default ``RUN/view.html``) from the run's cached analyses; return its path.
+    ``live``: the status line of a run still being followed (``plateauscope.views.live``)."""
     path = Path(out) if out is not None else Path(run_dir) / VIEW_FILE
-    write_text_atomic(path, render_time_view(time_view_data(run_dir)))
-    return path
+    return write_page(path, render_time_view(time_view_data(run_dir)), live)

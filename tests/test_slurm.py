@@ -1,0 +1,93 @@
+"""Sweeps on a real Slurm cluster: one node on localhost (``tests/slurm_cluster.py``), submitit's
+``SlurmExecutor``, job arrays, ``scancel``.
+
+Checked against the serial executor's sweep of the same grid (the session's ``tiny_sweep``, one
+torch thread): every run's ``metrics.jsonl`` equal but for the wall clock, and every checkpoint
+byte-identical. The tests skip, loudly, only where Slurm and munge are not installed; ``.ci/run``
+installs them.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from plateauscope.training import run as rd
+from tests import slurm_cluster
+
+SWEEP = ["sweep", "--preset", "tiny", "--executor", "slurm", "--threads", "1", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    """The cluster, up for this module's tests and stopped after them, even when one fails."""
+    lacking = slurm_cluster.missing()
+    if lacking:
+        pytest.skip(f"SLURM NOT INSTALLED ({', '.join(lacking)} missing): the Slurm tests did not run "
+                    "(apt-get install slurm-wlm munge, or let .ci/run install them)")
+    folder = Path(tmp_path_factory.mktemp("slurm"))
+    env = slurm_cluster.start(folder)
+    with pytest.MonkeyPatch.context() as mp:
+        for key, value in env.items():
+            mp.setenv(key, value)
+        try:
+            yield {**os.environ, **env}
+        finally:
+            slurm_cluster.stop(folder)
+
+
+def sweep(env: dict, out: Path, *more: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "plateauscope", *SWEEP, "--out", str(out), *more],
+                          capture_output=True, text=True, env=env, timeout=600)
+
+
+def same_as_serial(out: Path, reference: Path) -> None:
+    runs = sorted(p.name for p in reference.iterdir() if (p / rd.CONFIG_FILE).exists())
+    assert runs and runs == sorted(p.name for p in out.iterdir() if (p / rd.CONFIG_FILE).exists())
+    for name in runs:
+        def metrics(run: Path) -> list[dict]:
+            return [{k: v for k, v in r.items() if k != "wall_s"} for r in rd.read_jsonl(run / rd.METRICS_FILE)]
+        assert metrics(out / name) == metrics(reference / name), name
+        ckpts = sorted(p.name for p in (reference / name / rd.CHECKPOINT_DIR).iterdir())
+        assert ckpts == sorted(p.name for p in (out / name / rd.CHECKPOINT_DIR).iterdir()), name
+        for ckpt in ckpts:
+            assert (out / name / rd.CHECKPOINT_DIR / ckpt).read_bytes() == \
+                (reference / name / rd.CHECKPOINT_DIR / ckpt).read_bytes(), (name, ckpt)
+
+
+def test_a_sweep_on_slurm_equals_the_serial_one(cluster, tiny_sweep, tmp_path):
+    done = sweep(cluster, tmp_path / "slurm")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "6 of 6 runs complete" in done.stdout
+    same_as_serial(tmp_path / "slurm", tiny_sweep)
+
+
+def test_a_cancelled_job_is_one_line_and_the_next_call_resumes_it(cluster, tiny_sweep, tmp_path):
+    out = tmp_path / "slurm"
+    first = subprocess.Popen([sys.executable, "-m", "plateauscope", *SWEEP, "--out", str(out)],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster)
+    deadline, cancelled = time.monotonic() + 120, None
+    while cancelled is None:  # the first array task that runs is cancelled at once
+        assert time.monotonic() < deadline and first.poll() is None
+        running = subprocess.run(["squeue", "-h", "-r", "-t", "RUNNING", "-o", "%i %j"], capture_output=True,
+                                 text=True, env=cluster).stdout.split("\n")
+        jobs = [line.split()[0] for line in running if "plateauscope-sweep" in line]
+        if jobs:
+            cancelled = jobs[0]
+            subprocess.run(["scancel", cancelled], check=True, env=cluster)
+        time.sleep(0.1)
+    stdout, stderr = first.communicate(timeout=600)
+    assert first.returncode == 1, stdout + stderr
+    failed = [line for line in stdout.splitlines() if line.startswith("failed")]
+    assert len(failed) == 1 and "CANCELLED" in failed[0], stdout
+    assert "5 of 6 runs complete" in stdout
+    again = sweep(cluster, out)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert sum(line.startswith("done") for line in again.stdout.splitlines()) == 1  # only the cancelled run
+    assert "6 of 6 runs complete" in again.stdout
+    same_as_serial(out, tiny_sweep)
