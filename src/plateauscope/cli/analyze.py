@@ -15,7 +15,6 @@ from plateauscope.analysis.summary import format_summary
 from plateauscope.cli.common import CliError, add_backend_arg, run_cli
 from plateauscope.training.run import Run
 from plateauscope.training.train import OneLineParser
-from plateauscope.views.live import POLL_S, follow
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,8 +49,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--follow", action="store_true",
                    help="analyse the run while it trains: each new checkpoint's cheap pass, the report and the view "
                         "rewritten live; the whole analysis when summary.json says complete, then exit")
-    p.add_argument("--poll", type=float, default=POLL_S,
-                   help=f"with --follow: seconds between two looks at the run directory (default {POLL_S:g})")
+    p.add_argument("--poll", type=float,
+                   help="with --follow: seconds between two looks at the run directory (default 2)")
     p.add_argument("--no-wait", action="store_true",
                    help="exit with one line, rather than wait, when another process is analysing the run")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -81,12 +80,14 @@ def main(argv: list[str] | None = None) -> int:
             if args.steps or args.every != 1 or args.full:
                 raise CliError("--follow analyses every checkpoint with the adaptive plan: not with --steps, "
                                "--every or --full")
-            if args.poll <= 0:
+            if args.poll is not None and args.poll <= 0:
                 raise CliError(f"--poll must be positive, got {args.poll}")
+            from plateauscope.views.live import POLL_S, follow  # the pages need the views' extras
+
             logging.basicConfig(level=logging.INFO, format="%(message)s")
             try:
-                result = follow(args.run, settings, args.n_exact, args.poll, device=args.device, backend=args.backend,
-                                edges=not args.no_edges, wait=not args.no_wait)
+                result = follow(args.run, settings, args.n_exact, args.poll or POLL_S, device=args.device,
+                                backend=args.backend, edges=not args.no_edges, wait=not args.no_wait)
             except KeyboardInterrupt:
                 raise CliError(f"stopped following {args.run}: every cache file is whole; analyze it again "
                                "to continue") from None
