@@ -19,7 +19,7 @@ from pathlib import Path
 
 import plateauscope as ps
 from plateauscope.analysis.analyze import AnalysisSettings, analyze_run, load_analysis
-from plateauscope.analysis.results import ANALYSIS_DIR, LOCK_FILE
+from plateauscope.analysis.results import ANALYSIS_DIR, LOCK_FILE, cached_series
 from plateauscope.cli.analyze import main as analyze_main
 from plateauscope.training import run as rd
 from plateauscope.training.presets import get_preset
@@ -125,10 +125,22 @@ def test_an_edited_task_file_recomputes_and_says_so(tmp_path, caplog):
             analyze_run(out, steps=[20, 40], n_exact=1, settings=settings, progress=False)
         return [r.getMessage() for r in caplog.records]
 
-    assert analyse() == []
+    computed = []
+
+    def series() -> list[str]:  # the cache of the Hessian and the LLC, with a probe in place of their computation
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="plateauscope.analysis.results"):
+            cached_series(rd.Run(out), out / ANALYSIS_DIR / "probe.jsonl", {"probe": 1}, [20, 40],
+                          lambda step, model: computed.append(step) or {"n": len(computed)}, "probe", progress=False)
+        return [r.getMessage() for r in caplog.records]
+
+    assert analyse() == [] and series() == [] and computed == [20, 40]
     first = rd.read_jsonl(out / ANALYSIS_DIR / "attention.jsonl")
     assert analyse() == [] and rd.read_jsonl(out / ANALYSIS_DIR / "attention.jsonl") == first  # cached
+    assert series() == [] and computed == [20, 40]
     source.write_text(TASK + "\n# an edit that could change what the task computes\n")
+    assert series() == [f"{out}: the task ({source}:Mine) changed since probe.jsonl was written: recomputing"]
+    assert computed == [20, 40, 20, 40]
     assert analyse() == [f"{out}: the task ({source}:Mine) changed since its analysis cache was written: recomputing"]
     after = rd.read_jsonl(out / ANALYSIS_DIR / "attention.jsonl")
     assert len(after) == 2 * len(first) and {r["settings"]["task"] for r in after[len(first):]} != \

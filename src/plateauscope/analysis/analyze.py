@@ -84,6 +84,7 @@ from plateauscope.analysis.results import (
     pick_steps,
     read_routing_summary,
     settings_key,
+    task_changed,
     write_json_result,
     writes_cache,
 )
@@ -186,15 +187,6 @@ def load_analysis(run_dir: str | Path, settings: AnalysisSettings | None = None)
     return out
 
 
-def task_changed(run: Run, settings: AnalysisSettings) -> bool:
-    """Whether the run's cache holds records of these settings made by another version of its task
-    (its source file or config), or before records stored the task, and none made by this one."""
-    key = settings.for_cache("attention", run.task_fingerprint())
-    records = load_records(analysis_dir(run.path) / ATTENTION_FILE)
-    others = [r for r in records if {**(r.get("settings") or {}), "task": key["task"]} == key]
-    return bool(others) and not any(r["settings"] == key for r in others)
-
-
 def exact_steps(steps: list[int], n: int, landmarks: list[int]) -> list[int]:
     """``n`` evenly spaced steps of ``steps`` plus the step nearest each landmark, and the last."""
     if not steps or n <= 0:
@@ -245,7 +237,7 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     pairs = prompt_pairs(task, settings.n_examples, settings.seed)
     targets = settings.patch_targets
     fingerprint = run.task_fingerprint()
-    if task_changed(run, settings):
+    if task_changed(folder / ATTENTION_FILE, settings.for_cache("attention", fingerprint)):
         log.warning("%s: the task (%s) changed since its analysis cache was written: recomputing", run.path,
                     run.config.task_name)
 

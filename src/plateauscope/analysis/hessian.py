@@ -221,8 +221,9 @@ def hessian_path(run_dir: str | Path) -> Path:
 
 
 def load_hessian(run_dir: str | Path, settings: dict[str, Any] | None = None) -> list[dict[str, Any]]:
-    """Cached records of a run (only those made with ``settings``, when given), sorted by step."""
-    return load_records(hessian_path(run_dir), settings)
+    """Cached records of a run (only those made with ``settings`` and the run's task, when given), sorted by step."""
+    key = None if settings is None else {**settings, "task": Run(run_dir).task_fingerprint()}
+    return load_records(hessian_path(run_dir), key)
 
 
 def default_escape(run: Run) -> tuple[int | None, int | None]:

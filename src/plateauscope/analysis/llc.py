@@ -237,9 +237,9 @@ def llc_path(run_dir: str | Path) -> Path:
 
 
 def load_llc(run_dir: str | Path, settings: LLCSettings | None = None) -> list[dict[str, Any]]:
-    """Cached LLC records of a run made with ``settings`` (all settings when None), sorted by step."""
+    """Cached LLC records of a run made with ``settings`` and the run's task (all records when None), sorted by step."""
     if settings is not None:
-        return load_records(llc_path(run_dir), settings.to_dict())
+        return load_records(llc_path(run_dir), {**settings.to_dict(), "task": Run(run_dir).task_fingerprint()})
     path = llc_path(run_dir)
     return sorted(read_jsonl(path), key=lambda r: (r["step"], r["settings"]["num_draws"])) if path.exists() else []
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import math
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -33,6 +34,8 @@ from plateauscope.training.run import (
     write_json_atomic,
     write_text_atomic,
 )
+
+log = logging.getLogger(__name__)
 
 ANALYSIS_DIR = "analysis"
 """Folder of a run directory that holds every analysis cache."""
@@ -174,6 +177,15 @@ def load_records(path: Path, settings: Mapping[str, Any] | None = None) -> list[
     return [by_step[s] for s in sorted(by_step)]
 
 
+def task_changed(path: Path, key: Mapping[str, Any]) -> bool:
+    """Whether the cache file ``path`` holds records of the settings ``key`` (which names the run's
+    task, ``plateauscope.training.run.Run.task_fingerprint``) made by another version of the task, or
+    before records stored it, and none made by this one: then a changed task recomputes."""
+    key = settings_key(key)
+    others = [r for r in load_records(path) if {**(r.get("settings") or {}), "task": key["task"]} == key]
+    return bool(others) and not any(r["settings"] == key for r in others)
+
+
 def pick_steps(available: list[int], every: int = 1, steps: list[int] | None = None) -> list[int]:
     """The checkpoints to analyse: explicit ``steps`` (each must exist) or every ``every``-th one and the last."""
     if every < 1:
@@ -193,8 +205,13 @@ def pick_steps(available: list[int], every: int = 1, steps: list[int] | None = N
 def cached_series(run: Run, path: Path, settings: Mapping[str, Any], steps: list[int],
                   compute: Callable[[int, Any], dict[str, Any]], desc: str, device: str = "cpu",
                   progress: bool = True) -> list[dict[str, Any]]:
-    """One record per step: from the cache file ``path`` when it holds one with these ``settings``,
-    else ``compute(step, model)`` on the checkpoint (loaded one at a time), appended to the cache."""
+    """One record per step: from the cache file ``path`` when it holds one with these ``settings`` and
+    the run's task, else ``compute(step, model)`` on the checkpoint (loaded one at a time), appended
+    to the cache."""
+    settings = {**settings, "task": run.task_fingerprint()}
+    if task_changed(path, settings):
+        log.warning("%s: the task (%s) changed since %s was written: recomputing", run.path, run.config.task_name,
+                    Path(path).name)
     have = {r["step"]: r for r in load_records(path, settings)}
     for step in tqdm([s for s in steps if s not in have], desc=f"{desc} {run.path.name}", disable=not progress,
                      dynamic_ncols=True):
