@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -149,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(("`kill -9` of `sweep --executor slurm` while its array runs",
                          "nothing; the same command again waits for the array, or resubmits what did not finish",
                          f"every run complete and byte-identical to a serial sweep's "
-                         f"(`{again.stdout.strip().splitlines()[-1].split(';')[0]}`)", ok))
+                         f"(`{re.search(r'[0-9]+ of [0-9]+ runs complete', again.stdout).group()}`)", ok))
         finally:
             slurm_cluster.stop(folder)
 
@@ -180,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     after = run(command("analyze", "--run", str(out), "--no-wait", *ANALYSE))
     ok = held.returncode == 2 and after.returncode == 0 and cache(out) == reference_cache
     rows.append(("the analysis lock held by a live process, then by one killed with `kill -9`",
-                 f"live: `{last_line(held)}` (without `--no-wait`: one line, then it waits)",
+                 f"live: `{last_line(held).replace(str(work) + '/', '')}` (without `--no-wait`: one line, then it waits)",
                  "killed: nothing; the kernel released its lock, and the next analysis runs", ok))
 
     # checkpoint faults

@@ -82,6 +82,7 @@ from plateauscope.analysis.results import (
     cached_series,
     load_records,
     settings_key,
+    with_task,
 )
 from plateauscope.tasks.base import Task
 from plateauscope.training.run import Run, RunError
@@ -222,8 +223,7 @@ def hessian_path(run_dir: str | Path) -> Path:
 
 def load_hessian(run_dir: str | Path, settings: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """Cached records of a run (only those made with ``settings`` and the run's task, when given), sorted by step."""
-    key = None if settings is None else {**settings, "task": Run(run_dir).task_fingerprint()}
-    return load_records(hessian_path(run_dir), key)
+    return load_records(hessian_path(run_dir), None if settings is None else with_task(run_dir, settings))
 
 
 def default_escape(run: Run) -> tuple[int | None, int | None]:

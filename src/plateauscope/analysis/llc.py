@@ -58,6 +58,7 @@ from plateauscope.analysis.results import (
     na,
     pick_steps,
     read_routing_summary,
+    with_task,
     write_json_result,
 )
 from plateauscope.tasks.base import Task
@@ -239,7 +240,7 @@ def llc_path(run_dir: str | Path) -> Path:
 def load_llc(run_dir: str | Path, settings: LLCSettings | None = None) -> list[dict[str, Any]]:
     """Cached LLC records of a run made with ``settings`` and the run's task (all records when None), sorted by step."""
     if settings is not None:
-        return load_records(llc_path(run_dir), {**settings.to_dict(), "task": Run(run_dir).task_fingerprint()})
+        return load_records(llc_path(run_dir), with_task(run_dir, settings.to_dict()))
     path = llc_path(run_dir)
     return sorted(read_jsonl(path), key=lambda r: (r["step"], r["settings"]["num_draws"])) if path.exists() else []
 

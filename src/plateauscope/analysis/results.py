@@ -177,6 +177,11 @@ def load_records(path: Path, settings: Mapping[str, Any] | None = None) -> list[
     return [by_step[s] for s in sorted(by_step)]
 
 
+def with_task(run_dir: str | Path, settings: Mapping[str, Any]) -> dict[str, Any]:
+    """``settings`` with the run's task (``plateauscope.training.run.Run.task_fingerprint``): the key of a cache's records."""
+    return {**settings, "task": Run(run_dir).task_fingerprint()}
+
+
 def task_changed(path: Path, key: Mapping[str, Any]) -> bool:
     """Whether the cache file ``path`` holds records of the settings ``key`` (which names the run's
     task, ``plateauscope.training.run.Run.task_fingerprint``) made by another version of the task, or
@@ -208,7 +213,7 @@ def cached_series(run: Run, path: Path, settings: Mapping[str, Any], steps: list
     """One record per step: from the cache file ``path`` when it holds one with these ``settings`` and
     the run's task, else ``compute(step, model)`` on the checkpoint (loaded one at a time), appended
     to the cache."""
-    settings = {**settings, "task": run.task_fingerprint()}
+    settings = with_task(run.path, settings)
     if task_changed(path, settings):
         log.warning("%s: the task (%s) changed since %s was written: recomputing", run.path, run.config.task_name,
                     Path(path).name)

@@ -8,7 +8,8 @@ HH:MM:SS", and a reload every 30 seconds in the browser. When the run's ``summar
 is complete, it runs the whole analysis once (the cheap pass on what is left, then the expensive
 pass at the landmarks, which need the finished run's tau and plateau), writes the final pages
 without the banner, and returns. So the cache it leaves is the one an analysis after the fact
-gives: the same records, the same values.
+gives: the same records, the same values (on a run with dense checkpoints; under the adaptive
+policy it also keeps the records of checkpoints deleted after they were analysed).
 
 A checkpoint that the adaptive checkpoint policy deletes while it is being read is skipped until
 the next poll. Ctrl-C stops following between two writes: every cache file is whole, and a later
