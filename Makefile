@@ -2,8 +2,8 @@
 #   make demo   - virtual environment, install, train the demo run, analyse it, write its report and time view
 #   make test   - the same set-up, then the test suite
 #   make test-fast - the tests not marked slow (no session training runs, notebooks or browser): seconds
-#   make test-tl4 - a second environment, .venv-tl4, with TransformerLens 4.x: the backend tests
-#                   (plateauscope.backend) on TransformerBridge
+#   make test-tl3 - a second environment, .venv-tl3, with TransformerLens 3.x: the tests of everything
+#                   that runs differently on HookedTransformer, and the same runs and analyses as on 4.x
 #   make test-wheel - build the wheel, install it (no -e) into a fresh venv, and run the commands from outside the checkout
 #   make docs     - the manual (docs/) into build/site, offline, strict: a broken link or reference fails
 #   make figures  - the demo's overview figure (written by plateauscope report) into the docs and README
@@ -13,21 +13,24 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 DEMO   := checkpoints/demo
 
-# TransformerLens 4.x cannot share .venv with the 3.x that pyproject.toml pins (same distribution
-# name), so it gets its own environment with the project's other runtime and test dependencies.
-VENV_TL4 := .venv-tl4
-PY_TL4   := $(VENV_TL4)/bin/python
-STAMP_TL4 := $(VENV_TL4)/.installed
-TL4_DEPS := "transformer-lens>=4.3,<5" "einops>=0.7" "jaxtyping>=0.2.28" "numpy>=1.24" "safetensors>=0.4" \
-            "tqdm>=4.66" "scipy>=1.10" "pytest>=8" "beartype>=0.18"
-# Each test run opens its series in the other environment too, when that environment exists.
-OTHER_OF_MAIN = $(if $(wildcard $(PY_TL4)),$(abspath $(PY_TL4)))
-OTHER_OF_TL4  = $(if $(wildcard $(PY)),$(abspath $(PY)))
+# pyproject.toml accepts TransformerLens 3.5 - 4.x. The project's environment takes 4.x (named, so
+# that an environment made when 3.x was the pin moves up); 3.x, the same distribution name, gets its
+# own environment with the same dependencies, and auto-circuit (it imports HookedTransformer: 3.x only).
+TL_MAIN := "transformer-lens>=4.3,<5"
+VENV_TL3 := .venv-tl3
+PY_TL3   := $(VENV_TL3)/bin/python
+STAMP_TL3 := $(VENV_TL3)/.installed
+TL3_TESTS := tests/test_backend.py tests/test_cross_major.py tests/test_fused.py tests/test_patch.py \
+             tests/test_metrics.py tests/test_edges.py tests/test_edges_autocircuit.py tests/test_train.py \
+             tests/test_interventions.py tests/test_attention_ablate.py tests/test_sweep.py
+# Each test run trains, resumes and analyses in the other environment too, when that environment exists.
+OTHER_OF_MAIN = $(if $(wildcard $(PY_TL3)),$(abspath $(PY_TL3)))
+OTHER_OF_TL3  = $(if $(wildcard $(PY)),$(abspath $(PY)))
 
 STAMP_DOCS := $(VENV)/.installed-docs
 FIGURE     := docs/pages/images/demo.svg
 
-.PHONY: demo test test-fast test-wheel install install-tl4 test-tl4 docs figures clean-venv
+.PHONY: demo test test-fast test-wheel install install-tl3 test-tl3 docs figures clean-venv
 
 install: $(STAMP)
 
@@ -36,7 +39,8 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "torch==2.13.0"
-	$(PY) -m pip install -q -e ".[dev]"
+	$(PY) -m pip install -q -e ".[dev]" $(TL_MAIN)
+	$(PY) -c "import sys, torch; sys.exit('.venv: pip installed a CUDA torch' if torch.version.cuda else 0)"
 	touch $(STAMP)
 
 # The demo: plateauscope demo trains, analyses, and writes the report and the time view (resuming
@@ -50,22 +54,19 @@ demo:
 test: $(STAMP)
 	PLATEAUSCOPE_OTHER_PYTHON=$(OTHER_OF_MAIN) $(PY) -m pytest
 
-install-tl4: $(STAMP_TL4)
+install-tl3: $(STAMP_TL3)
 
 # torch first, pinned to the CPU build, exactly as for .venv; then fail if pip swapped in a CUDA build.
-$(STAMP_TL4): Makefile pyproject.toml
-	test -x $(PY_TL4) || $(PYTHON) -m venv $(VENV_TL4)
-	$(PY_TL4) -m pip install -q --upgrade pip
-	$(PY_TL4) -m pip install -q "torch==2.13.0"
-	$(PY_TL4) -m pip install -q $(TL4_DEPS)
-	$(PY_TL4) -m pip install -q --no-deps -e .
-	$(PY_TL4) -c "import sys, torch; sys.exit('.venv-tl4: pip installed a CUDA torch' if torch.version.cuda else 0)"
-	touch $(STAMP_TL4)
+$(STAMP_TL3): Makefile pyproject.toml
+	test -x $(PY_TL3) || $(PYTHON) -m venv $(VENV_TL3)
+	$(PY_TL3) -m pip install -q --upgrade pip
+	$(PY_TL3) -m pip install -q "torch==2.13.0"
+	$(PY_TL3) -m pip install -q -e ".[dev,autocircuit]" "transformer-lens>=3.5,<4"
+	$(PY_TL3) -c "import sys, torch; sys.exit('.venv-tl3: pip installed a CUDA torch' if torch.version.cuda else 0)"
+	touch $(STAMP_TL3)
 
-# One torch thread: on this 2-core machine the whole file took 6.8 CPU-minutes on 2 threads, while
-# the `ci` run it trains took 56 CPU-seconds on one (the small model gains nothing from a second).
-test-tl4: $(STAMP_TL4)
-	OMP_NUM_THREADS=1 PLATEAUSCOPE_OTHER_PYTHON=$(OTHER_OF_TL4) $(PY_TL4) -m pytest tests/test_backend.py
+test-tl3: $(STAMP_TL3)
+	PLATEAUSCOPE_OTHER_PYTHON=$(OTHER_OF_TL3) $(PY_TL3) -m pytest $(TL3_TESTS)
 
 test-wheel: $(STAMP)
 	$(PY) -m pytest tests/test_wheel.py
@@ -88,4 +89,4 @@ figures: demo
 	@echo "$(FIGURE): update the caption under the figure in README.md to its <desc> (tests/test_overview.py checks)"
 
 clean-venv:
-	rm -rf $(VENV) $(VENV_TL4)
+	rm -rf $(VENV) $(VENV_TL3)

@@ -27,7 +27,8 @@ from torch.func import grad
 from plateauscope.analysis.hessian import DEFAULT_BATCH, default_escape, hessian_batch
 from plateauscope.analysis.hessian_engine import HessianOperator, lanczos, model_loss
 from plateauscope.tasks.selector import SelectorTask
-from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.backend import build_model
+from plateauscope.training.model import hooked_config_dict
 from plateauscope.training.presets import get_preset
 from plateauscope.training.run import Run
 from record import against, arguments, row, save
@@ -54,7 +55,7 @@ def load(run_dir: Path | None, step: int | None) -> tuple[torch.nn.Module, Selec
         return run.model(step), run.task(), f"{run_dir} step {step}"
     cfg = get_preset("paper")
     task = SelectorTask.generate(cfg.task)
-    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)
+    model = build_model(hooked_config_dict(cfg.model, task), seed=0)
     return model, task, "freshly initialised paper-preset model"
 
 

@@ -30,7 +30,8 @@ import torch
 
 from plateauscope.analysis.llc import LLCSettings, estimate_llc
 from plateauscope.tasks.selector import SelectorTask
-from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.backend import build_model
+from plateauscope.training.model import hooked_config_dict
 from plateauscope.training.presets import get_preset
 from plateauscope.training.run import Run
 from record import against, arguments, row, save
@@ -78,7 +79,7 @@ def main() -> None:
 
     cfg = get_preset("paper")
     task = SelectorTask.generate(cfg.task)
-    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)
+    model = build_model(hooked_config_dict(cfg.model, task), seed=0)
     wall, cpu, _ = timed_estimate(model, task.tokens, task, settings)
     print(f"paper model ({sum(p.numel() for p in model.parameters()):,} params, D = {len(task.tokens):,}): "
           f"{wall:.2f} s wall, {cpu:.2f} s CPU per checkpoint; ratio paper / ci {wall / ci_wall:.2f} (wall), "

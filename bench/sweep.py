@@ -23,6 +23,7 @@ part of their own).
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -32,7 +33,8 @@ import torch
 
 from plateauscope.tasks.selector import SelectorTask
 from plateauscope.training.ensemble import ensemble_loss, stack_members, train_ensemble
-from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.backend import build_model, default_backend, hooked_parameter_shapes
+from plateauscope.training.model import hooked_config_dict
 from plateauscope.training.presets import PRESETS, get_preset
 from plateauscope.training.run import Run
 from plateauscope.training.train import train
@@ -56,11 +58,11 @@ def profile_step(cfg, seeds: int, steps: int = 20) -> dict[str, tuple[float, flo
     B = cfg.train.batch_size
     gen = torch.Generator().manual_seed(0)
     batches = task.tokens[torch.randint(0, task.cfg.D, (steps + 3, seeds, B), generator=gen)]
-    solos = [build_hooked_transformer(hooked, seed=s) for s in range(seeds)]
+    solos = [build_model(hooked, seed=s) for s in range(seeds)]
     opts = [torch.optim.AdamW(m.parameters(), lr=cfg.train.lr) for m in solos]
-    template = build_hooked_transformer(hooked)
+    template = build_model(hooked)
     buffers = dict(template.named_buffers())
-    params, opt = stack_members(template, [m.state_dict() for m in solos], None, cfg)
+    params, opt = stack_members(list(hooked_parameter_shapes(hooked)), [m.state_dict() for m in solos], None, cfg)
     times: dict[str, list[tuple[float, float]]] = {"forward": [], "backward": [], "AdamW": []}
 
     def clock() -> float:
@@ -110,9 +112,9 @@ def vectorised_step(cfg, seeds: int, compiled: bool = False) -> Callable[[], Non
     loss through ``torch.compile``)."""
     task = SelectorTask.generate(cfg.task)
     hooked = hooked_config_dict(cfg.model, task)
-    template = build_hooked_transformer(hooked)
-    members = [build_hooked_transformer(hooked, seed=s) for s in range(seeds)]
-    params, opt = stack_members(template, [m.state_dict() for m in members], None, cfg)
+    template = build_model(hooked)
+    members = [build_model(hooked, seed=s) for s in range(seeds)]
+    params, opt = stack_members(list(hooked_parameter_shapes(hooked)), [m.state_dict() for m in members], None, cfg)
     buffers = dict(template.named_buffers())
     batch = task.tokens[torch.randint(0, task.cfg.D, (seeds, cfg.train.batch_size))]
 
@@ -171,6 +173,9 @@ def main() -> None:
     p.add_argument("--compile", action="store_true",
                    help="also time the vectorised step through torch.compile (about a minute more)")
     args = p.parse_args()
+    if default_backend() != "hooked":
+        sys.exit("the vectorised step profiled here is a vmap over HookedTransformer: run this bench in the "
+                 "TransformerLens 3 environment (.venv-tl3/bin/python bench/sweep.py)")
     if args.threads:
         torch.set_num_threads(args.threads)
     cfg = get_preset(args.preset).replace(max_steps=args.steps, eval_every=max(args.steps // 4, 1),
@@ -220,7 +225,7 @@ def main() -> None:
     # run at twice the solo steps' speed, and its matrix products alone already run near this
     # machine's best matmul speed.
     task = SelectorTask.generate(cfg.task)
-    n_params = sum(p.numel() for p in build_hooked_transformer(
+    n_params = sum(p.numel() for p in build_model(
         hooked_config_dict(cfg.model, task)).parameters())
     flop = 6 * n_params * cfg.train.batch_size * task.layout.input_len * args.seeds  # 6 N tokens, all members
     peak = best_matmul_gflops()

@@ -57,13 +57,15 @@ changes nothing, because its output does not depend on z.
 
 from __future__ import annotations
 
-import torch
-from transformer_lens import HookedTransformer
+from typing import Any
 
+import torch
+
+from plateauscope.backend import Model, initial_hooked_state, model_from_hooked_state
 from plateauscope.tasks.selector import SelectorTask
 from plateauscope.tasks.selector_layout import BOS, SPECIAL_TOKENS
 from plateauscope.training.config import ModelConfig, TaskConfig
-from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.training.model import hooked_config_dict
 
 SELECTOR_HEAD: tuple[int, int] = (0, 1)
 """(layer, head) of the one head that routes the selector."""
@@ -90,6 +92,31 @@ N_B, K = 4, 4
 ALPHABET = "abcdefghijklmnop"
 D_MODEL, N_HEADS, D_HEAD = 48, 2, 8
 N_TOKEN_ID = 8
+
+
+class HookedWeights:
+    """HookedTransformer's attribute paths (``W_E``, ``W_pos``, ``W_U``, ``blocks[l].attn.W_Q``, ...)
+    over a state dict in its layout, so that a model is built by hand on either backend: set the
+    tensors, then :meth:`model`."""
+
+    ALIASES = {"W_E": "embed.W_E", "W_pos": "pos_embed.W_pos", "W_U": "unembed.W_U"}
+
+    def __init__(self, cfg_dict: dict[str, Any], state: dict[str, torch.Tensor] | None = None, prefix: str = ""):
+        self._cfg = cfg_dict
+        self._state = {k: torch.zeros_like(v) if v.is_floating_point() and v.dim() else v
+                       for k, v in initial_hooked_state(cfg_dict, seed=0).items()} if state is None else state
+        self._prefix = prefix
+
+    def __getattr__(self, name: str) -> Any:
+        key = self.ALIASES.get(name, self._prefix + name) if not self._prefix else self._prefix + name
+        return self._state[key] if key in self._state else HookedWeights(self._cfg, self._state, key + ".")
+
+    def __getitem__(self, index: int) -> HookedWeights:
+        return HookedWeights(self._cfg, self._state, f"{self._prefix}{index}.")
+
+    def model(self) -> Model:
+        """The model holding these weights, on the installed backend, in eval mode."""
+        return model_from_hooked_state(self._cfg, self._state).eval()
 
 
 def handbuilt_task() -> SelectorTask:
@@ -119,7 +146,7 @@ def _dims(n_ctx: int) -> dict[str, slice]:
 
 @torch.no_grad()
 def selector_copy_model(task: SelectorTask | None = None, split: bool = False,
-                        conjunctive: bool = False, damage: bool = False) -> HookedTransformer:
+                        conjunctive: bool = False, damage: bool = False) -> Model:
     """The hand-built model of the module docstring, for ``handbuilt_task()`` (the default);
     ``split``: the copy shared by :data:`SPLIT_HEADS`, half each; ``conjunctive``: both copy in full
     and :data:`COUNTER_HEAD` subtracts one copy; ``damage``: :data:`DAMAGE_HEAD` carries B in a
@@ -132,9 +159,7 @@ def selector_copy_model(task: SelectorTask | None = None, split: bool = False,
         raise ValueError("selector_copy_model is built for handbuilt_task()")
     mcfg = ModelConfig(n_layers=2, d_model=D_MODEL, n_heads=N_HEADS, d_head=D_HEAD, d_mlp=16,
                        act_fn="relu", normalization_type=None)
-    model = build_hooked_transformer(hooked_config_dict(mcfg, task), seed=0)
-    for p in model.parameters():
-        p.zero_()
+    model = HookedWeights(hooked_config_dict(mcfg, task))  # every weight zero
     dims = _dims(lay.seq_len)
     sel_in, sel_out, pos = (torch.arange(D_MODEL)[dims[n]] for n in ("sel_in", "sel_out", "pos"))
     bos_d, prior_d = dims["bos"].start, dims["prior"].start
@@ -201,7 +226,7 @@ def selector_copy_model(task: SelectorTask | None = None, split: bool = False,
         ids = second % N_TOKEN_ID  # the token id of d_g, group by group
         model.W_U[torch.arange(D_MODEL)[dims["b_copy"]][ids], first[: len(ids)]] = DAMAGE
         model.W_U[torch.arange(D_MODEL)[dims["l1h1_out"]][ids], first[: len(ids)]] = -DAMAGE
-    return model.eval()
+    return model.model()
 
 
 class UniformOverCandidates(torch.nn.Module):

@@ -1,4 +1,4 @@
-"""A hand-built 2-layer attention-only HookedTransformer that does induction, for known-answer tests.
+"""A hand-built 2-layer attention-only model that does induction, for known-answer tests.
 
 The task (:func:`handbuilt_induction_task`): V = 12 tokens, segments of L = 4, gaps up to F = 2, so
 a sequence has 1 + F + 2L = 11 tokens. The model (:func:`induction_model`): 2 layers x 2 heads,
@@ -19,11 +19,12 @@ argmax predicts every repeated token after the first (r_2 .. r_L) and the loss t
 from __future__ import annotations
 
 import torch
-from transformer_lens import HookedTransformer
 
+from plateauscope.backend import Model
 from plateauscope.tasks.induction import InductionConfig, InductionTask
 from plateauscope.training.config import ModelConfig
-from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.training.model import hooked_config_dict
+from tests.handbuilt import HookedWeights
 
 PREVIOUS_TOKEN_HEAD = (0, 0)
 INDUCTION_HEAD = (1, 1)
@@ -39,7 +40,7 @@ def handbuilt_induction_task(n_sequences: int = 64, repeat_fraction: float = 1.0
 
 
 @torch.no_grad()
-def induction_model(task: InductionTask | None = None) -> HookedTransformer:
+def induction_model(task: InductionTask | None = None) -> Model:
     """The model of the module docstring."""
     task = handbuilt_induction_task() if task is None else task
     n_vocab, n_ctx = len(task.vocab), task.seq_len
@@ -48,9 +49,7 @@ def induction_model(task: InductionTask | None = None) -> HookedTransformer:
     d_model, d_head = 3 * n_vocab + n_ctx, max(n_vocab, n_ctx)
     mcfg = ModelConfig(n_layers=2, d_model=d_model, n_heads=2, d_head=d_head, d_mlp=4, normalization_type=None,
                        attn_only=True)
-    model = build_hooked_transformer(hooked_config_dict(mcfg, task), seed=0)
-    for p in model.parameters():
-        p.zero_()
+    model = HookedWeights(hooked_config_dict(mcfg, task))  # every weight zero
     scale = SCORE * d_head ** 0.5  # HookedTransformer divides the scores by sqrt(d_head)
     model.embed.W_E[torch.arange(n_vocab), list(tok)] = 1.0
     model.pos_embed.W_pos[torch.arange(n_ctx), list(pos)] = 1.0
@@ -73,4 +72,4 @@ def induction_model(task: InductionTask | None = None) -> HookedTransformer:
         attn1.W_V[h1, tok[t], t] = 1.0
         attn1.W_O[h1, t, out[t]] = 1.0
         model.unembed.W_U[out[t], t] = UNEMBED
-    return model.eval()
+    return model.model()

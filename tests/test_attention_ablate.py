@@ -172,10 +172,10 @@ def test_cli_errors_are_one_line(tiny, tmp_path, capsys, module):
 def test_ablation_scores_equal_full_forwards(tiny, kind):
     """Ablation scores each shared prefix once; they must equal scoring every candidate sequence
     in full with the head's output replaced at every position (brute force, here)."""
-    from plateauscope.training.model import build_hooked_transformer
+    from plateauscope.backend import build_model
 
     run, _, task = tiny
-    model = build_hooked_transformer({**run.hooked_config, "n_layers": 2}, seed=4).eval()
+    model = build_model({**run.hooked_config, "n_layers": 2}, seed=4).eval()
     evalset = build_evalset(task, n_groups=3, seed=2)
     lay, K = task.layout, task.cfg.K
     # copies that start at layer 1 (first ablated layer), unablated, and at layer 0, out of order
@@ -208,10 +208,10 @@ def test_ablation_scores_equal_full_forwards(tiny, kind):
 def test_each_head_ablation_read_from_the_set_ablations(tiny):
     """plateauscope.analysis.analyze takes the mean head ablation from the circuit's set ablations: the same numbers."""
     from plateauscope.analysis.circuit import ablate_sets, each_head_ablation
-    from plateauscope.training.model import build_hooked_transformer
+    from plateauscope.backend import build_model
 
     run, _, task = tiny
-    model = build_hooked_transformer({**run.hooked_config, "n_layers": 2}, seed=4).eval()
+    model = build_model({**run.hooked_config, "n_layers": 2}, seed=4).eval()
     got = each_head_ablation(ablate_sets(model, task, "mean", n_groups=3, seed=2))
     want = ablate_each_head(model, task, "mean", n_groups=3, seed=2)
     assert (got.kind, got.n_groups) == (want.kind, want.n_groups) and got.base == pytest.approx(want.base, abs=1e-6)

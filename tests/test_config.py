@@ -45,11 +45,12 @@ def test_unknown_preset():
 
 def test_paper_preset_size():
     """The paper's code: 4 layers, d_model 128, 4 heads of 32, d_mlp 512 -> about 0.8M parameters."""
+    from plateauscope.backend import build_model
     from plateauscope.tasks.selector import SelectorTask
-    from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+    from plateauscope.training.model import hooked_config_dict
 
     cfg = PRESETS["paper"]
     task = SelectorTask.generate(cfg.task)
-    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)
+    model = build_model(hooked_config_dict(cfg.model, task), seed=0)
     n = sum(p.numel() for p in model.parameters())
     assert 0.75e6 < n < 0.85e6

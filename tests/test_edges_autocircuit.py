@@ -53,7 +53,8 @@ from plateauscope.training.run import Run
 
 pytestmark = pytest.mark.skipif(
     importlib.util.find_spec("auto_circuit") is None,
-    reason="optional: auto-circuit is not installed (pip install -e '.[autocircuit]'; CI does not install it)")
+    reason="optional: auto-circuit is not installed (it imports HookedTransformer, so TransformerLens 3 only: "
+           "make test-tl3 installs and runs it)")
 
 TOL = 1e-5
 """Largest allowed |ours - auto-circuit| per edge, in logits."""

@@ -10,6 +10,7 @@ import json
 import pytest
 import torch
 
+from plateauscope.backend import build_model, hooked_parameters
 from plateauscope.cli.train import main
 from plateauscope.tasks.base import Task
 from plateauscope.tasks.loading import build_task
@@ -22,7 +23,7 @@ from plateauscope.training.config import (
 )
 from plateauscope.training.ensemble import train_ensemble
 from plateauscope.training.fused import fused_logits, unsupported_reason
-from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.training.model import hooked_config_dict
 from plateauscope.training.presets import get_preset
 from plateauscope.training.train import check_forward, train
 
@@ -31,7 +32,7 @@ TOL = 1e-5
 
 def _model_and_batch(cfg: RunConfig, seed: int = 0, n: int = 64):
     task = build_task(cfg.task_name, cfg.task)
-    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=seed)
+    model = build_model(hooked_config_dict(cfg.model, task), seed=seed)
     batch = task.tokens[torch.randperm(len(task.tokens))[:n]]
     return task, model, batch
 
@@ -79,7 +80,7 @@ def _assert_same_to_rounding(run_a, run_b, step):
 def test_logits_and_gradients_equal_the_hooked_forward(model_cfg):
     task, model, batch = _trained_a_little(model_cfg)
     ref_logits, ref_grads = _loss_and_grads(model, task, batch, model)
-    params = dict(model.named_parameters())
+    params = hooked_parameters(model)
     logits, grads = _loss_and_grads(model, task, batch, lambda t: fused_logits(model.cfg, params, t))
     torch.testing.assert_close(logits, ref_logits, atol=TOL, rtol=TOL)
     assert grads.keys() == ref_grads.keys()
@@ -90,7 +91,7 @@ def test_logits_and_gradients_equal_the_hooked_forward(model_cfg):
 def test_induction_model_equals_the_hooked_forward():
     task, model, batch = _model_and_batch(get_preset("induction"))
     ref_logits, ref_grads = _loss_and_grads(model, task, batch, model)
-    params = dict(model.named_parameters())
+    params = hooked_parameters(model)
     logits, grads = _loss_and_grads(model, task, batch, lambda t: fused_logits(model.cfg, params, t))
     torch.testing.assert_close(logits, ref_logits, atol=TOL, rtol=TOL)
     for name in grads:
@@ -161,7 +162,7 @@ def test_trimmed_logits_and_gradients_equal_the_hooked_forward_at_the_loss_posit
     ref_loss.backward()
     ref_grads = {n: p.grad.clone() for n, p in model.named_parameters()}
     model.zero_grad(set_to_none=True)
-    logits = fused_logits(model.cfg, dict(model.named_parameters()), batch[:, : task.input_len], positions=pos)
+    logits = fused_logits(model.cfg, hooked_parameters(model), batch[:, : task.input_len], positions=pos)
     assert logits.shape == (len(batch), len(pos), model.cfg.d_vocab_out)
     loss = task.loss_at_positions(logits, batch)
     loss.backward()
@@ -176,7 +177,7 @@ def test_trimmed_logits_keep_the_interventions():
     logits at the loss positions (that forward is checked against the hooked one with the intervention
     hooks in tests/test_interventions.py)."""
     task, model, batch = _trained_a_little("ci")
-    params, inputs = dict(model.named_parameters()), batch[:, : task.input_len]
+    params, inputs = hooked_parameters(model), batch[:, : task.input_len]
     options = {"hidden_keys": tuple(range(*task.layout.z_span)), "zeroed_heads": ((0, 1), (1, 2))}
     full = fused_logits(model.cfg, params, inputs, **options)
     trimmed = fused_logits(model.cfg, params, inputs, positions=task.loss_positions, **options)

@@ -10,10 +10,11 @@ from torch.func import grad, hessian
 from plateauscope.analysis import hessian as H
 from plateauscope.analysis import hessian_engine as E
 from plateauscope.analysis.results import strict_json
+from plateauscope.backend import build_model
 from plateauscope.cli import hessian as hessian_cli
 from plateauscope.tasks.selector import SelectorTask
 from plateauscope.training.config import ModelConfig, TaskConfig
-from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.training.model import hooked_config_dict
 from plateauscope.training.run import Run
 from plateauscope.views import figures as F
 from tests.conftest import copy_run
@@ -26,7 +27,7 @@ def small():
     """A 1-layer, d_model 8 transformer in float64 on a 4 x 2 task (a few hundred parameters)."""
     task = SelectorTask.generate(TaskConfig(n_b=4, K=2, b_len=2, z_len=1, a_len=2, alphabet="abcdef"))
     cfg = hooked_config_dict(ModelConfig(n_layers=1, d_model=8, n_heads=1, d_head=4, d_mlp=8), task)
-    model = build_hooked_transformer({**cfg, "dtype": torch.float64}, seed=0)
+    model = build_model({**cfg, "dtype": torch.float64}, seed=0)
     loss, theta, spec = E.model_loss(model, task)
     theta = theta + 0.3 * torch.randn(theta.shape, generator=torch.Generator().manual_seed(1), dtype=theta.dtype)
     tokens = task.tokens

@@ -17,6 +17,7 @@ import torch
 
 from plateauscope.analysis.analyze import analyze_run
 from plateauscope.analysis.formation import RULES
+from plateauscope.backend import build_model, hooked_parameters, load_hooked_state_dict
 from plateauscope.cli.train import main
 from plateauscope.dynamics.interventions import (
     condition_label,
@@ -34,7 +35,7 @@ from plateauscope.training.config import ConfigError
 from plateauscope.training.ensemble import train_ensemble
 from plateauscope.training.fused import fused_logits
 from plateauscope.training.interventions import Interventions, in_part, transplanted
-from plateauscope.training.model import build_hooked_transformer, hooked_config_dict
+from plateauscope.training.model import hooked_config_dict
 from plateauscope.training.presets import get_preset
 from plateauscope.training.train import evaluation_record, train
 
@@ -44,14 +45,14 @@ TOL = 1e-5
 def _setup(preset: str = "ci", **train_options):
     cfg = get_preset(preset).replace(**train_options)
     task = build_task(cfg.task_name, cfg.task)
-    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=0)
+    model = build_model(hooked_config_dict(cfg.model, task), seed=0)
     iv = Interventions.build(cfg.train, task, cfg.model.n_layers, cfg.model.n_heads)
     return cfg, task, model, iv
 
 
 def _both_forwards(model, iv, tokens, step=0):
     with torch.no_grad():
-        fused = fused_logits(model.cfg, dict(model.named_parameters()), tokens, **iv.fused_options(step))
+        fused = fused_logits(model.cfg, hooked_parameters(model), tokens, **iv.fused_options(step))
         with iv.applied(model, step):
             hooked = model(tokens)
     return fused, hooked
@@ -133,8 +134,8 @@ def test_both_halves_restored_are_the_donor_at_its_logged_loss(donor_run):
     assert all(torch.equal(both[k], donor[k]) for k in donor)
     cfg = get_preset("tiny")
     task = build_task(cfg.task_name, cfg.task)
-    model = build_hooked_transformer(hooked_config_dict(cfg.model, task), seed=1)
-    model.load_state_dict(both, strict=False)
+    model = build_model(hooked_config_dict(cfg.model, task), seed=1)
+    load_hooked_state_dict(model, both)
     record = evaluation_record(model, task, task.build_evalset(cfg.train.eval_groups, cfg.train.tracked_groups,
                                                                cfg.train.seed), step, cfg.train, 0.0)
     logged = next(r for r in rd.read_jsonl(donor_run / rd.METRICS_FILE) if r["step"] == step)
@@ -162,7 +163,7 @@ def test_analyses_load_a_checkpoint_with_the_interventions_of_its_step(tmp_path)
     tokens = task.tokens[:16, : task.input_len]
     for step in (10, 40):
         model = run.model(step)
-        params = dict(model.named_parameters())
+        params = hooked_parameters(model)
         hidden = run.config.train.hide_cue_until > step
         expected = fused_logits(model.cfg, params, tokens, hidden_keys=tuple(range(*task.layout.z_span)) if hidden else (),
                                 zeroed_heads=((0, 1),))

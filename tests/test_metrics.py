@@ -144,13 +144,13 @@ def _brute_force_evaluate(model, task, evalset):
 @pytest.mark.parametrize("kind", ["trained", "random_2layer"])
 def test_shared_prefix_evaluation_equals_scoring_every_sequence(tiny_run, kind):
     """evaluate scores each shared prefix once; it must give the numbers of the plain computation."""
-    from plateauscope.training.model import build_hooked_transformer
+    from plateauscope.backend import build_model
     from plateauscope.training.run import Run
 
     run = Run(tiny_run)
     task = run.task()
     model = run.model(run.steps[-1]) if kind == "trained" else \
-        build_hooked_transformer({**run.hooked_config, "n_layers": 2}, seed=3).eval()
+        build_model({**run.hooked_config, "n_layers": 2}, seed=3).eval()
     evalset = EvalSet.build(task, n_eval_groups=6, n_tracked_groups=5, seed=1)
     ref = _brute_force_evaluate(model, task, evalset)
     got = evaluate(model, task, evalset, batch_size=7)  # small batches: several chunks per level
@@ -166,7 +166,7 @@ def test_shared_prefix_evaluation_equals_scoring_every_sequence(tiny_run, kind):
 def test_pruned_prefixes_give_the_same_exact_match(tiny_run, kind):
     """prune=True stops prefixes whose sequences have all missed a target token: exact match unchanged,
     log-probabilities unchanged wherever they are still computed."""
-    from plateauscope.training.model import build_hooked_transformer
+    from plateauscope.backend import build_model
     from plateauscope.training.run import Run
     from plateauscope.training.scoring import shared_prefix_logprobs
     from tests.handbuilt import handbuilt_task, selector_copy_model
@@ -174,7 +174,7 @@ def test_pruned_prefixes_give_the_same_exact_match(tiny_run, kind):
     if kind == "random_2layer":
         run = Run(tiny_run)
         task = run.task()
-        model = build_hooked_transformer({**run.hooked_config, "n_layers": 2}, seed=3).eval()
+        model = build_model({**run.hooked_config, "n_layers": 2}, seed=3).eval()
     else:
         task = handbuilt_task()
         model = selector_copy_model(task)
@@ -207,11 +207,11 @@ def test_hooks_added_fire_inside_and_are_gone_after(tiny_run):
     model, task = run.model(run.steps[-1]), run.task()
     tokens = task.tokens[:4, : task.layout.input_len]
     seen = []
-    zero = [("blocks.0.hook_resid_pre", lambda act, hook: seen.append(hook.name) or act * 0)]
+    zero = [("blocks.0.hook_resid_pre", lambda act, hook: seen.append("resid_pre") or act * 0)]
     with hooks_added(model, zero):
         inside = model(tokens)
     torch.testing.assert_close(inside, model.run_with_hooks(tokens, fwd_hooks=zero))
-    assert seen == ["blocks.0.hook_resid_pre"] * 2
+    assert seen == ["resid_pre"] * 2
     with pytest.raises(RuntimeError), hooks_added(model, zero):
         raise RuntimeError("inside")
     assert not model.mod_dict["blocks.0.hook_resid_pre"].fwd_hooks

@@ -13,8 +13,8 @@ from plateauscope.analysis import attribution as attr
 from plateauscope.analysis import patch as P
 from plateauscope.analysis.components import TARGETS
 from plateauscope.analysis.inputs import logit_diff, prompt_pairs
+from plateauscope.backend import build_model
 from plateauscope.cli import patch as patch_cli
-from plateauscope.training.model import build_hooked_transformer
 from plateauscope.training.run import Run
 
 N_PAIRS = 32
@@ -31,7 +31,7 @@ def _model(run, kind):
     """The trained 1-layer tiny model, or a seeded random 2-layer one (patches in several layers)."""
     if kind == "trained":
         return run.model(run.steps[-1])
-    return build_hooked_transformer({**run.hooked_config, "n_layers": 2}, seed=1).eval()
+    return build_model({**run.hooked_config, "n_layers": 2}, seed=1).eval()
 
 
 def _baselines(model, pairs):
@@ -133,7 +133,7 @@ def test_attribution_is_exact_where_the_metric_is_linear(tiny):
     """Without LayerNorm the logits are linear in the last layer's mlp_out (nothing reads it but
     the unembedding), so the first-order estimate there must equal exact patching."""
     run, pairs = tiny
-    model = build_hooked_transformer({**run.hooked_config, "n_layers": 2, "normalization_type": None}, seed=2).eval()
+    model = build_model({**run.hooked_config, "n_layers": 2, "normalization_type": None}, seed=2).eval()
     exact, approx = P.patch_mlp_out(model, pairs), attr.attribute_mlp_out(model, pairs)
     assert abs(exact.clean_metric - exact.corrupt_metric) > 1e-3
     torch.testing.assert_close(approx.raw[-1], exact.raw[-1], atol=1e-5, rtol=0)

@@ -7,9 +7,8 @@ import math
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformer_lens import HookedTransformer, HookedTransformerConfig
 
-from plateauscope.backend import build_model, hooked_parameters
+from plateauscope.backend import build_model, hooked_parameters, hooked_state_dict, installed_transformer_lens
 from plateauscope.cli.train import main
 from plateauscope.tasks.loading import build_task
 from plateauscope.training import run as rd
@@ -82,8 +81,9 @@ def test_a_run_equals_a_plain_loop_with_torchs_default_adamw(tiny_run):
         task.loss(fused_logits(model.cfg, params, batch[:, : task.input_len]), batch).backward()
         opt.step()
     trained = load_file(tiny_run / rd.CHECKPOINT_DIR / rd.checkpoint_name(tc.max_steps))
-    assert trained.keys() == model.state_dict().keys()
-    assert all(torch.equal(trained[k], v) for k, v in model.state_dict().items())
+    weights = hooked_state_dict(model)
+    assert trained.keys() == weights.keys()
+    assert all(torch.equal(trained[k], v) for k, v in weights.items())
 
 
 def test_kill_and_resume_is_bit_identical(tmp_path, tiny_run):
@@ -107,15 +107,35 @@ def test_kill_and_resume_is_bit_identical(tmp_path, tiny_run):
     assert again["final_step"] == final
 
 
+def plain_transformer_lens_model(cfg: dict, state: dict) -> torch.nn.Module:
+    """A checkpoint opened with TransformerLens alone, as the docs show (``checkpoints/README.md``):
+    ``HookedTransformer`` on 3.x; on 4.x ``TransformerBridge.boot_native``, the weights converted by
+    ``convert_tl_checkpoint``, in compatibility mode."""
+    if installed_transformer_lens().startswith("3."):
+        from transformer_lens import HookedTransformer, HookedTransformerConfig
+
+        plain = HookedTransformer(HookedTransformerConfig(**cfg))
+        plain.load_state_dict(state, strict=False)
+        return plain
+    from transformer_lens import TransformerBridge, TransformerBridgeConfig
+    from transformer_lens.utilities.tl_checkpoint_conversion import convert_tl_checkpoint
+
+    bridge_cfg = TransformerBridgeConfig(**cfg)
+    plain = TransformerBridge.boot_native(bridge_cfg)
+    plain.load_state_dict(convert_tl_checkpoint(state, bridge_cfg), strict=False)
+    plain.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    return plain
+
+
 def test_checkpoint_loads_into_plain_transformer_lens(tiny_run):
     run = Run(tiny_run)
     cfg = json.loads((tiny_run / rd.CONFIG_FILE).read_text())
     step = run.steps[-1]
-    plain = HookedTransformer(HookedTransformerConfig(**cfg["hooked_transformer_config"]))
-    plain.load_state_dict(load_file(tiny_run / rd.CHECKPOINT_DIR / rd.checkpoint_name(step)), strict=False)
+    plain = plain_transformer_lens_model(cfg["hooked_transformer_config"],
+                                         load_file(tiny_run / rd.CHECKPOINT_DIR / rd.checkpoint_name(step)))
     ours = run.model(step)
     tokens = run.task().tokens[:8, : run.task().input_len]
-    assert torch.equal(plain(tokens), ours(tokens))
+    torch.testing.assert_close(plain(tokens), ours(tokens), rtol=0, atol=1e-5)
     assert cfg["vocab"][:2] == ["<BOS>", "<SEP>"] and cfg["layout"]["first_target_pred_pos"] == 10
 
 
@@ -210,6 +230,16 @@ def test_summary_lists_the_machine_and_a_resume_elsewhere_warns(tmp_path, caplog
         summary = train(cfg, tmp_path / "r", resume=True, device="cpu", progress=False)
     assert summary["machines"] == [here] and "not bit-identical" not in caplog.text
     assert here["cpu"] and here["threads"] == torch.get_num_threads() and here["torch"] == str(torch.__version__)
+    assert here["transformer_lens"] == installed_transformer_lens() and summary["machines"][0]["transformer_lens"]
+    # A record written before the TransformerLens version was kept is the same machine: no warning.
+    train(cfg, tmp_path / "old", device="cpu", progress=False, stop_at_step=12)
+    state = torch.load(tmp_path / "old" / rd.RESUME_FILE, weights_only=True)
+    legacy = {k: v for k, v in here.items() if k != "transformer_lens"}
+    rd.save_resume_state(tmp_path / "old" / rd.RESUME_FILE, {**state, "machines": [legacy]})
+    caplog.clear()
+    with caplog.at_level("WARNING"):
+        assert train(cfg, tmp_path / "old", resume=True, device="cpu", progress=False)["machines"] == [legacy]
+    assert "not bit-identical" not in caplog.text
     # Another machine trained it so far (its record edited into the resume state): one warning line.
     train(cfg, tmp_path / "s", device="cpu", progress=False, stop_at_step=12)
     other = {**here, "cpu": "Some Other CPU", "isa": ["avx2"]}

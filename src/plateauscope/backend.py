@@ -37,6 +37,7 @@ from contextlib import contextmanager
 from typing import Any, TypeAlias
 
 import einops
+import numpy as np
 import torch
 
 BACKENDS: tuple[str, ...] = ("hooked", "bridge")
@@ -127,19 +128,83 @@ def bridge_config(cfg_dict: dict[str, Any]) -> Any:
 
 def build_bridge(cfg_dict: dict[str, Any], seed: int | None = None, device: str | torch.device = "cpu") -> Model:
     """A ``TransformerBridge.boot_native`` model in compatibility mode (hook names and shapes of
-    HookedTransformer, no weight processing), with a trainable unembedding bias; weights
-    initialised from ``seed`` when given (boot_native's GPT-2 style init)."""
+    HookedTransformer, no weight processing), with a trainable unembedding bias, holding
+    :func:`initial_hooked_state`: the weights HookedTransformer draws from ``seed``, so that one
+    seed trains the same run on both backends."""
     resolve_backend("bridge")
     from transformer_lens import TransformerBridge
 
     cfg = bridge_config(cfg_dict)
-    cfg.seed, cfg.device = seed, str(device)  # the analyses read ``model.cfg.device``
-    bridge = TransformerBridge.boot_native(cfg, device=str(device))
+    cfg.device = str(device)  # the analyses read ``model.cfg.device``
+    with torch.random.fork_rng(devices=[]):  # boot_native's own draw is replaced below: it must not move the RNG
+        bridge = TransformerBridge.boot_native(cfg, device=str(device))
     head = bridge.unembed.original_component
     bias = head._buffers.pop("bias")  # the bridge's fixed zero b_U -> a parameter, as in HookedTransformer
     head.bias = torch.nn.Parameter(bias.detach().clone())
     bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    load_hooked_state_dict(bridge, initial_hooked_state(cfg_dict, seed))
+    if cfg_dict.get("dtype") is not None:  # boot_native builds float32 whatever the config says
+        bridge.cfg.dtype = cfg_dict["dtype"]
+        bridge.to(cfg_dict["dtype"])
     return bridge
+
+
+def hooked_parameter_shapes(cfg_dict: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """HookedTransformer's trainable parameters for a run's config: name -> shape, in its
+    ``named_parameters`` order (LayerNorm weights and biases, per head Q / K / V / O, MLP, unembedding)."""
+    c = dict(cfg_dict)
+    d, h, dh, d_vocab = c["d_model"], c["n_heads"], c["d_head"], c["d_vocab"]
+    ln = c.get("normalization_type") == "LN"  # LNPre and None have no parameters
+    shapes: dict[str, tuple[int, ...]] = {"embed.W_E": (d_vocab, d)}
+    if c.get("positional_embedding_type", "standard") == "standard":
+        shapes["pos_embed.W_pos"] = (c["n_ctx"], d)
+    for layer in range(c["n_layers"]):
+        p = f"blocks.{layer}."
+        for norm in ("ln1",) if c.get("attn_only") else ("ln1", "ln2"):
+            if ln:
+                shapes |= {p + norm + ".w": (d,), p + norm + ".b": (d,)}
+        shapes |= {p + "attn.W_Q": (h, d, dh), p + "attn.W_O": (h, dh, d), p + "attn.b_Q": (h, dh),
+                   p + "attn.b_O": (d,), p + "attn.W_K": (h, d, dh), p + "attn.W_V": (h, d, dh),
+                   p + "attn.b_K": (h, dh), p + "attn.b_V": (h, dh)}
+        if not c.get("attn_only"):
+            m = c["d_mlp"]
+            shapes |= {p + "mlp.W_in": (d, m), p + "mlp.b_in": (m,), p + "mlp.W_out": (m, d), p + "mlp.b_out": (d,)}
+    if ln:
+        shapes |= {"ln_final.w": (d,), "ln_final.b": (d,)}
+    return shapes | {"unembed.W_U": (d, c.get("d_vocab_out", d_vocab)), "unembed.b_U": (c.get("d_vocab_out", d_vocab),)}
+
+
+def initial_hooked_state(cfg_dict: dict[str, Any], seed: int | None = None) -> dict[str, torch.Tensor]:
+    """The weights a HookedTransformer of this config starts from, without TransformerLens 3
+    (``init_mode="gpt2"``, its default and ours): each ``W_`` matrix drawn from
+    N(0, initializer_range^2) in ``named_parameters`` order, initializer_range = 0.8 / sqrt(d_model),
+    LayerNorm weights 1, biases 0; from the global RNG seeded with ``seed`` (not moved), or from the
+    global RNG as it stands (None). In HookedTransformer's state-dict layout with its attention
+    buffers. Equal to ``HookedTransformer(cfg)``'s own draw bit for bit (``tests/test_backend.py``)."""
+    if cfg_dict.get("init_mode", "gpt2") != "gpt2" or cfg_dict.get("initializer_range", -1.0) >= 0:
+        raise BackendError("only init_mode='gpt2' with the default initializer_range is supported")
+    std = 0.8 / np.sqrt(cfg_dict["d_model"])
+    state: dict[str, torch.Tensor] = {}
+    with torch.random.fork_rng(devices=[], enabled=seed is not None):
+        if seed is not None:
+            torch.manual_seed(seed)
+        for name, shape in hooked_parameter_shapes(cfg_dict).items():
+            leaf = name.rsplit(".", 1)[1]
+            if leaf.startswith("W_"):
+                state[name] = torch.nn.init.normal_(torch.empty(shape), std=std)
+            else:
+                state[name] = torch.ones(shape) if leaf == "w" else torch.zeros(shape)
+    return state | _attention_buffers(cfg_dict["n_layers"])
+
+
+def _attention_buffers(n_layers: int) -> dict[str, torch.Tensor]:
+    """HookedTransformer's attention buffers, as TransformerLens 3.9 saves them: an empty causal-mask
+    cache (rebuilt on use) and the masked-score fill value."""
+    out: dict[str, torch.Tensor] = {}
+    for layer in range(n_layers):
+        out[f"blocks.{layer}.attn.mask"] = torch.empty((0, 0), dtype=torch.bool)
+        out[f"blocks.{layer}.attn.IGNORE"] = torch.tensor(-torch.inf)
+    return out
 
 
 def build_model(cfg_dict: dict[str, Any], backend: str | None = None, seed: int | None = None,
@@ -148,6 +213,13 @@ def build_model(cfg_dict: dict[str, Any], backend: str | None = None, seed: int 
     if resolve_backend(backend) == "hooked":
         return build_hooked_transformer(cfg_dict, seed=seed, device=device)
     return build_bridge(cfg_dict, seed=seed, device=device)
+
+
+def model_from_hooked_state(cfg_dict: dict[str, Any], state: dict[str, torch.Tensor], backend: str | None = None,
+                            device: str | torch.device = "cpu") -> Model:
+    """A model of a run's config on ``backend`` (None: the default) holding ``state``, weights in
+    HookedTransformer's layout (a checkpoint, or weights set by hand)."""
+    return load_hooked_state_dict(build_model(cfg_dict, backend=backend, device=device), state)
 
 
 def backend_of(model: Model) -> str:
@@ -159,20 +231,22 @@ def shares_prefixes(model: torch.nn.Module) -> bool:
     """Whether ``model`` takes the prefix-sharing fast paths (``plateauscope.training.scoring.shared_prefix_logprobs``,
     :mod:`plateauscope.analysis.prefix`): a forward from a given layer over the new positions only, reading the
     earlier positions' keys and values from frozen TransformerLens key/value cache entries
-    (``forward(start_at_layer=..., past_kv_cache=...)``, ``embed`` / ``pos_embed`` / ``input_to_embed``).
+    (:mod:`plateauscope.training.hooked_forward`).
 
-    True only for a HookedTransformer with learned absolute positions. The bridge (TransformerLens 4.3) has ``input_to_embed`` and
-    ``start_at_layer``, but its forward silently ignores a ``past_kv_cache`` (it takes a Hugging Face
-    ``past_key_values``) and its ``pos_embed`` takes no offset, so it (and any
-    other module, e.g. the ensemble's functional template) runs full sequences from layer 0 and
-    position 0 with the same hooks: exact, just slower. The one place that choice is made.
+    True for a HookedTransformer with learned absolute positions (it runs them itself) and for a
+    bridge of a model the toolkit builds (``hooked_forward`` runs them through the bridge's hook
+    points: its own forward silently ignores a ``past_kv_cache``). Any other module (e.g. the tests'
+    plain-torch reference) runs full sequences from layer 0 and position 0 with the same hooks:
+    exact, just slower. The one place that choice is made.
     """
-    if "hooked" not in available_backends():
-        return False
-    from transformer_lens import HookedTransformer
+    from plateauscope.training.fused import unsupported_reason
 
-    # the prefix paths add learned absolute positions (``pos_embed`` at an offset) themselves
-    return isinstance(model, HookedTransformer) and model.cfg.positional_embedding_type == "standard"
+    if "hooked" in available_backends():
+        from transformer_lens import HookedTransformer
+
+        if isinstance(model, HookedTransformer):  # the prefix paths add learned absolute positions themselves
+            return model.cfg.positional_embedding_type == "standard"
+    return hasattr(model, "original_model") and unsupported_reason(model.cfg) is None
 
 
 @contextmanager
@@ -264,9 +338,67 @@ def hooked_state_dict(model: Model) -> dict[str, torch.Tensor]:
         return model.state_dict()
     cfg = model.cfg
     out = _bridge_in_hooked_layout(((k, t.detach()) for k, t in model.state_dict().items()), cfg.n_heads)
-    # HookedTransformer's attention buffers, as TransformerLens 3.9 saves them: an empty causal-mask
-    # cache (rebuilt on use) and the masked-score fill value.
-    for layer in range(cfg.n_layers):
-        out[f"blocks.{layer}.attn.mask"] = torch.empty((0, 0), dtype=torch.bool)
-        out[f"blocks.{layer}.attn.IGNORE"] = torch.tensor(-torch.inf)
+    out |= _attention_buffers(cfg.n_layers)
     return {k: v.contiguous() for k, v in out.items()}
+
+
+# ---- optimiser states in HookedTransformer's layout ----------------------------------------
+
+_CONFIG_FIELDS = ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "n_ctx", "d_vocab", "d_vocab_out",
+                  "normalization_type", "positional_embedding_type", "attn_only")
+
+
+def hooked_parameter_names(model: Model) -> list[str]:
+    """The HookedTransformer name of each of ``model.parameters()``, in that order."""
+    if backend_of(model) == "hooked":
+        return [name for name, _ in model.named_parameters()]
+    key_of = {id(t): key for key, t in model.state_dict(keep_vars=True).items()}
+    return [next(iter(_bridge_in_hooked_layout([(key_of[id(p)], p)], model.cfg.n_heads))) for p in model.parameters()]
+
+
+def _hooked_order(model: Model) -> dict[str, int]:
+    """HookedTransformer's parameter index of each name (its ``named_parameters`` order)."""
+    cfg = {name: getattr(model.cfg, name) for name in _CONFIG_FIELDS}
+    return {name: i for i, name in enumerate(hooked_parameter_shapes(cfg))}
+
+
+def hooked_optimizer_state(model: Model, state: dict) -> dict:
+    """An optimiser ``state_dict`` over ``model.parameters()`` (one parameter group) with its
+    per-parameter tensors in HookedTransformer's order and layout: what resume states hold, so that a
+    run resumes on either backend (:func:`backend_optimizer_state` is the inverse)."""
+    if backend_of(model) == "hooked":
+        return state
+    (group,) = state["param_groups"]
+    names, order = hooked_parameter_names(model), _hooked_order(model)
+    key_of = {id(t): key for key, t in model.state_dict(keep_vars=True).items()}
+    keys = [key_of[id(p)] for p in model.parameters()]
+    moved: dict[int, dict] = {}
+    for i, per_param in state["state"].items():
+        moved[order[names[i]]] = {k: _bridge_in_hooked_layout([(keys[i], v)], model.cfg.n_heads)[names[i]].contiguous()
+                                  if torch.is_tensor(v) and v.dim() else v for k, v in per_param.items()}
+    return {"state": moved, "param_groups": [{**group, "params": sorted(order[names[i]] for i in group["params"])}]}
+
+
+def backend_optimizer_state(model: Model, state: dict) -> dict:
+    """The inverse of :func:`hooked_optimizer_state`: a state in HookedTransformer's order and layout,
+    for an optimiser over ``model.parameters()``."""
+    if backend_of(model) == "hooked":
+        return state
+    (group,) = state["param_groups"]
+    names, order = hooked_parameter_names(model), _hooked_order(model)
+    key_of = {id(t): key for key, t in model.state_dict(keep_vars=True).items()}
+    params = list(model.parameters())
+    moved: dict[int, dict] = {}
+    for i, p in enumerate(params):
+        per_param = state["state"].get(order[names[i]])
+        if per_param is None:
+            continue
+        converted = {}
+        for k, v in per_param.items():
+            if torch.is_tensor(v) and v.dim():
+                out = torch.empty_like(p, dtype=v.dtype)  # written through its view in HookedTransformer's layout
+                _bridge_in_hooked_layout([(key_of[id(p)], out)], model.cfg.n_heads)[names[i]].copy_(v)
+                v = out
+            converted[k] = v
+        moved[i] = converted
+    return {"state": moved, "param_groups": [{**group, "params": list(range(len(params)))}]}

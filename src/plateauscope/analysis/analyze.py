@@ -205,13 +205,13 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
                 full: bool = False, expensive: bool = True) -> dict[str, Any]:
     """Analyse the chosen checkpoints (only what the cache lacks for these settings); return the summary.
     ``backend``: hooked or bridge (None: the installed TransformerLens); not a setting (both give the
-    same numbers, so the cache is shared). ``edges``: also the edge analyses (hooked backend only;
-    on the bridge they are skipped, and said so in the log). ``n_exact``: the budget of the expensive
+    same numbers, so the cache is shared). ``edges``: also the edge analyses. ``n_exact``: the budget of the expensive
     pass (adaptive: the landmarks, then fast-change steps up to ``n_exact`` in all; ``full``: ``n_exact``
     evenly spaced steps, plus the landmarks; module docstring). ``expensive=False``: the cheap pass
     only (a run still training: ``plateauscope.views.live``). ``wait=False``: exit with one line,
     rather than wait, when another process is writing the run's analysis cache."""
     settings = settings or AnalysisSettings()
+    resolve_backend(backend)  # an uninstalled one: one line, before anything runs
     run = Run(run_dir)
     task = run.task()
     for capability, what in (("cue", "the analyses follow the cue"), ("pairs", "patching")):
@@ -229,9 +229,6 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     summary = run.summary or {}
     plateau_span = summary.get("plateau_span")
     plateau_start = (plateau_span or [chosen[0]])[0]
-    skip_edges = not edges or resolve_backend(backend) != "hooked"
-    if edges and skip_edges:
-        log.info("%s: the edge analyses need the hooked backend (TransformerLens 3.x): skipped", run.path)
 
     folder = analysis_dir(run.path)
     pairs = prompt_pairs(task, settings.n_examples, settings.seed)
@@ -274,7 +271,7 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
 
     def run_pass(wanted: dict[str, set[int]], desc: str) -> None:
         # each step's missing analyses, in CACHE_FILES order, with its model loaded once
-        if skip_edges:
+        if not edges:
             wanted = {name: set() if name in EDGE_ANALYSES else todo for name, todo in wanted.items()}
         done = {name: set(cached(name)) for name in wanted}
         todo = sorted({s for name in wanted for s in wanted[name] - done[name]})

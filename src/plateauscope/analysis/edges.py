@@ -39,13 +39,14 @@ search doubles k until the target is met, then measures every k below that first
 in batches, and takes the smallest that reaches the target. The record says whether the measured
 curve was monotone (``monotone``: it never falls by more than :data:`MONOTONE_TOL` as k grows).
 
-Only a HookedTransformer (``use_split_qkv_input`` gives each head its own query, key and value
+Both backends (``use_split_qkv_input`` gives each head its own query, key and value
 input; ``use_hook_mlp_in`` the MLP's); both flags are set for the call and restored after it.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -67,7 +68,8 @@ from plateauscope.analysis.prefix import (
     forward_from,
 )
 from plateauscope.analysis.results import median, na
-from plateauscope.backend import Model, backend_of, shares_prefixes
+from plateauscope.backend import Model, hooked_parameters, shares_prefixes
+from plateauscope.training.fused import layer_norm
 
 HEAD_INPUTS = ("q", "k", "v")
 """The three receivers of a head, in the order of :attr:`EdgeGraph.receivers`."""
@@ -153,27 +155,75 @@ class EdgeGraph:
         return out
 
 
-def require_hooked(model: Model) -> None:
-    """A one-line ValueError unless ``model`` is a HookedTransformer."""
-    if backend_of(model) != "hooked":
-        raise ValueError("edge analyses need a HookedTransformer (TransformerLens 3.x backend 'hooked')")
-
-
 @contextmanager
-def split_inputs(model: Model) -> Iterator[None]:
-    """Give each head its own q / k / v input hook and the MLP its input hook, for the duration."""
-    require_hooked(model)
+def split_inputs(model: Model) -> Iterator[bool]:
+    """Give each head its own q / k / v input hook and the MLP its input hook, for the duration.
+    Yields whether the model's attention split its inputs itself (HookedTransformer); where it cannot
+    (TransformerLens 4's ``boot_native`` bridge), :func:`emulated_head_inputs` stands in."""
     old = (model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in)
     mlp = not model.cfg.attn_only  # TransformerLens refuses the MLP input hook without MLPs
-    model.set_use_split_qkv_input(True)
+    try:
+        model.set_use_split_qkv_input(True)
+        native = True
+    except NotImplementedError:  # "none of this model's attention bridges support" the split
+        native = False
     if mlp:
         model.set_use_hook_mlp_in(True)
     try:
-        yield
+        yield native
     finally:
-        model.set_use_split_qkv_input(old[0])
+        if native:
+            model.set_use_split_qkv_input(old[0])
         if mlp:
             model.set_use_hook_mlp_in(old[1])
+
+
+_HEAD_INPUT_HOOK = re.compile(r"blocks\.(\d+)\.hook_([qkv])_input")
+
+
+def emulated_head_inputs(model: Model, hooks: list[tuple[str, Callable]]) -> list[tuple[str, Callable]]:
+    """``hooks`` with every per-head input hook (``blocks.L.hook_q_input`` [batch, pos, head,
+    d_model], and ``k``, ``v``) done by hand, for a model whose attention cannot split its inputs.
+
+    As in HookedTransformer with ``use_split_qkv_input``: the layer's residual stream
+    (``hook_resid_pre``) is copied per head, the hook sees and may change the copies, and each head's
+    query (key, value) is computed from its own copy through ``ln1`` and its ``W_Q``, ``b_Q``; the
+    result replaces the model's own at ``attn.hook_q`` (``hook_k``, ``hook_v``). Gradients flow from
+    the query back to the copies, so attribution reads them as on HookedTransformer."""
+    params = hooked_parameters(model)
+    cfg = model.cfg
+    resid: dict[int, Tensor] = {}
+    out: list[tuple[str, Callable]] = []
+    layers: set[int] = set()
+
+    def save_resid(layer: int) -> Callable:
+        def save(act: Tensor, hook) -> None:
+            resid[layer] = act
+        return save
+
+    def recompute(layer: int, x: str, fn: Callable) -> Callable:
+        p = f"blocks.{layer}."
+        w, b = params[f"{p}attn.W_{x.upper()}"], params[f"{p}attn.b_{x.upper()}"]
+
+        def replace_projection(act: Tensor, hook) -> Tensor:
+            copies = resid[layer][:, :, None, :].expand(-1, -1, cfg.n_heads, -1)
+            changed = fn(copies, hook)
+            copies = copies if changed is None else changed
+            normed = layer_norm(copies, params, p + "ln1", cfg.normalization_type, cfg.eps)
+            return torch.einsum("bphm,hmd->bphd", normed, w) + b
+        return replace_projection
+
+    for name, fn in hooks:
+        match = _HEAD_INPUT_HOOK.fullmatch(name)
+        if match is None:
+            out.append((name, fn))
+            continue
+        layer = int(match[1])
+        if layer not in layers:
+            layers.add(layer)
+            out.insert(0, (get_act_name("resid_pre", layer), save_resid(layer)))
+        out.append((get_act_name(match[2], layer), recompute(layer, match[2], fn)))
+    return out
 
 
 def _sender_hooks(model: Model, graph: EdgeGraph, out: dict[int, Tensor]) -> list[tuple[str, Callable]]:
@@ -236,7 +286,6 @@ class EdgeRuns:
     @classmethod
     def of(cls, model: Model, pairs: PromptPairs) -> EdgeRuns:
         """Two forwards (clean, with its cache, and corrupted) of the pairs."""
-        require_hooked(model)
         graph = EdgeGraph.of(model)
         pairs = replace(pairs, clean=pairs.clean.to(model.cfg.device), corrupt=pairs.corrupt.to(model.cfg.device))
         start = min(first_difference(pairs.clean, pairs.corrupt), pairs.pred_pos) if shares_prefixes(model) else 0
@@ -253,7 +302,8 @@ class EdgeRuns:
                 ) -> Float[Tensor, "R vocab"]:
         """Logits at the prediction position of ``tokens`` (repeated) with ``hooks``, each head and
         MLP with its own input hooks; the hooks see the positions from ``start``."""
-        with split_inputs(self.model):
+        with split_inputs(self.model) as native:
+            hooks = hooks if native else emulated_head_inputs(self.model, hooks)
             return forward_from(self.model, tokens, self.base, self.pairs.pred_pos, hooks, self.start, repeat=repeat)
 
     def metric(self, last: Float[Tensor, "MN vocab"]) -> Float[Tensor, " M"]:
@@ -335,8 +385,10 @@ def edge_attribution(runs: EdgeRuns, on: str = "corrupt") -> EdgeScores:
 
     def keep(name: str) -> Callable:
         def save(act: Tensor, hook) -> Tensor:
-            inputs[name] = act
-            return act
+            # a copy that only this receiver reads: the bridge's MLP input hook passes the residual
+            # stream itself (HookedTransformer a clone), whose gradient also holds the skip connection
+            inputs[name] = act.clone()
+            return inputs[name]
         return save
 
     with torch.enable_grad():

@@ -7,18 +7,17 @@ causal, so every activation at those positions is identical in the two runs, at 
 A run of the corrupted prompts therefore only has to compute the positions from there on,
 reading the keys and values of the earlier positions from the clean run
 (``TransformerLensKeyValueCacheEntry``, frozen); and a run that changes activations only
-from layer ``l`` and position ``s`` on can start there (``HookedTransformer.forward(...,
-start_at_layer=l)`` on the cached residual stream), with the keys and values of the positions
-before ``s`` taken from the run it modifies. Only the prediction position's logits are read,
-so only that position is unembedded.
+from layer ``l`` and position ``s`` on can start there (:func:`plateauscope.training.hooked_forward.run_blocks`
+on the cached residual stream: HookedTransformer's own ``forward(..., start_at_layer=l)``, or the
+same blocks through the bridge's hook points), with the keys and values of the positions before
+``s`` taken from the run it modifies. Only the prediction position's logits are read, so only
+that position is unembedded.
 
-Only a HookedTransformer runs this way (:func:`plateauscope.backend.shares_prefixes`, the one place
-the choice is made). Any other model (the TransformerLens 4 bridge, whose forward silently
-ignores a ``past_kv_cache``; the tests' plain-torch reference) runs every position from layer 0
+Both backends run this way (:func:`plateauscope.backend.shares_prefixes`, the one place the choice
+is made). Any other model (the tests' plain-torch reference) runs every position from layer 0
 with the same hooks (:func:`forward_from`, :func:`cached_run`, :func:`suffix_run`): exact, just
-slower. The hooks therefore see the positions from ``start``
-(prefix sharing) or all of them (full forwards); they align on the last positions of the
-activation they get.
+slower. The hooks therefore see the positions from ``start`` (prefix sharing) or all of them (full
+forwards); they align on the last positions of the activation they get.
 
 No metric and no sign of its own: the helpers return activations and last-position logits;
 :mod:`plateauscope.analysis.patch` and :mod:`plateauscope.analysis.attribution` state their metric.
@@ -38,6 +37,7 @@ from transformer_lens.cache.key_value_cache_entry import (
 from transformer_lens.utilities import get_act_name
 
 from plateauscope.backend import Model, hooks_added, shares_prefixes
+from plateauscope.training.hooked_forward import embed_at, run_blocks
 
 Hook = tuple[str, Callable]
 
@@ -113,7 +113,7 @@ def run_from(
     values of the earlier ones from ``past``) and return the logits at ``pred_index`` (an index
     into the new positions)."""
     with hooks_added(model, fwd_hooks or []):
-        out = model(resid, start_at_layer=start_layer, stop_at_layer=model.cfg.n_layers, past_kv_cache=past)
+        out = run_blocks(model, resid, start_layer, model.cfg.n_layers, past)
     return unembed_last(model, out[:, pred_index])
 
 
@@ -125,7 +125,7 @@ def cached_run(model: Model, tokens: Int[Tensor, "N pos"], pred_pos: int,
     cache: dict[str, Tensor] = {}
     hooks = savers(_names(model, act_names), cache) + list(hooks)
     if shares_prefixes(model):
-        last = run_from(model, model.input_to_embed(tokens)[0], 0, None, pred_pos, hooks)
+        last = run_from(model, embed_at(model, tokens), 0, None, pred_pos, hooks)
     else:
         last = model.run_with_hooks(tokens, fwd_hooks=hooks)[:, pred_pos]
     return _as_run_cache(model, cache, last, act_names)
@@ -156,7 +156,7 @@ def forward_from(model: Model, tokens: Int[Tensor, "N pos"], base: RunCache, pre
     forward. The hooks see the positions from ``start`` or all of them (align on the last ones)."""
     if not shares_prefixes(model):
         return model.run_with_hooks(tokens.repeat(repeat, 1), fwd_hooks=fwd_hooks)[:, pred_pos]
-    resid = (model.input_to_embed(tokens)[0] if layer == 0 else base.resid_pre[layer])[:, start:]
+    resid = (embed_at(model, tokens) if layer == 0 else base.resid_pre[layer])[:, start:]
     if repeat > 1:
         resid = resid.repeat(repeat, 1, 1)
     past = kv_entries(base.keys, base.values, start, layer, repeat)

@@ -93,7 +93,7 @@ def evaluate(model: nn.Module, task: Task, evalset: EvalSet, batch_size: int = 5
     """
     layout, K = task.layout, task.cfg.K
     out: dict = {}
-    # a HookedTransformer scores shared prefixes once; any other module scores every sequence in full
+    # either backend scores shared prefixes once; any other module scores every sequence in full
     shared = shares_prefixes(model) and layout.z_span is not None
     if evalset.candidate_seqs is not None:
         G = evalset.shift.shape[0]

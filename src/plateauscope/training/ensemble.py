@@ -8,7 +8,7 @@ and resumed members stack alike). The forward follows the run's ``train.forward`
   slices of the stacked tensors: the very kernels of a solo run, so a member is its solo run to the
   last bit.
 * ``hooked``: one pass for all members, ``torch.vmap`` over ``torch.func.functional_call`` of one
-  template HookedTransformer (the very module a solo run trains).
+  template HookedTransformer (the very module a solo run trains; TransformerLens 3 only).
 
 The loss is the sum of the members' mean target cross-entropies: members share no parameter, so
 member i's gradient is exactly the gradient of its own loss. AdamW steps the stacked tensors;
@@ -18,7 +18,7 @@ same gradient (gradient clipping, when asked, uses each member's own norm).
 Everything else is per member and is the solo run's, down to the code: the initialisation
 (``model.seed``), and a :class:`plateauscope.training.train.RunState` per member, the very object a solo
 run keeps: the minibatch order (a ``DataOrder``, seeded with ``train.seed``), the fixed evaluation set,
-the task's ``evaluate`` (on a plain HookedTransformer holding the member's weights: evaluation is not
+the task's ``evaluate`` (on a model of the installed backend holding the member's weights: evaluation is not
 the hot path), tau, ``stop_after_tau`` (an ``EvaluationLog``), and every file of the run directory. The
 loop below takes the solo loop's steps, in its order, through the same ``Schedule`` and ``take_step``.
 A member run therefore has the solo layout and can be resumed, analysed or reported like any other run.
@@ -55,6 +55,14 @@ from torch import Tensor
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
+from plateauscope.backend import (
+    build_model,
+    hooked_parameter_shapes,
+    hooked_state_dict,
+    initial_hooked_state,
+    load_hooked_state_dict,
+    resolve_backend,
+)
 from plateauscope.tasks.base import Task
 from plateauscope.tasks.loading import build_task, canonical_task_name
 from plateauscope.training import run as rd
@@ -62,7 +70,6 @@ from plateauscope.training.config import ConfigError, RunConfig
 from plateauscope.training.files import load_resume_point, resume_state_file
 from plateauscope.training.interventions import has_interventions
 from plateauscope.training.machine import machine_record
-from plateauscope.training.model import build_hooked_transformer
 from plateauscope.training.train import (
     NO_HOOKS,
     RunState,
@@ -126,10 +133,10 @@ def stacked_optimizer_state(members: list[dict]) -> dict:
     return {"state": state, "param_groups": members[0]["param_groups"]}
 
 
-def stack_members(template: torch.nn.Module, weights: list[dict[str, Tensor]], opt_states: list[dict] | None,
+def stack_members(names: list[str], weights: list[dict[str, Tensor]], opt_states: list[dict] | None,
                   cfg: RunConfig) -> tuple[dict[str, Tensor], torch.optim.AdamW]:
-    """Stacked leaf parameters ``{name: [S, ...]}`` and their AdamW (with the members' states, if any)."""
-    names = [n for n, _ in template.named_parameters()]
+    """Stacked leaf parameters ``{name: [S, ...]}`` (HookedTransformer's names and order) and their
+    AdamW (with the members' states, if any)."""
     params = {n: torch.stack([w[n] for w in weights]).detach().clone().requires_grad_() for n in names}
     tc = cfg.train
     optimizer = adamw(list(params.values()), tc)
@@ -214,6 +221,9 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
     # --- The run directories, and each member's model, data order and evaluation set. -------
     task = build_task(cfg.task_name, cfg.task)  # the data set does not depend on the (model, train) seeds
     check_forward(cfg, task)
+    if tc.forward == "hooked" and resolve_backend(None) != "hooked":
+        raise ConfigError("forward=hooked trains a seed ensemble as one vmap over HookedTransformer, which "
+                          "TransformerLens 4 removed: use the fused forward (the default) or solo runs")
     tokens = task.tokens.to(dev)
     results = [{}] * len(cfgs)
     members: list[Member] = []
@@ -230,24 +240,28 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
                 results[i] = finish(out, point.records, task, point.step, evalsets[0], reuse=True)
                 continue
             if point is None:
-                weights.append(build_hooked_transformer(hooked_cfg, seed=c.model.seed, device=dev).state_dict())
+                weights.append({k: v.to(dev) for k, v in initial_hooked_state(hooked_cfg, c.model.seed).items()})
             else:
                 step = point.step
                 weights.append({k: v.to(dev) for k, v in point.weights.items()})
                 opt_states.append(point.optimizer)
             members.append(Member(index=i, cfg=c, run=RunState.start(out, c.train, evalsets, task.progress,
-                                                                     len(task.tokens), here, point)))
+                                                                     len(task.tokens), here, point,
+                                                                     resolve_backend(None))))
             open_runs.callback(members[-1].run.close)
         if not members:
             return results
 
         # --- One template module; the members' parameters stacked on it; one AdamW. -------------
-        template = build_hooked_transformer(hooked_cfg, device=dev)  # its own weights are never used
-        evaluator = build_hooked_transformer(hooked_cfg, device=dev)  # holds one member's weights at a time
-        buffers = {n: b for n, b in template.named_buffers()}  # causal mask etc.: the same in every member
+        # The parameters are kept in HookedTransformer's layout whatever the backend, so that the fused
+        # forward reads them and a member's checkpoints are a solo run's.
+        template = build_model(hooked_cfg, device=dev)  # its own weights are never used
+        evaluator = build_model(hooked_cfg, device=dev)  # holds one member's weights at a time
+        names = list(hooked_parameter_shapes(hooked_cfg))
+        buffers = {n: b for n, b in hooked_state_dict(template).items() if n not in names}  # the same in every member
         # A member killed before its first checkpoint restarts at step 0 with no optimiser state; the
         # others are then at step 0 too (same resume step), where AdamW's state is still empty.
-        params, optimizer = stack_members(template, weights, opt_states if len(opt_states) == len(weights) else None,
+        params, optimizer = stack_members(names, weights, opt_states if len(opt_states) == len(weights) else None,
                                           cfg)
         del weights, opt_states
 
@@ -256,7 +270,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
 
         @contextlib.contextmanager
         def holding(j: int) -> Iterator[None]:  # the evaluator, with member j's weights
-            evaluator.load_state_dict(member_weights(j), strict=False)
+            load_hooked_state_dict(evaluator, member_weights(j))
             yield
 
         schedule = Schedule.of(tc)
@@ -282,7 +296,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
                 keep = [j for j in range(len(members)) if j not in done]
                 if not keep:
                     break
-                params, optimizer = stack_members(template, [member_weights(j) for j in keep],
+                params, optimizer = stack_members(names, [member_weights(j) for j in keep],
                                                   [member_optimizer_state(stacked_state, j) for j in keep], cfg)
                 members = [members[j] for j in keep]
                 bar.set_description(f"ensemble of {len(members)}")

@@ -391,6 +391,9 @@ class ResumePoint:
     """The run had finished: nothing is left to train."""
     backend: str = "hooked"
     """The backend that trained the run (resume states written before backends existed: hooked)."""
+    optimizer_layout: str = "hooked"
+    """Whose parameter order and layout ``optimizer`` follows: HookedTransformer's (``hooked``, every
+    state written now: it resumes on either backend), or ``bridge`` (states the bridge wrote before)."""
     machines: list[dict] = field(default_factory=list)
     """The machines that trained the run so far (``plateauscope.training.machine.machine_record``), in order;
     empty for resume states written before they were recorded."""
@@ -427,6 +430,7 @@ def load_resume_point(out: Path, max_steps: int) -> ResumePoint | None:
     return ResumePoint(step=step, weights=weights, optimizer=state["optimizer"], data_gen=state["data_gen"],
                        perm=state["perm"], cursor=int(state["cursor"]), wall_s=float(state["wall_s"]),
                        torch_rng=state["torch_rng"], complete=complete, backend=str(state.get("backend", "hooked")),
+                       optimizer_layout=str(state.get("optimizer_layout", state.get("backend", "hooked"))),
                        machines=list(state.get("machines", [])),
                        records=[r for r in read_jsonl(out / METRICS_FILE)
                                 if r["step"] < step or (complete and r["step"] == step)])
@@ -449,14 +453,15 @@ def save_checkpoint_and_state(out: Path, step: int, weights: dict[str, torch.Ten
                               data_gen: torch.Generator, perm: torch.Tensor, cursor: int, wall_s: float,
                               backend: str = "hooked", machines: list[dict] | None = None) -> None:
     """Checkpoint the weights (HookedTransformer layout); at a resume point (an ``optimizer`` state
-    given, not None), also write the state needed to resume exactly from here, with the backend
-    whose parameter order the optimiser state follows and the machines that trained the run so far."""
+    given, not None, in HookedTransformer's parameter order and layout), also write the state needed to
+    resume exactly from here, with the backend that trained and the machines that trained the run so far."""
     save_checkpoint(out / CHECKPOINT_DIR / checkpoint_name(step), weights, step)
     if optimizer is not None:
         _keep_previous_resume_state(out)
         save_resume_state(out / RESUME_FILE, {
             "step": step, "optimizer": optimizer, "data_gen": data_gen.get_state(), "perm": perm, "cursor": cursor,
-            "wall_s": wall_s, "torch_rng": torch.get_rng_state(), "backend": backend, "machines": machines or []})
+            "wall_s": wall_s, "torch_rng": torch.get_rng_state(), "backend": backend, "optimizer_layout": "hooked",
+            "machines": machines or []})
 
 
 def _keep_previous_resume_state(out: Path) -> None:

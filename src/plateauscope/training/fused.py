@@ -59,8 +59,8 @@ def unsupported_reason(cfg: object) -> str | None:
     return ", ".join(reasons) or None
 
 
-def _norm(x: Float[Tensor, "n d_model"], params: Mapping[str, Tensor], name: str, kind: str | None,
-          eps: float) -> Float[Tensor, "n d_model"]:
+def layer_norm(x: Float[Tensor, "*batch d_model"], params: Mapping[str, Tensor], name: str, kind: str | None,
+               eps: float) -> Float[Tensor, "*batch d_model"]:
     """HookedTransformer's ``LN`` (centre, scale, then ``w``, ``b``), ``LNPre`` (no ``w``, ``b``) or nothing."""
     if kind is None:
         return x
@@ -102,7 +102,7 @@ def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, 
     x = (params["embed.W_E"][tokens] + params["pos_embed.W_pos"][:n_pos]).view(-1, d_model)  # [batch * pos, d]
     for layer in range(cfg.n_layers):
         p = f"blocks.{layer}."
-        h = _norm(x, params, p + "ln1", kind, eps)
+        h = layer_norm(x, params, p + "ln1", kind, eps)
         mask = allowed if hidden_keys else None  # None: the causal kernel
         if positions is None or layer < cfg.n_layers - 1:
             # Queries, keys and values of every head from one matmul: [d_model, 3 * heads * d_head].
@@ -125,8 +125,8 @@ def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, 
         z = z.transpose(1, 2).reshape(-1, n_heads * d_head)
         x = x + torch.addmm(params[p + "attn.b_O"], z, params[p + "attn.W_O"].reshape(n_heads * d_head, d_model))
         if not cfg.attn_only:
-            hidden = torch.addmm(params[p + "mlp.b_in"], _norm(x, params, p + "ln2", kind, eps), params[p + "mlp.W_in"])
+            hidden = torch.addmm(params[p + "mlp.b_in"], layer_norm(x, params, p + "ln2", kind, eps), params[p + "mlp.W_in"])
             x = x + torch.addmm(params[p + "mlp.b_out"], ACTIVATIONS[cfg.act_fn](hidden), params[p + "mlp.W_out"])
-    x = _norm(x, params, "ln_final", kind, eps)
+    x = layer_norm(x, params, "ln_final", kind, eps)
     logits = torch.addmm(params["unembed.b_U"], x, params["unembed.W_U"])
     return logits.view(batch, -1, logits.shape[-1])

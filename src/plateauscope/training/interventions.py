@@ -37,6 +37,7 @@ from jaxtyping import Float
 from torch import Tensor
 from transformer_lens.utilities import get_act_name
 
+from plateauscope.backend import backend_of
 from plateauscope.tasks.base import Task
 from plateauscope.training.config import ConfigError, TrainConfig
 from plateauscope.training.files import load_checkpoint
@@ -142,18 +143,29 @@ class Interventions:
         """The keyword arguments of :func:`plateauscope.training.fused.fused_logits` at ``step``."""
         return {"hidden_keys": self.hidden_keys if self.cue_hidden(step) else (), "zeroed_heads": self.zeroed_heads}
 
-    def hooks(self, step: int) -> list[tuple[str, Any]]:
-        """Forward hooks that apply the interventions of ``step`` to a HookedTransformer."""
+    def hooks(self, step: int, on_pattern: bool = False) -> list[tuple[str, Any]]:
+        """Forward hooks that apply the interventions of ``step`` to a model. The cue is hidden in the
+        attention scores (``-inf`` before the softmax), or, ``on_pattern``, in the pattern (its
+        weights on the cue zeroed, the rest renormalised: the same function): TransformerLens 4's
+        bridge discards an edit of its scores but applies one of its pattern."""
         hooks = []
         if self.cue_hidden(step):
             hidden = torch.tensor(self.hidden_keys)
 
-            def hide(scores: Float[Tensor, "batch head q k"], hook: Any) -> Tensor:
-                mask = torch.zeros(scores.shape[-1], dtype=torch.bool, device=scores.device)
-                mask[hidden[hidden < scores.shape[-1]].to(scores.device)] = True
-                return scores.masked_fill(mask, float("-inf"))
+            def hidden_mask(n_keys: int, device: torch.device) -> Tensor:
+                mask = torch.zeros(n_keys, dtype=torch.bool, device=device)
+                mask[hidden[hidden < n_keys].to(device)] = True
+                return mask
 
-            hooks += [(get_act_name("attn_scores", layer), hide) for layer in range(self.n_layers)]
+            def hide(scores: Float[Tensor, "batch head q k"], hook: Any) -> Tensor:
+                return scores.masked_fill(hidden_mask(scores.shape[-1], scores.device), float("-inf"))
+
+            def hide_in_pattern(pattern: Float[Tensor, "batch head q k"], hook: Any) -> Tensor:
+                kept = pattern.masked_fill(hidden_mask(pattern.shape[-1], pattern.device), 0.0)
+                return kept / kept.sum(-1, keepdim=True).clamp_min(torch.finfo(kept.dtype).tiny)
+
+            hooks += [(get_act_name("pattern", layer), hide_in_pattern) if on_pattern else
+                      (get_act_name("attn_scores", layer), hide) for layer in range(self.n_layers)]
         by_layer: dict[int, list[int]] = {}
         for layer, head in self.zeroed_heads:
             by_layer.setdefault(layer, []).append(head)
@@ -169,7 +181,7 @@ class Interventions:
     def attach(self, model: Any, step: int, hooks: list[tuple[str, Any]] | None = None) -> Any:
         """Add the interventions of ``step`` (or the given ``hooks``) to ``model`` as permanent hooks,
         for good; return it."""
-        for name, fn in self.hooks(step) if hooks is None else hooks:
+        for name, fn in self.hooks(step, backend_of(model) == "bridge") if hooks is None else hooks:
             model.mod_dict[name].add_hook(fn, is_permanent=True)
         return model
 
@@ -177,7 +189,7 @@ class Interventions:
     def applied(self, model: Any, step: int) -> Iterator[None]:
         """The interventions of ``step`` as permanent hooks on ``model`` for the passes inside (they
         survive ``run_with_hooks`` and ``hooks_added``, which remove only temporary hooks)."""
-        hooks = self.hooks(step)
+        hooks = self.hooks(step, backend_of(model) == "bridge")
         self.attach(model, step, hooks)
         try:
             yield

@@ -17,37 +17,84 @@ from typing import Any
 
 import torch
 
-from plateauscope.backend import Model, build_model, load_hooked_state_dict
+from plateauscope.backend import Model, model_from_hooked_state
 from plateauscope.tasks.base import ProgressMeasure, Task
 from plateauscope.tasks.loading import task_class
 from plateauscope.training.config import ConfigError, RunConfig
 from plateauscope.training.files import _CKPT_RE, _one_line
+from plateauscope.training.files import (
+    CHECKPOINT_DIR as CHECKPOINT_DIR,
+)
+from plateauscope.training.files import (
+    CHECKPOINT_FORMAT as CHECKPOINT_FORMAT,
+)
+from plateauscope.training.files import (
+    CHECKSUMS_FILE as CHECKSUMS_FILE,
+)
+
 # The run directory's files, re-exported so that ``run`` (imported as ``rd``) is the one name for them.
 from plateauscope.training.files import (
     CONFIG_FILE as CONFIG_FILE,
+)
+from plateauscope.training.files import (
     DATASET_FILE as DATASET_FILE,
-    METRICS_FILE as METRICS_FILE,
-    SUMMARY_FILE as SUMMARY_FILE,
-    CHECKPOINT_DIR as CHECKPOINT_DIR,
-    RESUME_FILE as RESUME_FILE,
-    PREVIOUS_RESUME_FILE as PREVIOUS_RESUME_FILE,
-    CHECKSUMS_FILE as CHECKSUMS_FILE,
+)
+from plateauscope.training.files import (
     MANIFEST_FILE as MANIFEST_FILE,
-    CHECKPOINT_FORMAT as CHECKPOINT_FORMAT,
+)
+from plateauscope.training.files import (
+    METRICS_FILE as METRICS_FILE,
+)
+from plateauscope.training.files import (
+    PREVIOUS_RESUME_FILE as PREVIOUS_RESUME_FILE,
+)
+from plateauscope.training.files import (
     READABLE_CHECKPOINT_FORMATS as READABLE_CHECKPOINT_FORMATS,
+)
+from plateauscope.training.files import (
+    RESUME_FILE as RESUME_FILE,
+)
+from plateauscope.training.files import (
+    SUMMARY_FILE as SUMMARY_FILE,
+)
+from plateauscope.training.files import (
     RunError as RunError,
-    checkpoint_name as checkpoint_name,
+)
+from plateauscope.training.files import (
     atomic_write as atomic_write,
-    write_text_atomic as write_text_atomic,
-    write_json_atomic as write_json_atomic,
-    save_checkpoint as save_checkpoint,
-    read_checkpoint_metadata as read_checkpoint_metadata,
+)
+from plateauscope.training.files import (
+    checkpoint_name as checkpoint_name,
+)
+from plateauscope.training.files import (
     load_checkpoint as load_checkpoint,
-    save_resume_state as save_resume_state,
+)
+from plateauscope.training.files import (
     load_resume_state as load_resume_state,
-    read_json as read_json,
-    read_jsonl as read_jsonl,
+)
+from plateauscope.training.files import (
+    read_checkpoint_metadata as read_checkpoint_metadata,
+)
+from plateauscope.training.files import (
     read_checksums as read_checksums,
+)
+from plateauscope.training.files import (
+    read_json as read_json,
+)
+from plateauscope.training.files import (
+    read_jsonl as read_jsonl,
+)
+from plateauscope.training.files import (
+    save_checkpoint as save_checkpoint,
+)
+from plateauscope.training.files import (
+    save_resume_state as save_resume_state,
+)
+from plateauscope.training.files import (
+    write_json_atomic as write_json_atomic,
+)
+from plateauscope.training.files import (
+    write_text_atomic as write_text_atomic,
 )
 from plateauscope.training.interventions import Interventions, has_interventions
 from plateauscope.training.metrics import compute_tau, plateau_span, plateau_verdict
@@ -116,11 +163,9 @@ class Run:
         as they were at ``step`` (zeroed heads; the cue hidden before its release), so that every
         analysis sees the model that was trained."""
         state, _ = load_checkpoint(self.checkpoint_path(step))
-        model = load_hooked_state_dict(build_model(self.hooked_config, backend=backend, device=device), state).eval()
+        model = model_from_hooked_state(self.hooked_config, state, backend=backend, device=device).eval()
         tc = self.config.train
         if has_interventions(tc):
-            if not hasattr(model, "mod_dict"):
-                raise RunError(f"{self.path}: a run with interventions is analysed on --backend hooked only")
             Interventions.build(tc, self.task(), self.config.model.n_layers, self.config.model.n_heads).attach(model, step)
         return model
 

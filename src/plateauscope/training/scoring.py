@@ -22,6 +22,7 @@ from transformer_lens.utilities import get_act_name
 
 from plateauscope.backend import Model, hooks_added, shares_prefixes
 from plateauscope.tasks.base import Task
+from plateauscope.training.hooked_forward import block_keys_values, embed_at, run_blocks
 
 
 @torch.inference_mode()
@@ -80,7 +81,7 @@ def shared_prefix_logprobs(
     match (greedy decoding already missed a target token) is not run further: its descendants'
     log-probabilities from there on are NaN, their exact match False (the same as without pruning).
 
-    A model that cannot share prefixes (:func:`plateauscope.backend.shares_prefixes`: the bridge)
+    A model that cannot share prefixes (:func:`plateauscope.backend.shares_prefixes`: neither backend)
     scores every sequence in full (:func:`target_logprobs`, the hooks at offset 0): the same numbers.
     """
     dims = tuple(seqs.shape[:-1])
@@ -127,11 +128,13 @@ def shared_prefix_logprobs(
         for rows in alive.split(batch_size):
             saved: dict[str, Tensor] = {}
 
-            def save(act: Tensor, hook) -> None:
-                saved[hook.name] = act
+            def saver(name: str) -> Callable:  # by the name asked for: a bridge's hook.name may be an alias
+                def save(act: Tensor, hook) -> None:
+                    saved[name] = act
+                return save
 
             if start_layer == 0:
-                resid = model.embed(tokens[rows]) + model.pos_embed(tokens[rows], bounds[lvl])
+                resid = embed_at(model, tokens[rows], bounds[lvl])
             else:
                 resid = start_resid(lvl, rows).to(device)
             cache = None
@@ -140,14 +143,14 @@ def shared_prefix_logprobs(
                 at = row_of[rows // dims[lvl]]  # each row's parent prefix
                 cache = [None] * start_layer + [TransformerLensKeyValueCacheEntry(k[at], v[at], frozen=True)
                                                 for k, v in zip(kv[: len(layers)], kv[len(layers):])]
-            hooks = ([] if last_level else [(n, save) for n in names]) + [(n, save) for n in level_resid]
+            hooks = ([] if last_level else [(n, saver(n)) for n in names]) + [(n, saver(n)) for n in level_resid]
             if hooks_for is not None:
                 hooks += hooks_for(rows // math.prod(dims[1: lvl + 1]), bounds[lvl])
             with hooks_added(model, hooks):
                 if trim:
                     x = _top_block_on_suffix(model, resid, start_layer, cache, len(rel), saved)
                 else:
-                    x = model(resid, start_at_layer=start_layer, stop_at_layer=L, past_kv_cache=cache)[:, rel]
+                    x = run_blocks(model, resid, start_layer, L, cache)[:, rel]
             for n, chunks in level_resid.items():
                 chunks.append(saved[n])
             if model.cfg.normalization_type is not None:
@@ -200,10 +203,8 @@ def _top_block_on_suffix(model: Model, resid: Float[Tensor, "N pos d_model"], st
     position (into ``saved``), and the top block on the last ``n_out`` positions only; returns
     their final residual stream."""
     top = model.cfg.n_layers - 1
-    resid = model(resid, start_at_layer=start_layer, stop_at_layer=top, past_kv_cache=cache)
-    block = model.blocks[top]
-    x = block.ln1(resid)
-    _, keys, values = block.attn.calculate_qkv_matrices(x, x, x)
+    resid = run_blocks(model, resid, start_layer, top, cache)
+    keys, values = block_keys_values(model, resid, top)
     out = resid[:, :0]
     if n_out:
         first = resid.shape[1] - n_out
@@ -212,7 +213,7 @@ def _top_block_on_suffix(model: Model, resid: Float[Tensor, "N pos d_model"], st
             past_k = torch.cat([cache[top].past_keys, past_k], dim=1)
             past_v = torch.cat([cache[top].past_values, past_v], dim=1)
         entry = TransformerLensKeyValueCacheEntry(past_k, past_v, frozen=True)
-        out = model(resid[:, first:], start_at_layer=top, stop_at_layer=top + 1, past_kv_cache=[None] * top + [entry])
+        out = run_blocks(model, resid[:, first:], top, top + 1, [None] * top + [entry])
     # after the top block's run, whose key / value hooks saw the last positions only
     saved[get_act_name("k", top)], saved[get_act_name("v", top)] = keys, values
     return out

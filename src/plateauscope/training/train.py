@@ -34,7 +34,10 @@ from torch import Tensor
 from tqdm.auto import tqdm
 
 from plateauscope.backend import (
+    backend_optimizer_state,
     build_model,
+    hooked_optimizer_state,
+    hooked_parameter_names,
     hooked_parameters,
     hooked_state_dict,
     load_hooked_state_dict,
@@ -57,12 +60,11 @@ from plateauscope.training.files import (
 from plateauscope.training.fused import fused_logits, unsupported_reason
 from plateauscope.training.interventions import (
     Interventions,
-    has_interventions,
     in_part,
     load_donor,
     transplanted,
 )
-from plateauscope.training.machine import describe, machine_record
+from plateauscope.training.machine import describe, machine_record, same_machine
 from plateauscope.training.metrics import compute_tau, summarize
 from plateauscope.training.model import hooked_config_dict
 from plateauscope.training.schedule import resume_steps, scheduled_steps
@@ -163,8 +165,6 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     evalsets = evaluation_sets(task, tc, tc.seed)
     # Interventions (plateauscope.training.interventions) and a transplant's donor are checked before anything is written.
     interventions = Interventions.build(tc, task, cfg.model.n_layers, cfg.model.n_heads)
-    if has_interventions(tc) and backend != "hooked":
-        raise ConfigError("interventions (hide_cue_until, masked_heads, transplant) need --backend hooked")
     model = build_model(hooked_config_dict(cfg.model, task), backend=backend, seed=cfg.model.seed, device=dev)
     fresh = not (resume and resume_state_file(out) is not None)
     donor = load_donor(tc, hooked_state_dict(model)) if tc.transplant and fresh else None
@@ -174,7 +174,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     if donor is not None:  # the run's own step-0 weights, with one part from the donor
         load_hooked_state_dict(model, transplanted(hooked_state_dict(model), donor, tc.transplant))
     if tc.freeze_transplant:  # no gradient, so AdamW neither steps nor decays them
-        for name, param in model.named_parameters():
+        for name, param in zip(hooked_parameter_names(model), model.parameters()):
             param.requires_grad_(not in_part(name, tc.transplant))
     optimizer = adamw(model.parameters(), tc)
     tokens = task.tokens.to(dev)
@@ -189,15 +189,16 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     # --- Resume: weights, optimiser and RNG here; data order, metrics, machines and clock in RunState. --
     point = load_resume_point(out, tc.max_steps) if resume else None
     if point is not None:
-        if point.backend != backend:  # the optimiser state is keyed by the backend's parameter order
-            raise ConfigError(f"{out / rd.RESUME_FILE}: the run was trained with --backend {point.backend}; "
-                              f"resume it with that backend, not {backend}")
+        if point.optimizer_layout not in ("hooked", backend):  # a bridge's state from before they were portable
+            raise ConfigError(f"{out / rd.RESUME_FILE}: its optimiser state follows the {point.optimizer_layout} "
+                              f"backend's parameters; resume it with --backend {point.optimizer_layout}")
         if point.complete:
             log.info("%s is already complete at step %d", out, point.step)
             return finish(out, point.records, task, point.step, evalsets[0], reuse=True)
         step = point.step
         load_hooked_state_dict(model, point.weights)
-        optimizer.load_state_dict(point.optimizer)
+        optimizer.load_state_dict(backend_optimizer_state(model, point.optimizer)
+                                  if point.optimizer_layout == "hooked" else point.optimizer)
         torch.set_rng_state(point.torch_rng)
     schedule = Schedule.of(tc)
     run = RunState.start(out, tc, evalsets, task.progress, len(task.tokens), machine_record(dev), point, backend)
@@ -211,8 +212,8 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
                 bar.set_postfix(_bar_fields(record, task.progress), refresh=False)
             # 2. Checkpoint (weights; at a resume point also the state needed to resume exactly from here).
             if schedule.checkpoints(step, run.evaluations.stop):
-                run.checkpoint(step, hooked_state_dict(model),
-                               optimizer.state_dict() if schedule.resumes(step, run.evaluations.stop) else None)
+                run.checkpoint(step, hooked_state_dict(model), hooked_optimizer_state(model, optimizer.state_dict())
+                               if schedule.resumes(step, run.evaluations.stop) else None)
             if step >= tc.max_steps or run.evaluations.stop:
                 break
             if step == stop_at_step:  # a kill right after this step's evaluation (no summary)
@@ -332,7 +333,7 @@ class RunState:
     t0: float
     """``time.perf_counter()`` at the run's (resumed) step 0, for ``wall_s``."""
     backend: str = "hooked"
-    """The backend whose parameter order the optimiser state in ``resume.pt`` follows."""
+    """The backend that trains the run (recorded in ``resume.pt``)."""
     policy: CheckpointPolicy = CheckpointPolicy(adaptive=False, coarse=frozenset())
     """Which of the scheduled checkpoints the run keeps (``train.checkpoints``)."""
     resume_step: int | None = None
@@ -538,10 +539,10 @@ def _differences(a: dict, b: dict, prefix: str = "") -> list[tuple[str, object, 
 def machines_on_resume(out: Path, before: list[dict], here: dict) -> list[dict]:
     """The machines of a resumed run: ``before``, then ``here`` when it differs from the last of them,
     with a one-line warning, since the rest of the run is then not bit-identical to an uninterrupted one."""
-    if before and before[-1] != here:
+    if before and not same_machine(before[-1], here):
         log.warning("%s: trained so far on %s, resumed on %s: from here on it is not bit-identical to an "
                     "uninterrupted run", out, describe(before[-1]), describe(here))
-    return before if before and before[-1] == here else [*before, here]
+    return before if before and same_machine(before[-1], here) else [*before, here]
 
 
 def evaluation_record(model: torch.nn.Module, task: Task, evalset: object, step: int, tc: TrainConfig,
