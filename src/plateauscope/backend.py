@@ -180,7 +180,7 @@ def initial_hooked_state(cfg_dict: dict[str, Any], seed: int | None = None) -> d
     N(0, initializer_range^2) in ``named_parameters`` order, initializer_range = 0.8 / sqrt(d_model),
     LayerNorm weights 1, biases 0; from the global RNG seeded with ``seed`` (not moved), or from the
     global RNG as it stands (None). In HookedTransformer's state-dict layout with its attention
-    buffers. Equal to ``HookedTransformer(cfg)``'s own draw bit for bit (``tests/test_backend.py``)."""
+    buffers. Equal to ``HookedTransformer(cfg)``'s own draw bit for bit (``tests/test_cross_major.py``)."""
     if cfg_dict.get("init_mode", "gpt2") != "gpt2" or cfg_dict.get("initializer_range", -1.0) >= 0:
         raise BackendError("only init_mode='gpt2' with the default initializer_range is supported")
     std = 0.8 / np.sqrt(cfg_dict["d_model"])
@@ -348,12 +348,18 @@ _CONFIG_FIELDS = ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "n_ctx", 
                   "normalization_type", "positional_embedding_type", "attn_only")
 
 
+def _bridge_keys(model: Model) -> list[str]:
+    """The bridge's ``state_dict`` key of each of ``model.parameters()``, in that order."""
+    key_of = {id(t): key for key, t in model.state_dict(keep_vars=True).items()}
+    return [key_of[id(p)] for p in model.parameters()]
+
+
 def hooked_parameter_names(model: Model) -> list[str]:
     """The HookedTransformer name of each of ``model.parameters()``, in that order."""
     if backend_of(model) == "hooked":
         return [name for name, _ in model.named_parameters()]
-    key_of = {id(t): key for key, t in model.state_dict(keep_vars=True).items()}
-    return [next(iter(_bridge_in_hooked_layout([(key_of[id(p)], p)], model.cfg.n_heads))) for p in model.parameters()]
+    return [next(iter(_bridge_in_hooked_layout([(key, p)], model.cfg.n_heads)))
+            for key, p in zip(_bridge_keys(model), model.parameters())]
 
 
 def _hooked_order(model: Model) -> dict[str, int]:
@@ -369,9 +375,7 @@ def hooked_optimizer_state(model: Model, state: dict) -> dict:
     if backend_of(model) == "hooked":
         return state
     (group,) = state["param_groups"]
-    names, order = hooked_parameter_names(model), _hooked_order(model)
-    key_of = {id(t): key for key, t in model.state_dict(keep_vars=True).items()}
-    keys = [key_of[id(p)] for p in model.parameters()]
+    names, order, keys = hooked_parameter_names(model), _hooked_order(model), _bridge_keys(model)
     moved: dict[int, dict] = {}
     for i, per_param in state["state"].items():
         moved[order[names[i]]] = {k: _bridge_in_hooked_layout([(keys[i], v)], model.cfg.n_heads)[names[i]].contiguous()
@@ -385,8 +389,7 @@ def backend_optimizer_state(model: Model, state: dict) -> dict:
     if backend_of(model) == "hooked":
         return state
     (group,) = state["param_groups"]
-    names, order = hooked_parameter_names(model), _hooked_order(model)
-    key_of = {id(t): key for key, t in model.state_dict(keep_vars=True).items()}
+    names, order, keys = hooked_parameter_names(model), _hooked_order(model), _bridge_keys(model)
     params = list(model.parameters())
     moved: dict[int, dict] = {}
     for i, p in enumerate(params):
@@ -397,7 +400,7 @@ def backend_optimizer_state(model: Model, state: dict) -> dict:
         for k, v in per_param.items():
             if torch.is_tensor(v) and v.dim():
                 out = torch.empty_like(p, dtype=v.dtype)  # written through its view in HookedTransformer's layout
-                _bridge_in_hooked_layout([(key_of[id(p)], out)], model.cfg.n_heads)[names[i]].copy_(v)
+                _bridge_in_hooked_layout([(keys[i], out)], model.cfg.n_heads)[names[i]].copy_(v)
                 v = out
             converted[k] = v
         moved[i] = converted

@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (a GPU when present), cpu or cuda")
     p.add_argument("--backend", choices=BACKENDS,
                    help="hooked: TransformerLens 3.x HookedTransformer; bridge: TransformerLens 4.x TransformerBridge "
-                        "(default: the installed one). Both write the same run directory and checkpoint layout")
+                        "(default: the installed one). One seed trains the same run on both, and a run resumes on either")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 

@@ -144,8 +144,9 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     """Train one run into ``out_dir`` and return its summary.
 
     ``backend``: ``hooked`` (TransformerLens 3.x HookedTransformer) or ``bridge`` (4.x
-    TransformerBridge); None: the installed one. Either writes the same run directory, with
-    checkpoints in HookedTransformer's layout; a run resumes only on the backend that started it.
+    TransformerBridge); None: the installed one. Either starts from the same weights and writes the
+    same run directory, with checkpoints and the resume state in HookedTransformer's layout, so a run
+    resumes on either.
 
     ``stop_at_step`` abandons the run right after that step's evaluation, as a kill would
     (no checkpoint, no summary, unless they were due anyway): it exists to test resuming.
