@@ -108,7 +108,7 @@ class HookedWeights:
         self._prefix = prefix
 
     def __getattr__(self, name: str) -> Any:
-        key = self.ALIASES.get(name, self._prefix + name) if not self._prefix else self._prefix + name
+        key = self._prefix + name if self._prefix else self.ALIASES.get(name, name)
         return self._state[key] if key in self._state else HookedWeights(self._cfg, self._state, key + ".")
 
     def __getitem__(self, index: int) -> HookedWeights:

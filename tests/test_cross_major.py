@@ -50,7 +50,7 @@ def in_other(*args: str, timeout: int = 600) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
 
 
-def same_files(a: Path, b: Path) -> list[str]:
+def differing_checkpoints(a: Path, b: Path) -> list[str]:
     """The checkpoint files that differ between two runs (or exist in one only)."""
     names = sorted({p.name for p in (a / rd.CHECKPOINT_DIR).iterdir()} | {p.name for p in (b / rd.CHECKPOINT_DIR).iterdir()})
     return [n for n in names if not ((a / rd.CHECKPOINT_DIR / n).is_file() and (b / rd.CHECKPOINT_DIR / n).is_file()
@@ -82,7 +82,7 @@ def test_both_backends_start_from_hookedtransformers_draw(preset):
 @needs_other
 def test_the_same_run_on_both_majors(tiny_run, tmp_path):
     in_other("train", "--preset", "tiny", "--out", str(tmp_path / "other"), "--no-progress")
-    assert same_files(Path(tiny_run), tmp_path / "other") == []
+    assert differing_checkpoints(Path(tiny_run), tmp_path / "other") == []
 
 
 @needs_other
@@ -91,7 +91,7 @@ def test_a_run_killed_on_one_major_resumes_on_the_other(tiny_run, tmp_path):
     train(cfg, tmp_path / "r", device="cpu", progress=False, stop_at_step=23)
     assert not (tmp_path / "r" / rd.SUMMARY_FILE).exists()
     in_other("train", "--preset", "tiny", "--out", str(tmp_path / "r"), "--resume", "--no-progress")
-    assert same_files(Path(tiny_run), tmp_path / "r") == []
+    assert differing_checkpoints(Path(tiny_run), tmp_path / "r") == []
     state = torch.load(tmp_path / "r" / rd.RESUME_FILE, weights_only=True)
     other = "bridge" if installed_transformer_lens().startswith("3.") else "hooked"
     assert state["optimizer_layout"] == "hooked" and state["backend"] == other  # written there
