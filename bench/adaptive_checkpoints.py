@@ -13,17 +13,27 @@ one after the other (the order alternates with ``--adaptive-first``), and prints
   the size target says whether the window itself is over it;
 * the adaptive run's wall time over the dense one's, against the target of at most 1.10;
 * whether every kept checkpoint is byte-identical to the dense run's, and ``metrics.jsonl`` the
-  same but for ``wall_s``.
+  same but for ``wall_s``;
+* how far lossless compression could take the window (``--run DIR`` prints this alone, for a
+  trained adaptive run): every window checkpoint's weights XORed with the previous checkpoint's,
+  byte-shuffled and compressed with LZMA, the best of the usual lossless schemes for float32
+  weights, so that a miss of the size target says whether any byte-exact storage could meet it.
+
+    .venv/bin/python bench/adaptive_checkpoints.py --run checkpoints/demo   # the compression bound only
 """
 
 from __future__ import annotations
 
 import argparse
+import lzma
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import load_file
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
@@ -45,6 +55,37 @@ def directory_mb(path: Path) -> float:
     return sum(f.stat().st_size for f in Path(path).rglob("*") if f.is_file()) / 1e6
 
 
+def lossless_mb(checkpoints: list[Path]) -> float:
+    """The MB that ``checkpoints`` (a series, in step order) take losslessly compressed at best:
+    each one's float32 weights XORed with the previous one's (the first as it is), the bytes of each
+    significance together (byte shuffle), LZMA."""
+    previous, total = None, 0
+    for path in checkpoints:
+        weights = load_file(path)
+        bits = np.concatenate([weights[k].ravel().view(np.uint32) for k in sorted(weights)
+                               if weights[k].dtype == np.float32])
+        delta = bits if previous is None else bits ^ previous
+        total += len(lzma.compress(delta.view(np.uint8).reshape(-1, 4).T.tobytes()))
+        previous = bits
+    return total / 1e6
+
+
+def compression_rows(run: Run, on: str) -> list[dict]:
+    """The window's dense checkpoints of a trained run: as stored, and losslessly compressed at best."""
+    start, end = transition_window(run.metrics(), run.progress, complete=True)
+    window = [run.checkpoint_path(s) for s in run.steps if start <= s <= end]
+    stored = sum(p.stat().st_size for p in window) / 1e6
+    packed = lossless_mb(window)
+    rest = directory_mb(run.path) - stored
+    print(f"window: steps {start}..{end}, {len(window)} checkpoints, {stored:.1f} MB stored, "
+          f"{packed:.1f} MB compressed at best ({stored / packed:.2f}x); the directory so: {rest + packed:.1f} MB "
+          f"(target <= {TARGET_MB:g} MB)")
+    return [row(f"{on}: the window's checkpoints, losslessly compressed at best (XOR delta, byte shuffle, LZMA)",
+                packed, "MB"),
+            row(f"{on}: lossless compression ratio of the window at best", stored / packed, "x"),
+            row(f"{on}: run directory with the window so compressed", rest + packed, "MB")]
+
+
 def train_timed(cfg, out: Path) -> tuple[float, float]:
     """Train ``cfg`` into ``out``; (wall seconds, the directory's largest size in MB at an evaluation)."""
     peak = [0.0]
@@ -59,7 +100,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--preset", default="demo", help=f"run to train ({', '.join(PRESETS)}; default demo)")
     p.add_argument("--coarse-every", type=int, help="the adaptive run's coarse spacing (default: the preset's)")
     p.add_argument("--adaptive-first", action="store_true", help="train the adaptive run first")
+    p.add_argument("--run", type=Path, help="a trained adaptive run: print only how far lossless compression "
+                                            "could take its window")
     args = p.parse_args(argv)
+    if args.run is not None:
+        try:
+            run = Run(args.run)
+            rows = compression_rows(run, run.config.preset or run.path.name)
+        except Exception as e:  # noqa: BLE001 - a RunError or a missing file, printed as one line
+            print(f"error: --run {args.run}: {e}", file=sys.stderr)
+            return 2
+        print(f"saved {save('adaptive_checkpoints', rows, arguments(args), 'compression')}")
+        return 0
     if args.preset not in PRESETS:
         print(f"error: --preset {args.preset!r}: choose one of {', '.join(PRESETS)}", file=sys.stderr)
         return 2
@@ -89,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         in_window = [s for s in dense.steps if start <= s <= end]
         one_mb = dense.checkpoint_path(dense.steps[-1]).stat().st_size / 1e6
         n_dense, n_kept = len(dense.steps), len(kept.steps)
+        bound_rows = compression_rows(kept, args.preset)
     ratio = wall["adaptive"] / wall["dense"]
     window_mb = len(in_window) * one_mb
     on = args.preset
@@ -112,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
             row(f"{on}: training, adaptive", wall["adaptive"], "s"),
             against(f"{on}: wall time, adaptive / dense", ratio, "", "<=", TARGET_WALL),
             yes_no(f"{on}: kept checkpoints byte-identical to the dense run's", same_bytes),
-            yes_no(f"{on}: metrics.jsonl the same as the dense run's (but wall_s)", same_metrics)]
+            yes_no(f"{on}: metrics.jsonl the same as the dense run's (but wall_s)", same_metrics),
+            *bound_rows]
     part = None if args.preset == "demo" else args.preset
     print(f"saved {save('adaptive_checkpoints', rows, arguments(args), part)}")
     return 0

@@ -31,6 +31,7 @@ from pathlib import Path
 os.environ.setdefault("TQDM_DISABLE", "1")
 
 from plateauscope.analysis.analyze import analyze_run, load_analysis  # noqa: E402
+from plateauscope.analysis.landmarks import DEFAULT_BUDGET  # noqa: E402
 from plateauscope.analysis.results import ANALYSIS_DIR  # noqa: E402
 from plateauscope.training.machine import describe, machine_record  # noqa: E402
 from plateauscope.training.presets import PRESETS, get_preset  # noqa: E402
@@ -110,19 +111,23 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", default="demo", help=f"run to train and analyse ({', '.join(PRESETS)}; default demo)")
     p.add_argument("--every", type=int, default=2, help="analyse every N-th checkpoint (default 2, as make demo)")
-    p.add_argument("--n-exact", type=int, default=12, help="budget of the expensive pass (default 12)")
+    p.add_argument("--n-exact", type=int, default=DEFAULT_BUDGET,
+                   help=f"budget of the adaptive plan's expensive pass (default {DEFAULT_BUDGET}, as analyze)")
+    p.add_argument("--n-exact-full", type=int, default=12,
+                   help="evenly spaced steps of the full plan's expensive pass (default 12)")
     p.add_argument("--keep", type=Path, help="train into this directory and keep it (default: a temporary one)")
     args = p.parse_args(argv)
     if args.preset not in PRESETS:
         print(f"error: --preset {args.preset!r}: choose one of {', '.join(PRESETS)}", file=sys.stderr)
         return 2
-    if args.every < 1 or args.n_exact < 0:
-        print("error: --every must be >= 1 and --n-exact >= 0", file=sys.stderr)
+    if args.every < 1 or args.n_exact < 0 or args.n_exact_full < 0:
+        print("error: --every must be >= 1, --n-exact and --n-exact-full >= 0", file=sys.stderr)
         return 2
     if args.keep is not None and args.keep.exists():
         print(f"error: --keep {args.keep}: already exists (the bench trains a fresh run)", file=sys.stderr)
         return 2
-    print(f"{args.preset}, every {args.every}, n_exact {args.n_exact}; {describe(machine_record())}", flush=True)
+    print(f"{args.preset}, every {args.every}, n_exact {args.n_exact} (full plan {args.n_exact_full}); "
+          f"{describe(machine_record())}", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = args.keep or Path(tmp) / args.preset
         t_train, _ = timed(train, get_preset(args.preset), run_dir, device="cpu", progress=False)
@@ -131,7 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         t_report, _ = timed(write_report, run_dir)
         t_view, _ = timed(write_view, run_dir)
         full_dir = empty_copy(run_dir, Path(tmp) / "full")
-        t_full, full = timed(analyze_run, full_dir, every=args.every, n_exact=args.n_exact, progress=False, full=True)
+        t_full, full = timed(analyze_run, full_dir, every=args.every, n_exact=args.n_exact_full, progress=False,
+                             full=True)
         caches = {"adaptive": load_analysis(run_dir), "full": load_analysis(full_dir)}
         n_steps = len(caches["full"]["attention"])
         plan = adaptive["plan"]["steps"]

@@ -39,8 +39,10 @@ from plateauscope.backend import (
     BACKENDS,
     available_backends,
     default_backend,
+    hook_point,
     hooked_parameters,
     hooked_state_dict,
+    load_hooked_state_dict,
     shares_prefixes,
 )
 from plateauscope.training.fused import fused_logits
@@ -183,6 +185,30 @@ def test_analyses_equal_on_the_reference(ci, phase):
     for key, d in diffs.items():
         limit = TOL * max(1.0, 1.0 / gap) if key.endswith("normalised") else TOL
         assert d <= limit, f"{INSTALLED} vs reference at step {step}: {key} differs by {d:.2e} (worst {worst})"
+
+
+def test_models_of_one_config_are_independent_and_follow_their_weights(tiny_run):
+    """The bridge's models are copies of one booted per config, with their hook points and parameters
+    looked up once per model: two checkpoints' models hold their own weights and hooks, and a model
+    loaded with other weights reports those."""
+    run = Run(tiny_run)
+    first, last = run.steps[0], run.steps[-1]
+    a, b = run.model(first, backend=INSTALLED), run.model(last, backend=INSTALLED)
+    states = {s: load_checkpoint(run.checkpoint_path(s))[0] for s in (first, last)}
+
+    def holds(model, state) -> bool:
+        return all(torch.equal(t.detach(), state[name]) for name, t in hooked_parameters(model).items())
+
+    assert holds(a, states[first]) and holds(b, states[last]) and not holds(a, states[last])
+    load_hooked_state_dict(a, states[last])
+    assert holds(a, states[last])
+    fired = []
+    hook_point(a, "blocks.0.attn.hook_pattern").add_hook(lambda t, hook: fired.append(t.shape))
+    tokens = torch.zeros(1, 3, dtype=torch.long)
+    b(tokens)
+    assert fired == []
+    torch.testing.assert_close(a(tokens), b(tokens), rtol=0, atol=0)
+    assert len(fired) == 1
 
 
 def test_checkpoints_have_hookedtransformer_layout(tiny_run):

@@ -39,16 +39,23 @@ def _landmarks(budget: int, **kw) -> dict[int, list[str]]:
 
 
 def test_the_landmarks_of_a_known_transition():
-    """Plateau start and middle, tau and the evaluation before it, tau/2 (75: the nearer of 70 and
-    80 is taken, the earlier on a tie), the last step, and each rule's t_form with its bracket: the
-    attention rule at the rise of attention, the patch-share rule at the rise of attribution, the
-    cue-effect rule at the cue effect's jump."""
+    """Always: plateau start and middle, tau, tau/2 (75: the nearer of 70 and 80 is taken, the earlier
+    on a tie), the last step, and each rule's t_form: the attention rule at the rise of attention,
+    the patch-share rule at the rise of attribution, the cue-effect rule at the cue effect's jump.
+    Within the budget, then: the step before each t_form, in the rules' order, and the evaluation
+    before tau."""
     got = _landmarks(budget=0)
-    assert sorted(got) == [10, 70, 100, 110, 120, 130, 140, 150, 200]
+    assert sorted(got) == [10, 70, 110, 130, 150, 200]
     assert got[70] == ["plateau middle", "tau/2"]
     assert "t_form by attention (cheap)" in got[110] and "t_form by cue_effect (cheap)" in got[110]
     assert got[130] == ["t_form by patch_share (cheap)"]
-    assert got[120] == ["before t_form by patch_share (cheap)"]
+    one_more = _landmarks(budget=7)  # the first bracket (before t_form by attention) and no other new step
+    assert sorted(one_more) == [10, 70, 100, 110, 130, 150, 200]
+    assert one_more[100] == ["before t_form by attention (cheap)", "before t_form by cue_effect (cheap)"]
+    every = _landmarks(budget=9)
+    assert sorted(every) == [10, 70, 100, 110, 120, 130, 140, 150, 200]
+    assert every[120] == ["before t_form by patch_share (cheap)"]
+    assert every[140] == ["evaluation before tau"]
 
 
 def test_the_budget_adds_the_steps_of_fastest_change():
@@ -58,7 +65,8 @@ def test_the_budget_adds_the_steps_of_fastest_change():
     for r in attention:
         r["to_z_first"][0][1] += 0.2 * (r["step"] >= 160) + 0.2 * (r["step"] >= 170)
     base = landmark_steps(STEPS, attention, attribution, _metrics(), "candidate_loss", "delta_z", HEIGHT,
-                          150, 140, [10, 130], 10, budget=0)
+                          150, 140, [10, 130], 10, budget=9)  # the landmarks and their brackets
+    assert len(base) == 9
     more = landmark_steps(STEPS, attention, attribution, _metrics(), "candidate_loss", "delta_z", HEIGHT,
                           150, 140, [10, 130], 10, budget=100)
     assert set(more) - set(base) == {160, 170}

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from plateauscope.analysis.analyze import AnalysisSettings, analyze_run
+from plateauscope.analysis.landmarks import DEFAULT_BUDGET
 from plateauscope.analysis.records import Analysis, read_analysis
 from plateauscope.tasks.base import Task
 from plateauscope.tasks.loading import build_task, task_class
@@ -70,7 +71,7 @@ def train_seeds(config: str | RunConfig, out: str | Path, seeds: list[int], *, p
                           progress=progress)
 
 
-def analyze(run: str | Path | Run, *, every: int = 1, steps: list[int] | None = None, n_exact: int = 12,
+def analyze(run: str | Path | Run, *, every: int = 1, steps: list[int] | None = None, n_exact: int = DEFAULT_BUDGET,
             progress: bool = True, backend: str | None = None, edges: bool = True, full: bool = False,
             **settings: Any) -> dict[str, Any]:
     """Analyse a run's checkpoints into its cache (what the cache lacks) and return the run's summary

@@ -29,9 +29,12 @@ trains the same parameters as HookedTransformer (see the README).
 
 from __future__ import annotations
 
+import copy
 import functools
 import importlib.metadata
+import json
 import warnings
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeAlias
@@ -132,20 +135,40 @@ def build_bridge(cfg_dict: dict[str, Any], seed: int | None = None, device: str 
     :func:`initial_hooked_state`: the weights HookedTransformer draws from ``seed``, so that one
     seed trains the same run on both backends."""
     resolve_backend("bridge")
-    from transformer_lens import TransformerBridge
-
-    cfg = bridge_config(cfg_dict)
-    cfg.device = str(device)  # the analyses read ``model.cfg.device``
-    with torch.random.fork_rng(devices=[]):  # boot_native's own draw is replaced below: it must not move the RNG
-        bridge = TransformerBridge.boot_native(cfg, device=str(device))
-    head = bridge.unembed.original_component
-    bias = head._buffers.pop("bias")  # the bridge's fixed zero b_U -> a parameter, as in HookedTransformer
-    head.bias = torch.nn.Parameter(bias.detach().clone())
-    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    # boot_native builds the module tree and its hook registry (60 ms on the demo model); an analysis
+    # builds one model per checkpoint, so each is a copy of one booted per config and device
+    bridge = copy.deepcopy(_booted_bridge(cfg_dict, str(device)))
     load_hooked_state_dict(bridge, initial_hooked_state(cfg_dict, seed))
     if cfg_dict.get("dtype") is not None:  # boot_native builds float32 whatever the config says
         bridge.cfg.dtype = cfg_dict["dtype"]
         bridge.to(cfg_dict["dtype"])
+    return bridge
+
+
+_BOOTED: dict[tuple[str, str], Model] = {}
+
+
+def _booted_bridge(cfg_dict: dict[str, Any], device: str) -> Model:
+    """A ``boot_native`` bridge of a config in compatibility mode, with a trainable unembedding bias,
+    kept for the next call with the same config (but ``dtype``, applied by the caller) and device; its
+    weights are boot_native's own draw, replaced by every caller."""
+    from transformer_lens import TransformerBridge
+
+    fields = {k: v for k, v in cfg_dict.items() if k != "dtype"}
+    key = (json.dumps(fields, sort_keys=True, default=str), device)
+    if key in _BOOTED:
+        return _BOOTED[key]
+    cfg = bridge_config(fields)
+    cfg.device = device  # the analyses read ``model.cfg.device``
+    with torch.random.fork_rng(devices=[]):  # boot_native's own draw is replaced: it must not move the RNG
+        bridge = TransformerBridge.boot_native(cfg, device=device)
+    head = bridge.unembed.original_component
+    bias = head._buffers.pop("bias")  # the bridge's fixed zero b_U -> a parameter, as in HookedTransformer
+    head.bias = torch.nn.Parameter(bias.detach().clone())
+    bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    if len(_BOOTED) >= 8:
+        _BOOTED.pop(next(iter(_BOOTED)))
+    _BOOTED[key] = bridge
     return bridge
 
 
@@ -249,12 +272,27 @@ def shares_prefixes(model: torch.nn.Module) -> bool:
     return hasattr(model, "original_model") and unsupported_reason(model.cfg) is None
 
 
+_HOOK_POINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def hook_point(model: Model, name: str) -> Any:
+    """The model's hook point ``name`` (HookedTransformer's names on either backend). The bridge
+    builds its ``hook_dict`` afresh, aliases included, at every access; the points themselves are
+    fixed when the model is built, so they are looked up once per model."""
+    if backend_of(model) == "hooked":
+        return model.mod_dict[name]
+    points = _HOOK_POINTS.get(model)
+    if points is None:
+        points = _HOOK_POINTS[model] = model.hook_dict
+    return points[name]
+
+
 @contextmanager
 def hooks_added(model: Model, hooks: list[tuple[str, Callable]]) -> Iterator[None]:
     """``run_with_hooks``'s hooks for the forward passes inside, removed from those hook points only
     at the end (``run_with_hooks`` resets every hook point of the model after each pass: on the
     prefix-sharing paths, many small passes, that was 4% of an evaluation)."""
-    points = [model.mod_dict[name] for name, _ in hooks]
+    points = [hook_point(model, name) for name, _ in hooks]
     try:
         for point, (_, fn) in zip(points, hooks):
             point.add_hook(fn)
@@ -304,8 +342,21 @@ def hooked_parameters(model: Model) -> dict[str, torch.Tensor]:
     (the bridge). What :func:`plateauscope.training.fused.fused_logits` reads."""
     if backend_of(model) == "hooked":
         return dict(model.named_parameters())
-    # the bridge's state_dict names (``blocks.0.attn.q.weight``); keep_vars: the parameters themselves
-    return _bridge_in_hooked_layout(model.state_dict(keep_vars=True).items(), model.cfg.n_heads)
+    return _bridge_in_hooked_layout(_bridge_parameters(model).items(), model.cfg.n_heads)
+
+
+_BRIDGE_PARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _bridge_parameters(model: Model) -> dict[str, torch.Tensor]:
+    """The bridge's parameters under its ``state_dict`` names (``blocks.0.attn.q.weight``), looked up
+    once per model: the bridge's ``state_dict`` walks its whole module tree (8 ms on the demo model),
+    and the fast paths ask for the parameters at every block. Loading weights, ``.to`` and the
+    optimiser change the parameters in place, so the same objects stay valid."""
+    named = _BRIDGE_PARAMETERS.get(model)
+    if named is None:
+        named = _BRIDGE_PARAMETERS[model] = dict(model.state_dict(keep_vars=True))
+    return named
 
 
 def _bridge_in_hooked_layout(named: Iterable[tuple[str, torch.Tensor]], n_heads: int) -> dict[str, torch.Tensor]:
@@ -350,7 +401,7 @@ _CONFIG_FIELDS = ("n_layers", "d_model", "n_heads", "d_head", "d_mlp", "n_ctx", 
 
 def _bridge_keys(model: Model) -> list[str]:
     """The bridge's ``state_dict`` key of each of ``model.parameters()``, in that order."""
-    key_of = {id(t): key for key, t in model.state_dict(keep_vars=True).items()}
+    key_of = {id(t): key for key, t in _bridge_parameters(model).items()}
     return [key_of[id(p)] for p in model.parameters()]
 
 

@@ -10,8 +10,9 @@ task itself. Each checkpoint is loaded lazily, one model in memory at a time. Tw
   view, ``plateauscope.views.view``);
 * the *expensive* pass, at the landmarks that ``plateauscope.analysis.landmarks`` finds from the cheap
   pass (plateau start and middle, each rule's t_form, tau, the last step, then steps where the cheap
-  signals change fastest, up to ``n_exact`` steps in all; then, by bisection, the steps that narrow
-  t_form by patch share, which reads the exact records, to neighbouring analysed steps): exact activation patching (``plateauscope.analysis.patch``),
+  signals change fastest, up to ``n_exact`` steps in all; then, by bisection and with exact patching
+  only, the steps that narrow t_form by patch share, which reads the exact records, to neighbouring
+  analysed steps): exact activation patching (``plateauscope.analysis.patch``),
   zero / mean head ablation (``plateauscope.analysis.ablate``), the concentration of the routing
   (``plateauscope.analysis.circuit``: each head's share of the head-patching effect, ablation of sets
   of heads, patching at the cue positions and the prediction position), exact patching of the
@@ -32,7 +33,7 @@ reported, so the fast mode can be trusted, or not, with numbers. ``routing.json`
 ``redundant`` / ``unresolved`` / ``none``) and the plan (``plan``: which steps got the expensive
 pass, and why).
 
-    plateauscope analyze --run checkpoints/demo [--every N | --steps 0 100 200] [--n-exact 12] [--full]
+    plateauscope analyze --run checkpoints/demo [--every N | --steps 0 100 200] [--n-exact 8] [--full]
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ from plateauscope.analysis.edges import (
     exact_edge_record,
 )
 from plateauscope.analysis.inputs import prompt_pairs
-from plateauscope.analysis.landmarks import landmark_steps
+from plateauscope.analysis.landmarks import DEFAULT_BUDGET, landmark_steps
 from plateauscope.analysis.patch import patch
 from plateauscope.analysis.results import (
     ABLATION_FILE,
@@ -199,7 +200,7 @@ def exact_steps(steps: list[int], n: int, landmarks: list[int]) -> list[int]:
 
 
 @writes_cache
-def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int = 1, n_exact: int = 12,
+def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int = 1, n_exact: int = DEFAULT_BUDGET,
                 settings: AnalysisSettings | None = None, device: str = "cpu",
                 progress: bool = True, backend: str | None = None, edges: bool = True,
                 full: bool = False, expensive: bool = True) -> dict[str, Any]:
@@ -303,7 +304,8 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
         run_pass({name: set(picked) for name in EXPENSIVE}, f"analyse {run.path.name} (landmarks)")
         # The patch-share rule reads the exact records, which exist at the landmarks only: bisect its
         # bracket over the analysed steps until they are neighbours, so that t_form by that rule has the
-        # checkpoints' resolution (a few steps more; the cheap stand-in can be far off).
+        # checkpoints' resolution (the cheap stand-in can be far off). A bisection step needs exact
+        # patching only, a tenth of the expensive pass.
         for _ in range(MAX_BISECTIONS):
             cache = load_analysis(run.path, settings)
             bracket = summarize(run, cache, tau, records, settings.smooth)["t_form_rules"]["patch_share"]["t_form_bracket"]
@@ -311,8 +313,8 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
             if not inner:
                 break
             middle = inner[len(inner) // 2]
-            picked.setdefault(middle, []).append("bisecting t_form by patch_share")
-            run_pass({name: {middle} for name in EXPENSIVE}, f"analyse {run.path.name} (step {middle})")
+            picked.setdefault(middle, []).append("bisecting t_form by patch_share (exact patching only)")
+            run_pass({"patch": {middle}}, f"analyse {run.path.name} (step {middle})")
         plan = {"mode": "adaptive", "steps": {str(s): why for s, why in sorted(picked.items())}}
     cache = load_analysis(run.path, settings)
     if not expensive:  # the summary reads head patching: its cheap stand-in until the expensive pass

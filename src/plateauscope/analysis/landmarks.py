@@ -8,17 +8,22 @@ the plateau these carry almost no signal (the clean-corrupted gap is under 0.01 
 patching and the faithful circuit search) run only at the steps this module picks from the cheap
 records:
 
-* the plateau's start and middle (``summary.json``'s plateau span), tau and the evaluation before it,
-  tau/2, and the last step;
-* t_form by each rule, with the step before it (the rule's bracket), each from a cheap stand-in:
-  the attention rule on the routing head (chosen as :func:`plateauscope.analysis.formation.pick_routing_head`
-  chooses it, with attribution in place of exact patching), the patch-share rule on that head's
-  share of the positive head attribution, the cue-effect rule on ``metrics.jsonl`` (already exact);
-  and the t_form of the head that follows each of the task's named attention rules;
+* always: the plateau's start and middle (``summary.json``'s plateau span), tau, tau/2 and the last
+  step; t_form by each rule, each from a cheap stand-in: the attention rule on the routing head
+  (chosen as :func:`plateauscope.analysis.formation.pick_routing_head` chooses it, with attribution
+  in place of exact patching), the patch-share rule on that head's share of the positive head
+  attribution, the cue-effect rule on ``metrics.jsonl`` (already exact); and the t_form of the head
+  that follows each of the task's named attention rules;
+* then, while fewer than ``budget`` steps are picked: the step before each of those t_forms (its
+  bracket) and the evaluation before tau, in that order;
 * then, while fewer than ``budget`` steps are picked, the steps where the cheap signals change
   fastest: the sum over the routing head's attention, its attribution share, the summed positive
   attribution and the progress measure of each one's change since the previous analysed step, as a
   fraction of that signal's range.
+
+No finding reads the bracket steps' expensive records (t_form by patch share is bisected with exact
+patching afterwards, ``plateauscope.analysis.analyze``), so the default budget,
+:data:`DEFAULT_BUDGET`, leaves them out on a series with one t_form per rule.
 
 Each landmark snaps to the nearest analysed step. The result maps each step to the reasons it
 was picked, which ``routing.json`` keeps.
@@ -31,6 +36,10 @@ from typing import Any
 import numpy as np
 
 from plateauscope.analysis import formation
+
+
+DEFAULT_BUDGET = 8
+"""Steps of the expensive pass by default: the landmarks that are always picked, on the selector task."""
 
 
 def _nearest(steps: list[int], target: int) -> int:
@@ -81,7 +90,7 @@ def fastest_change(steps: list[int], series: list[list[float | None]]) -> list[i
 def landmark_steps(steps: list[int], attention: list[dict[str, Any]], attribution: list[dict[str, Any]],
                    records: list[dict[str, Any]], progress_key: str, cue_key: str | None, height: float,
                    tau: int | None, tau_lo: int | None, plateau_span: list[int] | None, rules_start: int,
-                   budget: int = 12) -> dict[int, list[str]]:
+                   budget: int = DEFAULT_BUDGET) -> dict[int, list[str]]:
     """The analysed steps (of ``steps``) the expensive analyses run at, each with why (module docstring).
     ``records``: ``metrics.jsonl``; ``progress_key`` / ``cue_key``: the task's progress measure and cue
     effect there; ``rules_start``: where the t_form rules start (the plateau start, or a hidden
@@ -99,9 +108,9 @@ def landmark_steps(steps: list[int], attention: list[dict[str, Any]], attributio
     if plateau_span:
         add((plateau_span[0] + plateau_span[1]) // 2, "plateau middle")
     add(tau, "tau")
-    add(tau_lo, "evaluation before tau")
     add(tau // 2 if tau else None, "tau/2")
     add(steps[-1], "last step")
+    brackets: list[tuple[int | None, str]] = []  # picked after the landmarks, within the budget
 
     cheap_steps, cheap = cheap_signals(attention, attribution)
     eval_steps = [r["step"] for r in records if r.get(cue_key) is not None] if cue_key else []
@@ -111,12 +120,15 @@ def landmark_steps(steps: list[int], attention: list[dict[str, Any]], attributio
     for name, rule in rules.items():
         if rule["t_form"] is not None:
             add(rule["t_form"], f"t_form by {name} (cheap)")
-            add(rule["t_form_bracket"][0], f"before t_form by {name} (cheap)")
+            brackets.append((rule["t_form_bracket"][0], f"before t_form by {name} (cheap)"))
     for name in attention[-1].get("rules") or {}:
         _, form = formation.rule_follower(attention, name, rules_start)
         if form["t_form"] is not None:
             add(form["t_form"], f"t_form of the {name} head")
-            add(form["t_form_bracket"][0], f"before t_form of the {name} head")
+            brackets.append((form["t_form_bracket"][0], f"before t_form of the {name} head"))
+    for target, why in [*brackets, (tau_lo, "evaluation before tau")]:
+        if target is not None and (len(picked) < budget or _nearest(steps, int(target)) in picked):
+            add(target, why)
 
     measured = [(r["step"], r[progress_key]) for r in records if r.get(progress_key) is not None]
     progress = (np.interp(cheap_steps, *zip(*measured)).tolist() if measured else [])

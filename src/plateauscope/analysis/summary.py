@@ -19,7 +19,7 @@ from plateauscope.analysis import formation
 from plateauscope.analysis.ablate import MARGINAL_TOL, near_height
 from plateauscope.analysis.attention import chance_attention
 from plateauscope.analysis.attribution import agreement
-from plateauscope.analysis.circuit import circuit_summary, format_circuit
+from plateauscope.analysis.circuit import circuit_summary, format_circuit, head_effects, head_shares
 from plateauscope.analysis.components import PatchResult
 from plateauscope.analysis.edges import format_edges
 from plateauscope.analysis.results import median, na, strict_json
@@ -69,10 +69,13 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
     t_lo = form["t_form_bracket"][0] if form["t_form_bracket"] else None
     lead = formation.lead_fraction(tau, tau_lo, form["t_form"], t_lo)
     circ = cache.get("circuit") or []
+    # the head's share of the summed positive head-patching effect, at every step with exact patching
+    # (the circuit records hold the same shares, at their own steps only)
+    shares = [head_shares(head_effects(p["heads"])) for p in patches]
     rules = formation.t_form_rules(
         tau, tau_lo, rules_start, progress.height, (steps, series),
-        ([r["step"] for r in circ], formation.gated_shares([r["shares"]["share"][layer][head] for r in circ],
-                                                     [r["shares"]["total_positive"] for r in circ])),
+        ([p["step"] for p in patches], formation.gated_shares([sh["share"][layer][head] for sh in shares],
+                                                             [sh["total_positive"] for sh in shares])),
         ([r["step"] for r in records if r.get(cue) is not None], [r[cue] for r in records if r.get(cue) is not None]),
         smooth)
 

@@ -10,6 +10,7 @@ import plateauscope.analysis.analyze as _module
 from plateauscope.analysis.ablate import KINDS
 from plateauscope.analysis.analyze import AnalysisSettings, analyze_run
 from plateauscope.analysis.edges import CIRCUIT_PAIRS, FAITHFULNESS_TARGET
+from plateauscope.analysis.landmarks import DEFAULT_BUDGET
 from plateauscope.analysis.results import analysis_dir
 from plateauscope.analysis.summary import format_summary
 from plateauscope.cli.common import CliError, add_backend_arg, run_cli
@@ -23,9 +24,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, type=Path, help="run directory")
     p.add_argument("--every", type=int, default=1, help="analyse every N-th checkpoint (default 1: all)")
     p.add_argument("--steps", type=int, nargs="+", help="analyse exactly these steps")
-    p.add_argument("--n-exact", type=int, default=12,
+    p.add_argument("--n-exact", type=int, default=DEFAULT_BUDGET,
                    help="budget of the expensive pass (exact patching, ablation, the circuits): the landmarks, then "
-                        "the steps where the cheap signals change fastest, up to this many in all (default 12)")
+                        "the steps where the cheap signals change fastest, up to this many in all (default %(default)s)")
     p.add_argument("--full", action="store_true",
                    help="the exhaustive plan: the faithful edge circuit at every analysed step, and the rest of the "
                         "expensive pass at --n-exact evenly spaced steps plus the landmarks")

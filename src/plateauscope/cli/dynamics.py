@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from plateauscope.analysis.analyze import analyze_run
+from plateauscope.analysis.landmarks import DEFAULT_BUDGET
 from plateauscope.analysis.llc import LLCSettings, llc_series, require_devinterp
 from plateauscope.analysis.results import (
     DYNAMICS_CSV_FILE,
@@ -55,8 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--analyze", action="store_true",
                    help="first analyse every run of the sweep with a cue (plateauscope analyze; cached)")
     p.add_argument("--every", type=int, default=10, help="with --analyze: every N-th checkpoint (default 10)")
-    p.add_argument("--n-exact", type=int, default=12,
-                   help="with --analyze: checkpoints with exact patching, ablation and the circuit (default 12)")
+    p.add_argument("--n-exact", type=int, default=DEFAULT_BUDGET,
+                   help="with --analyze: checkpoints with exact patching, ablation and the circuit (default %(default)s)")
     p.add_argument("--compare", type=Path, metavar="SWEEP",
                    help="another sweep (e.g. quick-noise on ci) whose reading of the noise claims is printed next to this one's")
     p.add_argument("--llc", type=int, metavar="EVERY",

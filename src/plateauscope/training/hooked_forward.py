@@ -27,15 +27,18 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from plateauscope.backend import Model, backend_of, hooked_parameters
+from plateauscope.backend import Model, backend_of, hook_point, hooked_parameters
 from plateauscope.training.fused import ACTIVATIONS, layer_norm
 
 
 def _fire(model: Model, name: str, act: Tensor) -> Tensor:
     """``act`` through the model's hook point ``name`` (its hooks may replace it). A bridge's hook
     point holds its module's own layout (``hook_q``: [batch, pos, head * d_head]) and converts to
-    HookedTransformer's for the hooks and back: ``act`` goes in and comes out in HookedTransformer's."""
-    point = model.hook_dict[name]
+    HookedTransformer's for the hooks and back: ``act`` goes in and comes out in HookedTransformer's.
+    A point with no hook is the identity, and is skipped with its two conversions."""
+    point = hook_point(model, name)
+    if not (point._forward_hooks or point._forward_pre_hooks or point._backward_hooks or point._backward_pre_hooks):
+        return act
     conversion = getattr(point, "hook_conversion", None)
     if conversion is None:
         return point(act)

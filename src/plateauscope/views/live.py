@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from plateauscope.analysis.analyze import AnalysisSettings, analyze_run
+from plateauscope.analysis.landmarks import DEFAULT_BUDGET
 from plateauscope.analysis.results import writes_cache
 from plateauscope.training.run import CONFIG_FILE, Run, RunError
 from plateauscope.views.report import write_report
@@ -48,7 +49,7 @@ def live_status(step: int, max_steps: int) -> str:
             "ends, attribution patching stands in for exact patching and the landmarks are not yet analysed")
 
 
-def follow(run_dir: str | Path, settings: AnalysisSettings | None = None, n_exact: int = 12, poll_s: float = POLL_S,
+def follow(run_dir: str | Path, settings: AnalysisSettings | None = None, n_exact: int = DEFAULT_BUDGET, poll_s: float = POLL_S,
            progress: bool = False, device: str = "cpu", backend: str | None = None, edges: bool = True,
            on_refresh: Callable[[int], Any] | None = None, timeout_s: float | None = None,
            wait: bool = True) -> dict[str, Any]:

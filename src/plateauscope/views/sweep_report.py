@@ -1,6 +1,6 @@
 """The sweep report and ``plateauscope dynamics``: a sweep's table, fits and figures.
 
-    plateauscope dynamics --sweep DIR [--analyze [--every 10] [--n-exact 12]] [--llc EVERY] [--compare SWEEP]
+    plateauscope dynamics --sweep DIR [--analyze [--every 10] [--n-exact 8]] [--llc EVERY] [--compare SWEEP]
                               [--csv FILE] [--json FILE] [--report]
 
 With ``--analyze``, first runs ``plateauscope.analysis.analyze`` on every backward run of the sweep (the cache
