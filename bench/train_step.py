@@ -53,7 +53,7 @@ from plateauscope.tasks.loading import build_task
 from plateauscope.training import run as rd
 from plateauscope.training.config import RunConfig
 from plateauscope.training.fused import fused_logits
-from plateauscope.backend import build_model
+from plateauscope.backend import build_model, hooked_parameters
 from plateauscope.training.model import hooked_config_dict
 from plateauscope.training.presets import get_preset
 from plateauscope.training.schedule import resume_steps, scheduled_steps
@@ -99,7 +99,7 @@ def plain_loop(cfg: RunConfig, steps: int, fused: bool = False, bf16: bool = Fal
     parameters), the task's loss, AdamW; ``warmup`` steps untimed."""
     task, batches = minibatches(cfg, steps + warmup)
     model = build_model(hooked_config_dict(cfg.model, task), seed=0)
-    params = dict(model.named_parameters())
+    params = hooked_parameters(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     for i, batch in enumerate(batches):
         if i == warmup:
@@ -119,7 +119,7 @@ def optimizer_steps(cfg: RunConfig, steps: int, ours: bool, warmup: int = 5) -> 
     (``ours``) or torch's default AdamW, and the weights after ``steps + warmup`` steps."""
     task, batches = minibatches(cfg, steps + warmup)
     model = build_model(hooked_config_dict(cfg.model, task), seed=0)
-    params = dict(model.named_parameters())
+    params = hooked_parameters(model)
     opt = adamw(model.parameters(), cfg.train) if ours else torch.optim.AdamW(
         model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=cfg.train.betas)
     spent = 0.0
@@ -153,7 +153,7 @@ def compiled_loop(cfg: RunConfig, steps: int) -> tuple[float, float]:
     """``torch.compile`` of the fused loss: (seconds of the first step, which compiles; seconds per step after)."""
     task, batches = minibatches(cfg, steps + 2)
     model = build_model(hooked_config_dict(cfg.model, task), seed=0)
-    params = dict(model.named_parameters())
+    params = hooked_parameters(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     loss_of = torch.compile(lambda b: task.loss(fused_logits(model.cfg, params, b[:, : task.input_len]), b))
     times = []
@@ -283,7 +283,7 @@ def step_flops(cfg: RunConfig) -> int:
 
     task, (batch,) = minibatches(cfg, 1)
     model = build_model(hooked_config_dict(cfg.model, task), seed=0)
-    params = dict(model.named_parameters())
+    params = hooked_parameters(model)
     with FlopCounterMode(display=False) as counter:
         task.loss(fused_logits(model.cfg, params, batch[:, : task.input_len]), batch).backward()
     return counter.get_total_flops()
@@ -321,7 +321,7 @@ def profile_step(cfg: RunConfig, steps: int, top: int = 8) -> tuple[float, list[
 
     task, batches = minibatches(cfg, steps + 3)
     model = build_model(hooked_config_dict(cfg.model, task), seed=0)
-    params = dict(model.named_parameters())
+    params = hooked_parameters(model)
     opt = adamw(model.parameters(), cfg.train)
 
     def step(batch: torch.Tensor) -> None:
