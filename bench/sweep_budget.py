@@ -2,6 +2,7 @@
 
     .venv/bin/python bench/sweep_budget.py --preset plateau-interventions [--sweep DIR] [--demo-sweep DIR]
     .venv/bin/python bench/sweep_budget.py --preset paper-noise-grid [--sweep DIR] [--workers 2]
+    .venv/bin/python bench/sweep_budget.py --preset clamps [--sweep DIR] [--demo-sweep DIR]
 
 Reads each sweep directory that ``plateauscope sweep --preset NAME`` trained (default
 ``sweeps/NAME``): each run's training wall time (the ``wall_s`` of its last evaluation) and steps,
@@ -11,7 +12,10 @@ executor: 2 workers of 1 thread on 2 cores). Issue 19's experiment is two sweeps
 ``plateau-interventions`` and its confirmation on the demo model, ``plateau-interventions-demo``:
 their sum is printed against its 90 minutes (issue 20: the paper's noise grid, one sweep, in 150),
 with how much of each sweep is complete and, when one is not, the runs left estimated from the
-complete runs of their kind.
+complete runs of their kind. Issue 43's budget of 60 minutes holds the ``clamps`` sweep on ``ci`` and
+the graft bisections of its unmodified runs (``plateauscope graft --sweep``: the trials under each
+run's ``grafts/``, trained one at a time); its demo-model arm, ``clamps-demo``, is reported with its
+cost beside it, outside the budget.
 """
 
 from __future__ import annotations
@@ -30,10 +34,21 @@ from plateauscope.training.machine import describe, machine_record
 
 from record import row, save
 
-TARGETS_MIN = {"plateau-interventions": 90.0, "paper-noise-grid": 150.0}
+TARGETS_MIN = {"plateau-interventions": 90.0, "paper-noise-grid": 150.0, "clamps": 60.0}
 """Each experiment's budget in minutes on 2 cores, by its first sweep."""
 CONFIRMATIONS = {"plateau-interventions": "plateau-interventions-demo"}
 """The sweep that completes an experiment (issue 19: its main contrasts again on the demo model)."""
+REPORTED_BESIDE = {"clamps": "clamps-demo"}
+"""A demo-model arm whose cost is printed beside an experiment, outside its budget (issue 43)."""
+WITH_GRAFTS = ("clamps",)
+"""Experiments whose budget also holds the graft bisections of the sweep's unmodified runs."""
+
+
+def graft_minutes(sweep: Path) -> tuple[float, int]:
+    """The graft trials' training time under the sweep's runs (one at a time), in minutes, and their count."""
+    walls = [rd.read_jsonl(m)[-1]["wall_s"] for m in sorted(sweep.glob(f"*/grafts/*/step_*/{rd.METRICS_FILE}"))
+             if rd.read_jsonl(m)]
+    return sum(walls) / 60, len(walls)
 
 
 @dataclass
@@ -103,7 +118,7 @@ def main() -> None:
     parts = [(args.preset, args.sweep or Path("sweeps") / args.preset)]
     if args.preset in CONFIRMATIONS:
         parts.append((CONFIRMATIONS[args.preset], args.demo_sweep or Path("sweeps") / CONFIRMATIONS[args.preset]))
-    elif args.demo_sweep:
+    elif args.demo_sweep and args.preset not in REPORTED_BESIDE:
         p.error(f"--demo-sweep: {args.preset} has no demo confirmation")
     for flag, given in (("--sweep", args.sweep), ("--demo-sweep", args.demo_sweep)):
         if given and not given.is_dir():
@@ -111,6 +126,19 @@ def main() -> None:
     print(f"machine: {describe(machine_record('cpu'))}")
     costs = [sweep_cost(preset, sweep, args.workers) for preset, sweep in parts]
     target, wall = TARGETS_MIN[args.preset], sum(c.minutes for c in costs)
+    if args.preset in WITH_GRAFTS:
+        minutes, trials = graft_minutes(parts[0][1])
+        print(f"graft bisections in {parts[0][1]}: {trials} trials, {minutes:.1f} min")
+        wall += minutes
+        parts.append(("graft bisections", parts[0][1]))
+    beside = REPORTED_BESIDE.get(args.preset)
+    if beside:
+        demo = args.demo_sweep or Path("sweeps") / beside
+        if demo.is_dir():
+            cost = sweep_cost(beside, demo, args.workers)
+            print(f"{beside} (outside the budget): {cost.complete} of {cost.runs} runs, {cost.as_run:.1f} min as run")
+        else:
+            print(f"{beside}: not trained (no {demo})")
     whole = " + ".join(preset for preset, _ in parts)
     settings = {"preset": args.preset, "workers": args.workers, "runs": sum(c.runs for c in costs),
                 "complete": sum(c.complete for c in costs)}

@@ -66,6 +66,8 @@ _API: dict[str, str] = {
     "median_interval": "plateauscope.analysis.intervals:median_interval",
     "dynamics": "plateauscope.dynamics",
     "interventions": "plateauscope.dynamics.interventions",
+    "graft_bisection": "plateauscope.dynamics.graft:graft_bisection",
+    "graft_table": "plateauscope.dynamics.graft:boundary_table",
     # pages
     "write_report": "plateauscope.views.report:write_report",
     "write_view": "plateauscope.views.view:write_view",
@@ -115,6 +117,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from plateauscope.analysis.records import Analysis
     from plateauscope.api import Run, analyze, load_task, train, train_seeds
     from plateauscope.dynamics import analyze_sweep, interventions, load_sweep
+    from plateauscope.dynamics.graft import boundary_table as graft_table
+    from plateauscope.dynamics.graft import graft_bisection
     from plateauscope.analysis.intervals import Interval, mean_interval, median_interval, ratio_interval
     from plateauscope.sweeps.catalogue import SWEEPS, get_sweep
     from plateauscope.sweeps.executors import run_sweep

@@ -21,6 +21,7 @@ VERBS: dict[str, str] = {
     "dynamics": "a sweep's per-run table, the fits across runs and its page",
     "hessian": "plateau geometry: the Hessian's top and bottom eigenvalues at checkpoints",
     "verify": "check a run's checkpoints and resume states against their SHA-256 checksums",
+    "graft": "graft bisection: the earliest checkpoint whose part, grafted into step 0, shortens the plateau",
     "llc": "the local learning coefficient over a run's checkpoints (the llc extra)",
     "demo": "train, analyse, report and view the demo run (the paper's model and data)",
 }

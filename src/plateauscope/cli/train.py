@@ -11,9 +11,14 @@ from pathlib import Path
 from plateauscope.backend import BACKENDS, BackendError
 from plateauscope.tasks.loading import BUILTIN_TASKS, task_class
 from plateauscope.training import run as rd
-from plateauscope.training.config import CHECKPOINT_POLICIES, FORWARDS, TRANSPLANTS, ConfigError, RunConfig
+from plateauscope.training.config import CHECKPOINT_POLICIES, FORWARDS, PART_FORMS, ConfigError, RunConfig
 from plateauscope.training.presets import PRESETS, get_preset, task_defaults
 from plateauscope.training.train import OneLineParser, _fmt, default_run_name, train
+
+
+def head_list(text: str) -> tuple[str, ...]:
+    """``"0.1, 0.2"`` as ``("0.1", "0.2")`` (each head is checked against the model when the run starts)."""
+    return tuple(h.strip() for h in text.split(",") if h.strip())
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -46,11 +51,25 @@ def build_parser() -> argparse.ArgumentParser:
                         "the plateau's middle to 1.3 tau, every coarse_every steps elsewhere; the same bytes)")
     p.add_argument("--hide-cue-until", type=int, metavar="S",
                    help="intervention: mask attention to the cue (z) in every head before step S, then release it")
-    p.add_argument("--mask-heads", type=lambda text: tuple(h.strip() for h in text.split(",") if h.strip()),
+    p.add_argument("--mask-heads", type=head_list,
                    metavar="L.H,...", help="intervention: zero these heads' outputs from step 0, e.g. 0.1,0.2,0.3")
-    p.add_argument("--transplant", choices=TRANSPLANTS,
+    p.add_argument("--clamp-heads", type=head_list, metavar="L.H,...",
+                   help="intervention: clamp these heads' attention pattern P to (1 - a) P + a T, T the task's "
+                        "--clamp-rule (default: the cue)")
+    p.add_argument("--clamp-rule", metavar="NAME", help="the clamp's target, a named attention rule of the task "
+                                                        "(cue; for induction also 'previous token')")
+    p.add_argument("--clamp-strength", type=float, metavar="A", help="the clamp's a in [0, 1] (default 1)")
+    p.add_argument("--clamp-from", type=int, metavar="S1", help="the first step of the clamp (default 0)")
+    p.add_argument("--clamp-until", type=int, metavar="S2", help="the first step without the clamp (default: never)")
+    p.add_argument("--mean-value-heads", type=head_list, metavar="L.H,...",
+                   help="intervention: replace these heads' values by their mean from --ablate-from (pattern kept)")
+    p.add_argument("--freeze-qk-heads", type=head_list, metavar="L.H,...",
+                   help="intervention: keep these heads' W_Q, W_K and biases from --ablate-from on (OV trains)")
+    p.add_argument("--ablate-from", type=int, metavar="S", help="the first step of the pattern-preserving ablations")
+    p.add_argument("--transplant", metavar="PART",
                    help="intervention: start from the run's own step-0 weights with this part from --donor "
-                        "(routing: embeddings and layer 0; readout: the layers above, final norm, unembedding)")
+                        f"({PART_FORMS}; routing: embeddings and layer 0; readout: the layers above, final norm, "
+                        "unembedding)")
     p.add_argument("--donor", help="the checkpoint (.safetensors, same model shape) that --transplant copies from")
     p.add_argument("--freeze-transplant", action="store_true", default=None,
                    help="keep the transplanted weights fixed during training")
@@ -79,7 +98,10 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         ("stop_after_tau", "stop_after_tau"), ("threads", "threads"), ("forward", "forward"),
         ("checkpoints", "checkpoints"),
         ("hide_cue_until", "hide_cue_until"), ("masked_heads", "mask_heads"), ("transplant", "transplant"),
-        ("donor", "donor"), ("freeze_transplant", "freeze_transplant")] if getattr(args, attr) is not None}
+        ("donor", "donor"), ("freeze_transplant", "freeze_transplant"), ("clamp_heads", "clamp_heads"),
+        ("clamp_rule", "clamp_rule"), ("clamp_strength", "clamp_strength"), ("clamp_from", "clamp_from"),
+        ("clamp_until", "clamp_until"), ("mean_value_heads", "mean_value_heads"),
+        ("frozen_qk_heads", "freeze_qk_heads"), ("ablate_from", "ablate_from")] if getattr(args, attr) is not None}
     cfg = cfg.replace(**overrides)
     if args.data_seed is not None:
         if "seed" not in {f.name for f in dataclasses.fields(cfg.task)}:

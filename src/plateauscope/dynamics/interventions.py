@@ -66,6 +66,17 @@ def condition_label(options: dict[str, Any]) -> str:
     if "transplant" in options:
         given = TRANSPLANT_WORDS.get(options["transplant"], options["transplant"])
         return f"{given} given ({'frozen' if options.get('freeze_transplant') else 'trained'})"
+    strength = f" (a = {options.get('clamp_strength', 1.0):g})"
+    if "clamp_head_of" in options:
+        return f"top {options['clamp_head_of']} head clamped to it{strength}"
+    if "clamp_layer" in options:
+        return f"layer {options['clamp_layer']} clamped to the {options.get('clamp_rule', 'cue')}{strength}"
+    if "clamp_heads" in options:
+        return f"heads {','.join(options['clamp_heads'])} clamped to the {options.get('clamp_rule', 'cue')}{strength}"
+    if "mean_value_heads" in options:
+        return f"heads {','.join(options['mean_value_heads'])} mean-valued from step {options.get('ablate_from', 0)}"
+    if "frozen_qk_heads" in options:
+        return f"heads {','.join(options['frozen_qk_heads'])} QK frozen from step {options.get('ablate_from', 0)}"
     if "only_head" in options:
         return f"one route: only head {options['only_head']}"
     if "masked_heads" in options:

@@ -44,7 +44,7 @@ from pathlib import Path
 from typing import Any
 from plateauscope.training import run as rd
 from plateauscope.training.config import ConfigError, RunConfig
-from plateauscope.training.interventions import INTERVENTION_OPTIONS, has_interventions
+from plateauscope.training.interventions import INTERVENTION_OPTIONS, has_interventions, top_head
 from plateauscope.training.presets import get_preset
 
 
@@ -58,7 +58,8 @@ _NAME_ALIAS: dict[str, str] = {"preset": "", "direction": "", "n_b": "nb", "batc
                                "selectors": "sel_",
                                "eval_groups": "eg", "stop_after_tau": "stop", "weight_decay": "wd",
                                "data_seed": "ds", "hide_cue_at": "hide", "transplant": "give_",
-                               "freeze_transplant": "frozen", "only_head": "only"}
+                               "freeze_transplant": "frozen", "only_head": "only", "clamp_head_of": "clamp_",
+                               "clamp_layer": "clamplayer", "clamp_strength": "a"}
 
 
 @dataclass(frozen=True)
@@ -111,7 +112,7 @@ class Job:
 
 
 def _format_value(v: Any) -> str:
-    return f"{v:g}" if isinstance(v, float) else str(v)
+    return f"{v:g}" if isinstance(v, float) else str(v).replace(" ", "-")
 
 
 def run_name(options: dict[str, Any]) -> str:
@@ -124,14 +125,17 @@ def run_name(options: dict[str, Any]) -> str:
 RELATIVE_OPTIONS: dict[str, str] = {
     "hide_cue_at": "hide_cue_until = this fraction of the baseline run's tau (at least 1 step)",
     "transplant": "without a donor, the donor is the baseline run's last checkpoint",
+    "clamp_head_of": "clamp_heads = the baseline run's head with the most attention by this rule of the task "
+                     "at its last checkpoint, clamped to that rule",
 }
-# (``only_head="L.H"`` is resolved without a baseline: every other head of layer L masked.)
+# (``only_head="L.H"`` and ``clamp_layer=L`` are resolved without a baseline: every other head of layer L
+# masked; every head of layer L clamped.)
 """Point options resolved from the point's baseline run once it has trained (interventions relative
 to each seed's own run, ``plateauscope.training.interventions``)."""
 
 
 def _is_relative(options: dict[str, Any]) -> bool:
-    return "hide_cue_at" in options or ("transplant" in options and "donor" not in options)
+    return "hide_cue_at" in options or "clamp_head_of" in options or ("transplant" in options and "donor" not in options)
 
 
 def resolve_relative(spec: SweepSpec, point: Point, out: Path) -> Point:
@@ -149,6 +153,10 @@ def resolve_relative(spec: SweepSpec, point: Point, out: Path) -> Point:
     if "transplant" in options and "donor" not in options:
         base = rd.Run(base_dir)
         options["donor"] = str(base.checkpoint_path(base.steps[-1]).resolve())
+    if "clamp_head_of" in options:
+        base = rd.Run(base_dir)
+        rule = options.pop("clamp_head_of")
+        options.update(clamp_heads=(top_head(base.model(base.steps[-1]), base.task(), rule),), clamp_rule=rule)
     return dataclasses.replace(point, cfg=point_config(spec, options))
 
 
@@ -163,6 +171,9 @@ def point_config(spec: SweepSpec, options: dict[str, Any]) -> RunConfig:
     if only is not None:  # "L.H": every other head of layer L masked
         layer, _, head = str(only).partition(".")
         merged["masked_heads"] = tuple(f"{layer}.{h}" for h in range(cfg.model.n_heads) if str(h) != head)
+    clamp_layer = merged.pop("clamp_layer", None)
+    if clamp_layer is not None:  # every head of that layer clamped
+        merged["clamp_heads"] = tuple(f"{clamp_layer}.{h}" for h in range(cfg.model.n_heads))
     D = merged.pop("D", None)
     if D is not None:
         K = merged.get("K", cfg.task.K)

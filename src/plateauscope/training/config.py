@@ -24,6 +24,23 @@ SELECTORS: tuple[str, ...] = ("shared", "private")
 FORWARDS: tuple[str, ...] = ("fused", "trimmed", "hooked")
 CHECKPOINT_POLICIES: tuple[str, ...] = ("dense", "adaptive")
 TRANSPLANTS: tuple[str, ...] = ("routing", "readout")
+"""The transplants of the intervention sweep; :func:`transplant_part` reads every part a transplant can copy."""
+PART_FORMS = "routing, readout, embeddings, layerL, L.H:qk or L.H:ov"
+
+
+def transplant_part(name: str) -> tuple[str, int | None, int | None]:
+    """A transplant's part: ``routing`` (the embeddings and layer 0), ``readout`` (layers 1 and above, the
+    final norm and the unembedding), ``embeddings``, ``layerL`` (block L), ``L.H:qk`` (head H's W_Q, b_Q,
+    W_K, b_K) or ``L.H:ov`` (its W_V, b_V, W_O), as (kind, layer, head); else a one-line ConfigError."""
+    if name in (*TRANSPLANTS, "embeddings"):
+        return name, None, None
+    if name.startswith("layer") and name[5:].isdigit():
+        return "layer", int(name[5:]), None
+    head, colon, kind = name.partition(":")
+    layer, dot, index = head.partition(".")
+    if colon and dot and kind in ("qk", "ov") and layer.isdigit() and index.isdigit():
+        return kind, int(layer), int(index)
+    raise ConfigError(f"transplant part {name!r}: give one of {PART_FORMS}")
 
 T = TypeVar("T", bound="JsonConfig")
 
@@ -316,12 +333,34 @@ class TrainConfig(JsonConfig):
     """Intervention: heads ``"L.H"`` whose outputs are zeroed from step 0, in training and in the
     evaluations (``("0.1", "0.2", "0.3")`` leaves head 0.0 as layer 0's only route)."""
     transplant: str | None = None
-    """Intervention: ``routing`` (the embeddings and layer 0) or ``readout`` (layers 1 and above, the
-    final norm and the unembedding) copied from ``donor`` into the run's own step-0 weights."""
+    """Intervention: a part of the model (:func:`transplant_part`: ``routing``, ``readout``,
+    ``embeddings``, ``layerL``, ``L.H:qk``, ``L.H:ov``) copied from ``donor`` into the run's own step-0
+    weights."""
     donor: str | None = None
     """The checkpoint (``.safetensors`` of a run of the same shape) that ``transplant`` copies from."""
     freeze_transplant: bool = False
     """Keep the transplanted weights fixed: they get no gradient and no weight decay."""
+    clamp_heads: tuple[str, ...] = ()
+    """Intervention: heads ``"L.H"`` whose attention pattern is clamped to the task's ``clamp_rule``
+    target, ``(1 - a) P + a T`` with ``a = clamp_strength``, at the steps ``clamp_from`` ..
+    ``clamp_until - 1``, in training and in the evaluations."""
+    clamp_rule: str = "cue"
+    """The clamp's target: a named attention rule of the task (``Task.attention_rules``: ``cue``, and for
+    induction ``previous token``), uniform over the rule's key positions at each of its query positions."""
+    clamp_strength: float = 1.0
+    """The clamp's ``a`` in [0, 1]: 1 replaces the pattern by the target, 0 leaves it as it is."""
+    clamp_from: int = 0
+    """The first step the clamp acts at (S1)."""
+    clamp_until: int | None = None
+    """The first step it no longer acts at (S2; None: to the end of the run)."""
+    mean_value_heads: tuple[str, ...] = ()
+    """Pattern-preserving ablation: heads ``"L.H"`` whose values are replaced by their mean over the
+    forward's batch and positions from step ``ablate_from``; the pattern still trains and is kept."""
+    frozen_qk_heads: tuple[str, ...] = ()
+    """Pattern-preserving ablation: heads ``"L.H"`` whose W_Q, b_Q, W_K, b_K stay at their values of step
+    ``ablate_from`` (no gradient, no update, no decay), while their OV trains."""
+    ablate_from: int = 0
+    """The first step of ``mean_value_heads`` and ``frozen_qk_heads``."""
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TrainConfig:
@@ -347,12 +386,22 @@ class TrainConfig(JsonConfig):
         if self.hide_cue_until is not None and not 0 < self.hide_cue_until < self.max_steps:
             raise ConfigError(f"hide_cue_until={self.hide_cue_until} is outside the run: give a step "
                               f"between 1 and max_steps - 1 ({self.max_steps - 1})")
-        if self.transplant is not None and self.transplant not in TRANSPLANTS:
-            raise ConfigError(f"transplant must be one of {', '.join(TRANSPLANTS)}, got {self.transplant!r}")
+        if self.transplant is not None:
+            kind, _, _ = transplant_part(self.transplant)
+            if self.freeze_transplant and kind in ("qk", "ov"):
+                raise ConfigError(f"freeze_transplant keeps whole weights, not the slice {self.transplant} of a head")
         if (self.transplant is None) != (self.donor is None):
             raise ConfigError("transplant and donor go together: --transplant routing|readout --donor CHECKPOINT")
         if self.freeze_transplant and self.transplant is None:
             raise ConfigError("freeze_transplant needs a transplant (--transplant routing|readout --donor CHECKPOINT)")
+        if not 0 <= self.clamp_strength <= 1:
+            raise ConfigError(f"clamp_strength must lie in [0, 1], got {self.clamp_strength}")
+        if self.clamp_from < 0:
+            raise ConfigError(f"clamp_from must be a step >= 0, got {self.clamp_from}")
+        if self.clamp_until is not None and self.clamp_until <= self.clamp_from:
+            raise ConfigError(f"clamp_until={self.clamp_until} must come after clamp_from={self.clamp_from}")
+        if self.ablate_from < 0:
+            raise ConfigError(f"ablate_from must be a step >= 0, got {self.ablate_from}")
 
 
 @dataclass(frozen=True)

@@ -196,7 +196,8 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
     cfgs = [with_stored_policy(c, Path(o), resume) for c, o in zip(cfgs, out_dirs)]
     same_but_seed(cfgs)
     if any(has_interventions(c.train) for c in cfgs):
-        raise ConfigError("interventions (hide_cue_until, masked_heads, transplant) train solo runs, not seed ensembles")
+        raise ConfigError("interventions (hide_cue_until, masked_heads, transplant, clamps, ablations) train solo runs, "
+                          "not seed ensembles")
     outs = [Path(o) for o in out_dirs]
     if len(set(outs)) != len(outs):
         raise ConfigError("an ensemble's members need distinct run directories")

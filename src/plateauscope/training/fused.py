@@ -23,12 +23,17 @@ says why another model is not.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 from jaxtyping import Float, Int
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from plateauscope.training.interventions import PatternClamp
 
 ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
     "gelu": F.gelu,
@@ -76,14 +81,35 @@ def _in_projection(params: Mapping[str, Tensor], prefix: str, names: str, d_mode
     return weight, torch.cat([params[f"{prefix}attn.b_{n}"] for n in names]).flatten()
 
 
+def mean_values(v: Float[Tensor, "*lead head d_head"], heads: Sequence[int], head_dim: int,
+                mean_dims: tuple[int, ...]) -> Float[Tensor, "*lead head d_head"]:
+    """``v`` with the values of ``heads`` (along ``head_dim``) replaced by their mean over ``mean_dims``."""
+    keep = torch.ones(v.shape[head_dim], dtype=torch.bool, device=v.device)
+    keep[list(heads)] = False
+    shape = [1] * v.dim()
+    shape[head_dim] = -1
+    return torch.where(keep.view(shape), v, v.mean(mean_dims, keepdim=True).expand_as(v))
+
+
+def by_layer(heads: Sequence[tuple[int, int]]) -> dict[int, list[int]]:
+    """(layer, head) pairs grouped by layer."""
+    out: dict[int, list[int]] = {}
+    for layer, head in heads:
+        out.setdefault(layer, []).append(head)
+    return out
+
+
 def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, "batch pos"],
                  hidden_keys: Sequence[int] = (), zeroed_heads: Sequence[tuple[int, int]] = (),
-                 positions: Sequence[int] | None = None) -> Float[Tensor, "batch out_pos d_vocab_out"]:
+                 positions: Sequence[int] | None = None, clamp: PatternClamp | None = None,
+                 mean_value_heads: Sequence[tuple[int, int]] = ()) -> Float[Tensor, "batch out_pos d_vocab_out"]:
     """The logits of a HookedTransformer with config ``cfg`` (``model.cfg``) and parameters ``params``
     (``plateauscope.backend.hooked_parameters(model)``, or a seed ensemble member's slices), with fused kernels.
 
     The interventions of :mod:`plateauscope.training.interventions`: no head attends to the key positions
-    ``hidden_keys``, and the heads ``zeroed_heads`` ((layer, head) pairs) write nothing.
+    ``hidden_keys``, the heads ``zeroed_heads`` ((layer, head) pairs) write nothing, the ``clamp``'s heads
+    attend with its clamped pattern (their layer's attention then runs unfused, its pattern explicit),
+    and the heads ``mean_value_heads`` carry their values' mean over the batch and positions.
 
     ``positions``: the logits at these positions only (``out_pos`` = ``len(positions)``; None: at every
     position). Nothing after the last block's keys and values reaches another position, so that block's
@@ -99,6 +125,7 @@ def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, 
     for layer, head in zeroed_heads:
         keep.setdefault(layer, torch.ones(n_heads, 1, 1, dtype=params["embed.W_E"].dtype, device=tokens.device))
         keep[layer][head] = 0
+    mean_by_layer = by_layer(mean_value_heads)
     x = (params["embed.W_E"][tokens] + params["pos_embed.W_pos"][:n_pos]).view(-1, d_model)  # [batch * pos, d]
     for layer in range(cfg.n_layers):
         p = f"blocks.{layer}."
@@ -118,8 +145,16 @@ def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, 
             kv = torch.addmm(b_kv, h, w_kv)
             k, v = kv.view(batch, n_pos, 2 * n_heads, d_head).transpose(1, 2).split(n_heads, dim=1)
             mask, x = allowed[list(positions)], at(x)
-        # scale 1 / sqrt(d_head), as attn_scale
-        z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
+        if layer in mean_by_layer:
+            v = mean_values(v, mean_by_layer[layer], head_dim=1, mean_dims=(0, 2))  # v: [batch, heads, pos, d_head]
+        if clamp is not None and layer in clamp.layers:
+            # The pattern itself is clamped, so this layer's attention is computed step by step.
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(d_head)
+            scores = scores.masked_fill(~(allowed if mask is None else mask), float("-inf"))
+            trimmed = positions is not None and layer == cfg.n_layers - 1
+            z = clamp.apply(scores.softmax(-1), layer, positions if trimmed else None) @ v
+        else:  # scale 1 / sqrt(d_head), as attn_scale
+            z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         if layer in keep:
             z = z * keep[layer]  # [batch, heads, pos, d_head]
         z = z.transpose(1, 2).reshape(-1, n_heads * d_head)

@@ -13,6 +13,17 @@ is a ``TrainConfig`` field, recorded in ``config.json`` like any option:
 * ``transplant="routing" | "readout"`` with ``donor=CHECKPOINT``: the run starts from its own
   step-0 weights with one part copied from the donor (:data:`PARTS`); ``freeze_transplant`` keeps
   that part fixed.
+* ``clamp_heads=("0.0",)``, ``clamp_rule``, ``clamp_strength=a``, ``clamp_from=S1``,
+  ``clamp_until=S2``: those heads' attention pattern P becomes ``(1 - a) P + a T`` at the steps
+  S1 .. S2 - 1, where T is the task's named attention rule (:meth:`Task.attention_rules`: the cue;
+  for induction also the previous token), uniform over the rule's keys at each of its queries; the
+  other queries keep P. At a = 1 the scores get no gradient. The rule's keys must be the same
+  positions in every sequence (the selector's z, the previous token). At a = 0 nothing is applied:
+  the run is the unclamped one, bit for bit.
+* ``mean_value_heads`` and ``frozen_qk_heads``, from step ``ablate_from``: pattern-preserving
+  ablations. The first replaces a head's values by their mean over the forward's batch and
+  positions (its pattern still forms; what it carries is gone); the second keeps its W_Q, b_Q, W_K,
+  b_K at their values of that step (where it looks is fixed; what it carries trains).
 
 A transplant mixes two residual bases. ``routing`` puts the trained embeddings and layer 0 under
 a random readout, which reads no basis yet; ``readout`` puts trained later layers, which read the
@@ -26,59 +37,133 @@ and on every evaluation (:meth:`Interventions.applied`).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from jaxtyping import Float
+from jaxtyping import Bool, Float
 from torch import Tensor
 from transformer_lens.utilities import get_act_name
 
-from plateauscope.backend import backend_of
+from plateauscope.backend import backend_of, hooked_parameters
 from plateauscope.tasks.base import Task
-from plateauscope.training.config import ConfigError, TrainConfig
+from plateauscope.training.config import ConfigError, TrainConfig, transplant_part
 from plateauscope.training.files import load_checkpoint
+from plateauscope.training.fused import by_layer, mean_values
 
 PARTS: dict[str, str] = {
     "routing": "the embeddings (token and position) and layer 0",
     "readout": "layers 1 and above, the final norm and the unembedding",
+    "embeddings": "the token and position embeddings",
+    "layerL": "block L: its norms, attention and MLP",
+    "L.H:qk": "head H of layer L's W_Q, b_Q, W_K and b_K: where it looks",
+    "L.H:ov": "head H of layer L's W_V, b_V and W_O: what it carries",
 }
-"""What each transplant copies from the donor."""
+"""What each transplant copies from the donor (``plateauscope.training.config.transplant_part`` reads them)."""
+HEAD_WEIGHTS: dict[str, tuple[str, ...]] = {"qk": ("W_Q", "b_Q", "W_K", "b_K"), "ov": ("W_V", "b_V", "W_O")}
+"""The weights a head's QK and OV parts hold (each indexed by the head in its first dimension)."""
 
 INTERVENTION_OPTIONS: tuple[str, ...] = ("hide_cue_at", "hide_cue_until", "transplant", "donor",
-                                         "freeze_transplant", "masked_heads", "only_head")
-"""Sweep point options that change a run's interventions (``plateauscope.sweeps.sweep``: ``hide_cue_at`` and
-``only_head`` are resolved there); the rest of a point's options name its baseline run."""
+                                         "freeze_transplant", "masked_heads", "only_head", "clamp_heads",
+                                         "clamp_rule", "clamp_strength", "clamp_from", "clamp_until",
+                                         "mean_value_heads", "frozen_qk_heads", "ablate_from", "clamp_head_of",
+                                         "clamp_layer")
+"""Sweep point options that change a run's interventions (``plateauscope.sweeps.spec``: ``hide_cue_at``,
+``only_head``, ``clamp_head_of`` and ``clamp_layer`` are resolved there); the rest of a point's options
+name its baseline run."""
 
 
 def in_part(key: str, part: str) -> bool:
-    """Whether the HookedTransformer weight ``key`` belongs to ``part`` (``routing`` or ``readout``)."""
-    routing = key.startswith(("embed.", "pos_embed.", "blocks.0."))
-    return routing if part == "routing" else not routing
+    """Whether the HookedTransformer weight ``key`` belongs to ``part`` (:data:`PARTS`; for a head's QK or
+    OV: holds its slice)."""
+    kind, layer, head = transplant_part(part)
+    if kind in ("routing", "readout"):
+        routing = key.startswith(("embed.", "pos_embed.", "blocks.0."))
+        return routing if kind == "routing" else not routing
+    if kind == "embeddings":
+        return key.startswith(("embed.", "pos_embed."))
+    if kind == "layer":
+        return key.startswith(f"blocks.{layer}.")
+    return key in {f"blocks.{layer}.attn.{w}" for w in HEAD_WEIGHTS[kind]}
 
 
 def transplanted(weights: dict[str, Tensor], donor: dict[str, Tensor], part: str) -> dict[str, Tensor]:
-    """``weights`` with the keys of ``part`` taken from ``donor`` (both in HookedTransformer's layout)."""
-    return {k: (donor[k].clone() if in_part(k, part) else v) for k, v in weights.items()}
+    """``weights`` with ``part`` taken from ``donor`` (both in HookedTransformer's layout): whole keys, or
+    for a head's QK or OV its slice of them."""
+    kind, _, head = transplant_part(part)
+    out = {}
+    for key, value in weights.items():
+        if not in_part(key, part):
+            out[key] = value
+        elif head is None:
+            out[key] = donor[key].clone()
+        else:
+            out[key] = value.clone()
+            out[key][head] = donor[key][head]
+    return out
+
+
+def check_part(part: str, n_layers: int, n_heads: int) -> None:
+    """A one-line ConfigError when ``part`` names a layer or head the model does not have."""
+    _, layer, head = transplant_part(part)
+    if (layer is not None and layer >= n_layers) or (head is not None and head >= n_heads):
+        raise ConfigError(f"transplant part {part}: the model has {n_layers} layer(s) of {n_heads} heads")
 
 
 def has_interventions(tc: TrainConfig) -> bool:
     """Whether a run trains with any intervention."""
-    return tc.hide_cue_until is not None or bool(tc.masked_heads) or tc.transplant is not None
+    return (tc.hide_cue_until is not None or bool(tc.masked_heads) or tc.transplant is not None
+            or bool(tc.clamp_heads) or bool(tc.mean_value_heads) or bool(tc.frozen_qk_heads))
 
 
-def parse_head(name: str, n_layers: int, n_heads: int) -> tuple[int, int]:
+def parse_head(name: str, n_layers: int, n_heads: int, what: str = "masked head") -> tuple[int, int]:
     """``"L.H"`` as (layer, head), or a one-line ConfigError when the model has no such head."""
     layer, dot, head = str(name).partition(".")
     if not dot or not layer.isdigit() or not head.isdigit():
-        raise ConfigError(f"masked head {name!r}: write heads as L.H, e.g. 0.1")
+        raise ConfigError(f"{what} {name!r}: write heads as L.H, e.g. 0.1")
     if int(layer) >= n_layers or int(head) >= n_heads:
-        raise ConfigError(f"masked head {name} does not exist: the model has {n_layers} layer(s) of "
+        raise ConfigError(f"{what} {name} does not exist: the model has {n_layers} layer(s) of "
                           f"{n_heads} heads (L < {n_layers}, H < {n_heads})")
     return int(layer), int(head)
+
+
+def parse_heads(names: tuple[str, ...], n_layers: int, n_heads: int, what: str) -> tuple[tuple[int, int], ...]:
+    """Every ``"L.H"`` of ``names`` (:func:`parse_head`), each at most once."""
+    heads = tuple(parse_head(h, n_layers, n_heads, what) for h in names)
+    if len(set(heads)) != len(heads):
+        raise ConfigError(f"{what}s {', '.join(names)} name a head twice")
+    return heads
+
+
+def clamp_target(task: Task, rule_name: str, sample: int = 256
+                 ) -> tuple[Float[Tensor, "query key"], Bool[Tensor, " query"]]:
+    """The target pattern of the attention rule ``rule_name`` over the model's input positions (uniform
+    over the rule's keys in each of its query rows) and which query rows it sets, read from the rule
+    on the first ``sample`` sequences; a one-line ConfigError for a rule the task lacks, or whose keys
+    differ between sequences."""
+    rules = task.attention_rules()
+    if rule_name not in rules:
+        raise ConfigError(f"clamp_rule {rule_name!r}: task {task.describe()} has no such attention rule "
+                          f"(its rules: {', '.join(map(repr, rules)) or 'none'})")
+    rule, n = rules[rule_name], task.input_len
+    target, rows = torch.zeros(n, n), torch.zeros(n, dtype=torch.bool)
+    for query in rule.queries:
+        keys = rule.keys(task.tokens[:sample], query)
+        if keys.numel() == 0:
+            continue
+        if not (keys == keys[:1]).all():
+            raise ConfigError(f"clamp_rule {rule_name!r}: its keys sit at different positions in different "
+                              f"sequences of task {task.describe()}; a clamp needs positions every sequence shares")
+        shared = keys[0][keys[0] >= 0]
+        if shared.numel():
+            target[query, shared] = 1.0 / shared.numel()
+            rows[query] = True
+    if not rows.any():
+        raise ConfigError(f"clamp_rule {rule_name!r}: task {task.describe()} has no keys for it")
+    return target, rows
 
 
 def fixed_cue_positions(task: Task, sample: int = 256) -> tuple[int, ...]:
@@ -99,6 +184,21 @@ def fixed_cue_positions(task: Task, sample: int = 256) -> tuple[int, ...]:
     return tuple(sorted(found))
 
 
+@torch.no_grad()
+def top_head(model: Any, task: Task, rule_name: str, n_examples: int = 256) -> str:
+    """``"L.H"``: the model's head with the most attention by the task's rule ``rule_name`` (its weight
+    on the rule's keys, averaged over the rule's queries and ``n_examples`` sequences)."""
+    target, rows = clamp_target(task, rule_name)
+    on_keys = (target[rows] > 0).float()  # [query, key]
+    seen: dict[int, Tensor] = {}
+    hooks = [(get_act_name("pattern", layer), lambda p, hook, layer=layer: seen.__setitem__(layer, p))
+             for layer in range(model.cfg.n_layers)]
+    model.run_with_hooks(task.tokens[:n_examples, : task.input_len], fwd_hooks=hooks)
+    scores = torch.stack([(seen[layer][:, :, rows] * on_keys).sum(-1).mean((0, 2)) for layer in sorted(seen)])
+    layer, head = divmod(int(scores.argmax()), scores.shape[1])
+    return f"{layer}.{head}"
+
+
 def load_donor(tc: TrainConfig, own: dict[str, Tensor]) -> dict[str, Tensor]:
     """The donor checkpoint's weights, checked against the run's own (same keys and shapes) in one line."""
     path = Path(tc.donor)
@@ -114,6 +214,44 @@ def load_donor(tc: TrainConfig, own: dict[str, Tensor]) -> dict[str, Tensor]:
 
 
 @dataclass(frozen=True)
+class PatternClamp:
+    """Attention patterns clamped towards a target: ``(1 - a) P + a T`` in the target's query rows of
+    the clamped heads, P elsewhere (``TrainConfig.clamp_heads``)."""
+
+    heads: tuple[tuple[int, int], ...]
+    """(layer, head) pairs whose pattern is clamped."""
+    target: Float[Tensor, "query key"] = field(compare=False)
+    """T over the model's input positions (:func:`clamp_target`)."""
+    rows: Bool[Tensor, " query"] = field(compare=False)
+    """The query rows T sets (the rule's queries with keys)."""
+    strength: float
+    """a, in [0, 1]."""
+    n_heads: int
+
+    @property
+    def layers(self) -> frozenset[int]:
+        """The layers with a clamped head."""
+        return frozenset(layer for layer, _ in self.heads)
+
+    def apply(self, pattern: Float[Tensor, "batch head q k"], layer: int, queries: Sequence[int] | None = None
+              ) -> Float[Tensor, "batch head q k"]:
+        """``pattern`` of ``layer`` with its clamped heads' rows mixed with T. ``queries``: the positions of its
+        query rows (default: the last ``q`` of its ``k`` key positions, as a forward after a key/value cache)."""
+        n_q, n_k = pattern.shape[-2:]
+        at = torch.arange(n_k - n_q, n_k) if queries is None else torch.as_tensor(list(queries))
+        target = self.target[at][:, :n_k].to(pattern)
+        heads = torch.zeros(self.n_heads, dtype=torch.bool)
+        heads[[h for l, h in self.heads if l == layer]] = True
+        clamped = (heads[:, None, None] & self.rows[at][None, :, None]).to(pattern.device)  # [head, q, 1]
+        a = self.strength
+        return torch.where(clamped, (1 - a) * pattern + a * target, pattern)
+
+
+QK_WEIGHTS: tuple[str, ...] = ("W_Q", "b_Q", "W_K", "b_K")
+"""A head's query-key weights (``frozen_qk_heads`` keeps them)."""
+
+
+@dataclass(frozen=True)
 class Interventions:
     """A run's interventions, resolved against its task and model."""
 
@@ -125,23 +263,55 @@ class Interventions:
     """(layer, head) pairs whose outputs are zeroed at every step."""
     n_layers: int = 0
     """Layers of the model: every layer's attention hides the cue."""
+    clamp: PatternClamp | None = None
+    """The pattern clamp (None: no head is clamped, or a = 0)."""
+    clamp_steps: tuple[int, int | None] = (0, None)
+    """S1 and S2: the clamp acts at S1 <= step < S2 (S2 None: to the end)."""
+    mean_value_heads: tuple[tuple[int, int], ...] = ()
+    """(layer, head) pairs whose values are replaced by their mean from ``ablate_from``."""
+    frozen_qk_heads: tuple[tuple[int, int], ...] = ()
+    """(layer, head) pairs whose query-key weights stay at their values of ``ablate_from``."""
+    ablate_from: int = 0
+    """The first step of the pattern-preserving ablations."""
+    held: dict = field(default_factory=dict, compare=False)
+    """The frozen query-key weights, read at the first step they are held (a resumed run reads them
+    from its checkpoint, where they were held)."""
 
     @classmethod
     def build(cls, tc: TrainConfig, task: Task, n_layers: int, n_heads: int) -> Interventions:
         """Resolve ``tc``'s interventions; impossible requests are one-line ConfigErrors."""
-        heads = tuple(parse_head(h, n_layers, n_heads) for h in tc.masked_heads)
-        if len(set(heads)) != len(heads):
-            raise ConfigError(f"masked_heads {', '.join(tc.masked_heads)} names a head twice")
+        heads = parse_heads(tc.masked_heads, n_layers, n_heads, "masked head")
+        if tc.transplant is not None:
+            check_part(tc.transplant, n_layers, n_heads)
         keys = fixed_cue_positions(task) if tc.hide_cue_until is not None else ()
-        return cls(keys, tc.hide_cue_until, heads, n_layers)
+        clamp = None
+        if tc.clamp_heads:
+            clamped = parse_heads(tc.clamp_heads, n_layers, n_heads, "clamped head")
+            target, rows = clamp_target(task, tc.clamp_rule)
+            # a = 0 changes nothing: no clamp at all, so the run is the unclamped one bit for bit
+            clamp = PatternClamp(clamped, target, rows, tc.clamp_strength, n_heads) if tc.clamp_strength > 0 else None
+        return cls(keys, tc.hide_cue_until, heads, n_layers, clamp, (tc.clamp_from, tc.clamp_until),
+                   parse_heads(tc.mean_value_heads, n_layers, n_heads, "mean-value head"),
+                   parse_heads(tc.frozen_qk_heads, n_layers, n_heads, "frozen-QK head"), tc.ablate_from)
 
     def cue_hidden(self, step: int) -> bool:
         """Whether attention to the cue is masked at ``step``."""
         return self.hide_until is not None and step < self.hide_until
 
+    def clamp_at(self, step: int) -> PatternClamp | None:
+        """The clamp acting at ``step`` (None: none)."""
+        start, stop = self.clamp_steps
+        return self.clamp if start <= step and (stop is None or step < stop) else None
+
+    def ablating(self, step: int) -> bool:
+        """Whether the pattern-preserving ablations act at ``step``."""
+        return step >= self.ablate_from
+
     def fused_options(self, step: int) -> dict[str, Any]:
         """The keyword arguments of :func:`plateauscope.training.fused.fused_logits` at ``step``."""
-        return {"hidden_keys": self.hidden_keys if self.cue_hidden(step) else (), "zeroed_heads": self.zeroed_heads}
+        return {"hidden_keys": self.hidden_keys if self.cue_hidden(step) else (), "zeroed_heads": self.zeroed_heads,
+                "clamp": self.clamp_at(step),
+                "mean_value_heads": self.mean_value_heads if self.ablating(step) else ()}
 
     def hooks(self, step: int, on_pattern: bool = False) -> list[tuple[str, Any]]:
         """Forward hooks that apply the interventions of ``step`` to a model. The cue is hidden in the
@@ -166,10 +336,18 @@ class Interventions:
 
             hooks += [(get_act_name("pattern", layer), hide_in_pattern) if on_pattern else
                       (get_act_name("attn_scores", layer), hide) for layer in range(self.n_layers)]
-        by_layer: dict[int, list[int]] = {}
-        for layer, head in self.zeroed_heads:
-            by_layer.setdefault(layer, []).append(head)
-        for layer, heads in by_layer.items():
+        clamp = self.clamp_at(step)
+        for layer in sorted(clamp.layers) if clamp else ():
+            def clamped(pattern: Float[Tensor, "batch head q k"], hook: Any, layer: int = layer) -> Tensor:
+                return clamp.apply(pattern, layer)
+
+            hooks.append((get_act_name("pattern", layer), clamped))
+        for layer, heads in by_layer(self.mean_value_heads if self.ablating(step) else ()).items():
+            def averaged(v: Float[Tensor, "batch pos head d_head"], hook: Any, heads: list[int] = heads) -> Tensor:
+                return mean_values(v, heads, head_dim=-2, mean_dims=(0, 1))
+
+            hooks.append((get_act_name("v", layer), averaged))
+        for layer, heads in by_layer(self.zeroed_heads).items():
             def zero(z: Float[Tensor, "batch pos head d_head"], hook: Any, heads: list[int] = heads) -> Tensor:
                 keep = torch.ones(z.shape[-2], 1, dtype=z.dtype, device=z.device)
                 keep[heads] = 0
@@ -177,6 +355,24 @@ class Interventions:
 
             hooks.append((get_act_name("z", layer), zero))
         return hooks
+
+    @contextmanager
+    def holding_frozen_qk(self, model: Any, step: int) -> Iterator[None]:
+        """Around an update at ``step``: put the frozen heads' query-key weights back after it (undoing
+        the optimiser's step and weight decay on them)."""
+        if not self.frozen_qk_heads or not self.ablating(step):
+            yield
+            return
+        params = hooked_parameters(model)
+        if not self.held:
+            self.held.update({(f"blocks.{layer}.attn.{w}", head): params[f"blocks.{layer}.attn.{w}"][head].detach().clone()
+                              for layer, head in self.frozen_qk_heads for w in QK_WEIGHTS})
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                for (name, head), value in self.held.items():
+                    params[name][head].copy_(value)
 
     def attach(self, model: Any, step: int, hooks: list[tuple[str, Any]] | None = None) -> Any:
         """Add the interventions of ``step`` (or the given ``hooks``) to ``model`` as permanent hooks,
@@ -188,11 +384,13 @@ class Interventions:
     @contextmanager
     def applied(self, model: Any, step: int) -> Iterator[None]:
         """The interventions of ``step`` as permanent hooks on ``model`` for the passes inside (they
-        survive ``run_with_hooks`` and ``hooks_added``, which remove only temporary hooks)."""
+        survive ``run_with_hooks`` and ``hooks_added``, which remove only temporary hooks), and the
+        frozen query-key weights held through an update inside."""
         hooks = self.hooks(step, backend_of(model) == "bridge")
         self.attach(model, step, hooks)
         try:
-            yield
+            with self.holding_frozen_qk(model, step):
+                yield
         finally:
             for name, _ in hooks:
                 model.mod_dict[name].remove_hooks("fwd", including_permanent=True)
