@@ -8,6 +8,7 @@ every later checkpoint. Both training forwards (fused and hooked) agree on every
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -20,7 +21,7 @@ from plateauscope.cli.train import main
 from plateauscope.tasks.loading import build_task
 from plateauscope.training import run as rd
 from plateauscope.training.fused import fused_logits
-from plateauscope.training.interventions import Interventions, PatternClamp
+from plateauscope.training.interventions import Interventions
 from plateauscope.training.model import hooked_config_dict
 from plateauscope.training.presets import get_preset
 from plateauscope.training.train import train
@@ -52,7 +53,7 @@ def test_a_clamp_mixes_the_target_into_the_clamped_rows_only_in_both_forwards(st
     with torch.no_grad():
         fused = fused_logits(model.cfg, hooked_parameters(model), tokens, **iv.fused_options(0))
     torch.testing.assert_close(fused, logits, atol=TOL, rtol=TOL)
-    rows = iv.clamp.rows
+    rows = iv.clamp.shared[1]
     z0, z1 = task.layout.z_span
     target = torch.zeros(tokens.shape[1])
     target[z0:z1] = 1 / (z1 - z0)
@@ -73,15 +74,16 @@ def test_a_full_clamp_leaves_the_clamped_scores_without_gradient():
         scores.grad = None
         pattern = clamp.apply(scores.masked_fill(~causal, float("-inf")).softmax(-1), layer=0)
         (pattern * torch.randn_like(pattern)).sum().backward()
-        clamped_rows = scores.grad[:, 0, clamp.rows]
+        rows = clamp.shared[1]
+        clamped_rows = scores.grad[:, 0, rows]
         assert (clamped_rows == 0).all() if zero else clamped_rows.abs().max() > 1e-4
-        assert scores.grad[:, 0, ~clamp.rows].abs().max() > 1e-4  # unclamped queries still learn
+        assert scores.grad[:, 0, ~rows].abs().max() > 1e-4  # unclamped queries still learn
         assert scores.grad[:, 1].abs().max() > 1e-4
 
 
 def test_a_clamp_at_zero_strength_changes_nothing_bit_for_bit(tmp_path):
-    pattern = torch.rand(2, 2, 5, 5)
-    clamp = PatternClamp(((0, 0),), torch.rand(5, 5), torch.ones(5, dtype=torch.bool), 0.0, 2)
+    clamp = dataclasses.replace(_setup("tiny", clamp_heads=("0.0",))[3].clamp, strength=0.0)
+    pattern = torch.rand(2, 2, clamp.shared[0].shape[0], clamp.shared[0].shape[0])
     assert torch.equal(clamp.apply(pattern, 0), pattern)  # (1 - 0) P + 0 T is P in floats too
     plain, zero = tmp_path / "plain", tmp_path / "zero"
     train(get_preset("tiny"), plain, device="cpu", progress=False)
@@ -109,6 +111,23 @@ def test_a_full_clamp_holds_at_every_checkpoint_until_its_end(tmp_path, forward)
             assert abs(to_cue - 1) < 1e-6, (step, to_cue)
         else:
             assert to_cue < 0.99, (step, to_cue)
+
+
+@pytest.mark.parametrize("rule", ["cue", "previous token"])
+def test_an_induction_clamp_follows_each_sequences_own_target_in_both_forwards(rule):
+    cfg, task, model, iv = _setup("induction", clamp_heads=("1.1",), clamp_rule=rule)
+    assert (iv.clamp.shared is None) == (rule == "cue")  # the induction target moves with the tokens
+    tokens = task.tokens[task.sample_examples(16, 0), : task.input_len]  # repeat sequences
+    logits, pattern = _captured(model, iv, tokens, get_act_name("pattern", 1))
+    with torch.no_grad():
+        fused = fused_logits(model.cfg, hooked_parameters(model), tokens, **iv.fused_options(0))
+    torch.testing.assert_close(fused, logits, atol=TOL, rtol=TOL)
+    the_rule = task.attention_rules()[rule]
+    for query in the_rule.queries:  # the clamped head looks exactly at each sequence's own keys
+        keys = the_rule.keys(task.tokens[task.sample_examples(16, 0)], query)
+        if keys.numel():
+            on_keys = pattern[:, 1].gather(-1, keys.clamp_min(0)[:, None, :].expand(-1, task.input_len, -1))[:, query]
+            torch.testing.assert_close((on_keys * (keys >= 0)).sum(-1), torch.ones(len(tokens)), atol=1e-6, rtol=0)
 
 
 def test_mean_values_keep_the_pattern_and_make_the_heads_output_constant():
@@ -153,7 +172,6 @@ def test_frozen_query_key_weights_stay_while_the_values_train_and_a_killed_run_r
     (["--clamp-heads", "0.0", "--clamp-from", "10", "--clamp-until", "5"], "clamp_until=5 must come after"),
     (["--clamp-heads", "0.0", "--clamp-strength", "1.5"], "clamp_strength must lie in [0, 1]"),
     (["--clamp-heads", "0.0", "--clamp-strength", "-0.1"], "clamp_strength must lie in [0, 1]"),
-    (["--clamp-heads", "0.0", "--task", "induction"], "its keys sit at different positions"),
     (["--mean-value-heads", "1.0"], "mean-value head 1.0 does not exist"),
     (["--freeze-qk-heads", "x"], "write heads as L.H"),
     (["--freeze-qk-heads", "0.1", "--ablate-from", "-3"], "ablate_from must be a step >= 0"),

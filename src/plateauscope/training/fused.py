@@ -152,7 +152,7 @@ def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, 
             scores = (q @ k.transpose(-1, -2)) / math.sqrt(d_head)
             scores = scores.masked_fill(~(allowed if mask is None else mask), float("-inf"))
             trimmed = positions is not None and layer == cfg.n_layers - 1
-            z = clamp.apply(scores.softmax(-1), layer, positions if trimmed else None) @ v
+            z = clamp.apply(scores.softmax(-1), layer, positions if trimmed else None, tokens) @ v
         else:  # scale 1 / sqrt(d_head), as attn_scale
             z = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=mask is None)
         if layer in keep:

@@ -17,9 +17,9 @@ is a ``TrainConfig`` field, recorded in ``config.json`` like any option:
   ``clamp_until=S2``: those heads' attention pattern P becomes ``(1 - a) P + a T`` at the steps
   S1 .. S2 - 1, where T is the task's named attention rule (:meth:`Task.attention_rules`: the cue;
   for induction also the previous token), uniform over the rule's keys at each of its queries; the
-  other queries keep P. At a = 1 the scores get no gradient. The rule's keys must be the same
-  positions in every sequence (the selector's z, the previous token). At a = 0 nothing is applied:
-  the run is the unclamped one, bit for bit.
+  other queries keep P. At a = 1 the scores get no gradient. Where the rule's keys differ between
+  sequences (induction's token after the earlier occurrence), T is each sequence's own, read from
+  the tokens of the forward. At a = 0 nothing is applied: the run is the unclamped one, bit for bit.
 * ``mean_value_heads`` and ``frozen_qk_heads``, from step ``ablate_from``: pattern-preserving
   ablations. The first replaces a head's values by their mean over the forward's batch and
   positions (its pattern still forms; what it carries is gone); the second keeps its W_Q, b_Q, W_K,
@@ -41,15 +41,16 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens.utilities import get_act_name
 
 from plateauscope.backend import backend_of, hooked_parameters
-from plateauscope.tasks.base import Task
+from plateauscope.tasks.base import AttentionRule, Task
 from plateauscope.training.config import ConfigError, TrainConfig, transplant_part
 from plateauscope.training.files import load_checkpoint
 from plateauscope.training.fused import by_layer, mean_values
@@ -138,32 +139,33 @@ def parse_heads(names: tuple[str, ...], n_layers: int, n_heads: int, what: str) 
     return heads
 
 
-def clamp_target(task: Task, rule_name: str, sample: int = 256
-                 ) -> tuple[Float[Tensor, "query key"], Bool[Tensor, " query"]]:
-    """The target pattern of the attention rule ``rule_name`` over the model's input positions (uniform
-    over the rule's keys in each of its query rows) and which query rows it sets, read from the rule
-    on the first ``sample`` sequences; a one-line ConfigError for a rule the task lacks, or whose keys
-    differ between sequences."""
+def rule_targets(rule: AttentionRule, tokens: Int[Tensor, "batch pos"], n_pos: int
+                 ) -> tuple[Float[Tensor, "batch query key"], Bool[Tensor, "batch query"]]:
+    """An attention rule's target pattern for each sequence over its first ``n_pos`` positions: uniform
+    over the rule's keys in each of its query rows that has keys; and which rows those are."""
+    target = torch.zeros(len(tokens), n_pos, n_pos)
+    rows = torch.zeros(len(tokens), n_pos, dtype=torch.bool)
+    for query in (q for q in rule.queries if q < n_pos):
+        keys = rule.keys(tokens, query).cpu()  # [batch, C]; -1 pads a row with fewer keys
+        if keys.numel() == 0:
+            continue
+        valid = keys >= 0
+        count = valid.sum(1)
+        target[:, query].scatter_add_(1, keys.clamp_min(0), valid.float() / count.clamp_min(1)[:, None])
+        rows[:, query] = count > 0
+    return target, rows
+
+
+def clamp_rule(task: Task, rule_name: str) -> AttentionRule:
+    """The task's attention rule ``rule_name``; a one-line ConfigError when it has none by that name, or
+    the rule gives no key anywhere."""
     rules = task.attention_rules()
     if rule_name not in rules:
         raise ConfigError(f"clamp_rule {rule_name!r}: task {task.describe()} has no such attention rule "
                           f"(its rules: {', '.join(map(repr, rules)) or 'none'})")
-    rule, n = rules[rule_name], task.input_len
-    target, rows = torch.zeros(n, n), torch.zeros(n, dtype=torch.bool)
-    for query in rule.queries:
-        keys = rule.keys(task.tokens[:sample], query)
-        if keys.numel() == 0:
-            continue
-        if not (keys == keys[:1]).all():
-            raise ConfigError(f"clamp_rule {rule_name!r}: its keys sit at different positions in different "
-                              f"sequences of task {task.describe()}; a clamp needs positions every sequence shares")
-        shared = keys[0][keys[0] >= 0]
-        if shared.numel():
-            target[query, shared] = 1.0 / shared.numel()
-            rows[query] = True
-    if not rows.any():
+    if not rule_targets(rules[rule_name], task.tokens[:256], task.input_len)[1].any():
         raise ConfigError(f"clamp_rule {rule_name!r}: task {task.describe()} has no keys for it")
-    return target, rows
+    return rules[rule_name]
 
 
 def fixed_cue_positions(task: Task, sample: int = 256) -> tuple[int, ...]:
@@ -187,14 +189,15 @@ def fixed_cue_positions(task: Task, sample: int = 256) -> tuple[int, ...]:
 @torch.no_grad()
 def top_head(model: Any, task: Task, rule_name: str, n_examples: int = 256) -> str:
     """``"L.H"``: the model's head with the most attention by the task's rule ``rule_name`` (its weight
-    on the rule's keys, averaged over the rule's queries and ``n_examples`` sequences)."""
-    target, rows = clamp_target(task, rule_name)
-    on_keys = (target[rows] > 0).float()  # [query, key]
+    on the rule's keys, averaged over the rule's query rows with keys in ``n_examples`` sequences)."""
+    tokens = task.tokens[:n_examples, : task.input_len]
+    target, rows = rule_targets(clamp_rule(task, rule_name), tokens, task.input_len)
     seen: dict[int, Tensor] = {}
     hooks = [(get_act_name("pattern", layer), lambda p, hook, layer=layer: seen.__setitem__(layer, p))
              for layer in range(model.cfg.n_layers)]
-    model.run_with_hooks(task.tokens[:n_examples, : task.input_len], fwd_hooks=hooks)
-    scores = torch.stack([(seen[layer][:, :, rows] * on_keys).sum(-1).mean((0, 2)) for layer in sorted(seen)])
+    model.run_with_hooks(tokens, fwd_hooks=hooks)
+    on_keys = (seen[0].new_tensor(target) > 0)[:, None]  # [batch, 1, query, key]
+    scores = torch.stack([(seen[layer] * on_keys).sum(-1)[:, :, rows.any(0)].mean((0, 2)) for layer in sorted(seen)])
     layer, head = divmod(int(scores.argmax()), scores.shape[1])
     return f"{layer}.{head}"
 
@@ -216,35 +219,78 @@ def load_donor(tc: TrainConfig, own: dict[str, Tensor]) -> dict[str, Tensor]:
 @dataclass(frozen=True)
 class PatternClamp:
     """Attention patterns clamped towards a target: ``(1 - a) P + a T`` in the target's query rows of
-    the clamped heads, P elsewhere (``TrainConfig.clamp_heads``)."""
+    the clamped heads, P elsewhere (``TrainConfig.clamp_heads``). T is the task's attention rule
+    (:func:`rule_targets`): one pattern for every sequence where the rule's keys are the same positions
+    in all of them, else each sequence's own, from the tokens of the forward."""
 
     heads: tuple[tuple[int, int], ...]
     """(layer, head) pairs whose pattern is clamped."""
-    target: Float[Tensor, "query key"] = field(compare=False)
-    """T over the model's input positions (:func:`clamp_target`)."""
-    rows: Bool[Tensor, " query"] = field(compare=False)
-    """The query rows T sets (the rule's queries with keys)."""
+    rule_name: str
+    rule: AttentionRule = field(compare=False)
     strength: float
     """a, in [0, 1]."""
     n_heads: int
+    shared: tuple[Tensor, Tensor] | None = field(default=None, compare=False)
+    """T and its rows over the model's input positions when every sequence shares them (None: per sequence)."""
+    seen: dict = field(default_factory=dict, compare=False)
+    """The tokens of the model's forward in progress (``tokens``), for a per-sequence T."""
+
+    @classmethod
+    def build(cls, heads: tuple[tuple[int, int], ...], task: Task, rule_name: str, strength: float,
+              n_heads: int) -> PatternClamp:
+        """The clamp of ``heads`` to the task's rule; T is shared when it is the same in 256 sequences."""
+        rule = clamp_rule(task, rule_name)
+        target, rows = rule_targets(rule, task.tokens[:256], task.input_len)
+        same = bool((target == target[:1]).all() and (rows == rows[:1]).all())
+        return cls(heads, rule_name, rule, strength, n_heads, (target[0], rows[0]) if same else None)
 
     @property
     def layers(self) -> frozenset[int]:
         """The layers with a clamped head."""
         return frozenset(layer for layer, _ in self.heads)
 
-    def apply(self, pattern: Float[Tensor, "batch head q k"], layer: int, queries: Sequence[int] | None = None
-              ) -> Float[Tensor, "batch head q k"]:
+    def watch_tokens(self, model: Any) -> Any:
+        """For a per-sequence T: record the tokens of each forward of ``model`` (its ``forward`` wrapped on
+        the instance: TransformerLens 4's ``run_with_cache`` calls ``forward``, not the module, so a
+        forward pre-hook would miss it); an object whose ``remove()`` unwraps it (None when T is shared).
+        A forward from a residual stream (a later layer on) forgets the tokens, so a clamp there fails
+        in one line instead of using another batch's."""
+        if self.shared is not None:
+            return None
+        original = model.forward
+
+        def forward(*args: Any, **kwargs: Any) -> Any:
+            given = args[0] if args else kwargs.get("input")
+            if isinstance(given, Tensor) and not given.is_floating_point():
+                self.seen["tokens"] = given
+            else:
+                self.seen.pop("tokens", None)
+            return original(*args, **kwargs)
+
+        model.forward = forward
+        return SimpleNamespace(remove=lambda: model.__dict__.pop("forward", None))
+
+    def apply(self, pattern: Float[Tensor, "batch head q k"], layer: int, queries: Sequence[int] | None = None,
+              tokens: Int[Tensor, "batch k"] | None = None) -> Float[Tensor, "batch head q k"]:
         """``pattern`` of ``layer`` with its clamped heads' rows mixed with T. ``queries``: the positions of its
-        query rows (default: the last ``q`` of its ``k`` key positions, as a forward after a key/value cache)."""
+        query rows (default: the last ``q`` of its ``k`` key positions, as a forward after a key/value cache);
+        ``tokens``: the forward's input (default: the recorded one), for a per-sequence T."""
         n_q, n_k = pattern.shape[-2:]
         at = torch.arange(n_k - n_q, n_k) if queries is None else torch.as_tensor(list(queries))
-        target = self.target[at][:, :n_k].to(pattern)
+        if self.shared is not None:
+            target, rows = self.shared[0][None, at, :n_k], self.shared[1][None, at]
+        else:
+            tokens = self.seen.get("tokens") if tokens is None else tokens
+            if tokens is None or tokens.shape != (pattern.shape[0], n_k):
+                raise ConfigError(f"clamp_rule {self.rule_name!r}: its keys depend on the tokens, and this forward's "
+                                  "attention is not over the whole sequences it was given (a key/value cache?)")
+            target, rows = rule_targets(self.rule, tokens, n_k)
+            target, rows = target[:, at], rows[:, at]
         heads = torch.zeros(self.n_heads, dtype=torch.bool)
         heads[[h for l, h in self.heads if l == layer]] = True
-        clamped = (heads[:, None, None] & self.rows[at][None, :, None]).to(pattern.device)  # [head, q, 1]
+        clamped = (heads[None, :, None, None] & rows[:, None, :, None]).to(pattern.device)  # [batch, head, q, 1]
         a = self.strength
-        return torch.where(clamped, (1 - a) * pattern + a * target, pattern)
+        return torch.where(clamped, (1 - a) * pattern + a * target[:, None].to(pattern), pattern)
 
 
 QK_WEIGHTS: tuple[str, ...] = ("W_Q", "b_Q", "W_K", "b_K")
@@ -287,9 +333,9 @@ class Interventions:
         clamp = None
         if tc.clamp_heads:
             clamped = parse_heads(tc.clamp_heads, n_layers, n_heads, "clamped head")
-            target, rows = clamp_target(task, tc.clamp_rule)
+            clamp = PatternClamp.build(clamped, task, tc.clamp_rule, tc.clamp_strength, n_heads)
             # a = 0 changes nothing: no clamp at all, so the run is the unclamped one bit for bit
-            clamp = PatternClamp(clamped, target, rows, tc.clamp_strength, n_heads) if tc.clamp_strength > 0 else None
+            clamp = clamp if tc.clamp_strength > 0 else None
         return cls(keys, tc.hide_cue_until, heads, n_layers, clamp, (tc.clamp_from, tc.clamp_until),
                    parse_heads(tc.mean_value_heads, n_layers, n_heads, "mean-value head"),
                    parse_heads(tc.frozen_qk_heads, n_layers, n_heads, "frozen-QK head"), tc.ablate_from)
@@ -376,10 +422,11 @@ class Interventions:
 
     def attach(self, model: Any, step: int, hooks: list[tuple[str, Any]] | None = None) -> Any:
         """Add the interventions of ``step`` (or the given ``hooks``) to ``model`` as permanent hooks,
-        for good; return it."""
+        for good; return the handle of the clamp's token recorder (None without one)."""
         for name, fn in self.hooks(step, backend_of(model) == "bridge") if hooks is None else hooks:
             model.mod_dict[name].add_hook(fn, is_permanent=True)
-        return model
+        clamp = self.clamp_at(step)
+        return clamp.watch_tokens(model) if clamp is not None else None
 
     @contextmanager
     def applied(self, model: Any, step: int) -> Iterator[None]:
@@ -387,10 +434,12 @@ class Interventions:
         survive ``run_with_hooks`` and ``hooks_added``, which remove only temporary hooks), and the
         frozen query-key weights held through an update inside."""
         hooks = self.hooks(step, backend_of(model) == "bridge")
-        self.attach(model, step, hooks)
+        recorder = self.attach(model, step, hooks)
         try:
             with self.holding_frozen_qk(model, step):
                 yield
         finally:
             for name, _ in hooks:
                 model.mod_dict[name].remove_hooks("fwd", including_permanent=True)
+            if recorder is not None:
+                recorder.remove()
