@@ -18,6 +18,9 @@ from transformer_lens.utilities import get_act_name
 from plateauscope.analysis.attention import attention_to_z
 from plateauscope.backend import build_model, hooked_parameters, hooks_added
 from plateauscope.cli.train import main
+from plateauscope.dynamics.interventions import condition_label
+from plateauscope.sweeps.executors import run_sweep
+from plateauscope.sweeps.spec import SweepSpec
 from plateauscope.tasks.loading import build_task
 from plateauscope.training import run as rd
 from plateauscope.training.fused import fused_logits
@@ -181,3 +184,20 @@ def test_impossible_clamps_and_ablations_are_one_line_before_anything_is_written
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err, err
     assert not (tmp_path / "r").exists()
+
+
+def test_a_sweep_clamps_each_seeds_routing_head_once_its_baseline_is_analysed(tmp_path):
+    spec = SweepSpec(name="routing-clamp", base="tiny", fixed={"max_steps": 20},
+                     grids=({"seed": (0,)}, {"seed": (0,), "clamp_head_of": ("routing",)}))
+    first = {o["name"]: o for o in run_sweep(spec, tmp_path, executor="serial", threads=1, progress=False)}
+    clamped = next(name for name in first if name != "seed0")
+    assert first["seed0"]["status"] == "done" and first[clamped]["status"] == "failed"
+    assert "run plateauscope analyze --run" in first[clamped]["error"]
+    # The baseline's analysis names head 0.1 (written by hand here: what plateauscope analyze records).
+    rd.write_json_atomic(tmp_path / "seed0" / rd.ANALYSIS_DIR / rd.ROUTING_FILE, {"head": [0, 1], "label": "L0H1"})
+    again = {o["name"]: o for o in run_sweep(spec, tmp_path, executor="serial", threads=1, progress=False)}
+    assert again[clamped]["status"] == "done"
+    train_cfg = rd.Run(tmp_path / clamped).config.train
+    assert train_cfg.clamp_heads == ("0.1",) and train_cfg.clamp_rule == "cue"
+    assert condition_label(rd.read_json(tmp_path / rd.MANIFEST_FILE)["points"][1]["options"]) == \
+        "routing head clamped to the cue (a = 1)"

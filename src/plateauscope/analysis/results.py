@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from plateauscope.training.files import LOCK_FILE, writer_lock
+from plateauscope.training.files import ANALYSIS_DIR, LOCK_FILE, ROUTING_FILE, writer_lock
 from plateauscope.training.run import (
     Run,
     RunError,
@@ -37,8 +37,6 @@ from plateauscope.training.run import (
 
 log = logging.getLogger(__name__)
 
-ANALYSIS_DIR = "analysis"
-"""Folder of a run directory that holds every analysis cache."""
 ATTENTION_FILE = "attention.jsonl"
 ATTRIBUTION_FILE = "attribution.jsonl"
 PATCH_FILE = "patch.jsonl"
@@ -58,8 +56,6 @@ LLC_FILE = "llc.jsonl"
 """Local learning coefficient records, one per (step, SGLD settings)."""
 LLC_SUMMARY_FILE = "llc.json"
 """The LLC series summary of the latest ``plateauscope llc``."""
-ROUTING_FILE = "routing.json"
-"""The routing-head summary of the latest ``plateauscope.analysis.analyze`` call (with its settings)."""
 LEGACY_ROUTING_FILE = "selector.json"
 """What :data:`ROUTING_FILE` was called before; read when the new file is absent."""
 REPORT_FILE = "report.html"

@@ -67,8 +67,10 @@ def condition_label(options: dict[str, Any]) -> str:
         given = TRANSPLANT_WORDS.get(options["transplant"], options["transplant"])
         return f"{given} given ({'frozen' if options.get('freeze_transplant') else 'trained'})"
     strength = f" (a = {options.get('clamp_strength', 1.0):g})"
+    if options.get("clamp_head_of") == "routing":
+        return f"routing head clamped to the cue{strength}"
     if "clamp_head_of" in options:
-        return f"top {options['clamp_head_of']} head clamped to it{strength}"
+        return f"top {options['clamp_head_of']}-attention head clamped to it{strength}"
     if "clamp_layer" in options:
         return f"layer {options['clamp_layer']} clamped to the {options.get('clamp_rule', 'cue')}{strength}"
     if "clamp_heads" in options:
@@ -297,6 +299,20 @@ def reading(table: list[dict]) -> list[str]:
         text = "; ".join(f"{r['condition']}: tau / tau_0 {_interval(r)}, {r['reached']} of {r['seeds']} reached tau"
                          for r in routes)
         lines.append(f"One route in layer 0: {text}.")
+    clamped = [r for r in table if " clamped to " in r["condition"] and r["wait_ratio_ci"] and not r["lower_bound"]]
+    if clamped:
+        text = "; ".join(f"{r['condition']}: tau / tau_0 {_interval(r)} ({_compare_to_one(r)})" for r in clamped)
+        least = min(r["wait_ratio_ci"].low for r in clamped)
+        helped = [r for r in clamped if _compare_to_one(r) == "shorter"]
+        if least > 0.5:
+            verdict = (f"every clamp leaves at least {least:.2f} tau_0 of the wait (the low ends of the intervals): "
+                       "where to look, given from step 0, is not what most of the plateau waits for"
+                       + (f"; it shortens the wait by at most {1 - least:.0%}" if helped else ""))
+        elif max(r["wait_ratio_ci"].high for r in clamped) < 0.5:
+            verdict = "a clamp leaves less than half the wait: the plateau waits mostly for where to look"
+        else:
+            verdict = "the intervals do not settle how much of the wait is where to look"
+        lines.append(f"Attention clamped from step 0: {text}. Reading: {verdict}.")
     analysed = [r for r in table if r["lead_attention_n"] or r["lead_cue_effect_n"]]
     if analysed:
         text = "; ".join(f"{r['condition']}: {na(r['lead_attention'], '{:.2f}')} by attention, "

@@ -109,11 +109,12 @@ def _noise_grids(seeds: range, batches: tuple[int, ...], lrs: tuple[float, ...])
 _HIDE_AT = (0.25, 0.5, 0.75, 1.0)
 
 
-def _clamp_grids(seeds: tuple[dict, ...], rule: str, strengths: tuple[float, ...], layer: int | None
+def _clamp_grids(seeds: tuple[dict, ...], heads: tuple[str, ...], strengths: tuple[float, ...], layer: int | None
                  ) -> tuple[dict[str, tuple], ...]:
-    """Per seed: the unmodified run, its own top head by ``rule`` clamped to the rule from step 0 at
-    each strength, and (``layer``) every head of that layer clamped at a = 1."""
-    grids = [*seeds, *({**s, "clamp_head_of": (rule,), "clamp_strength": strengths} for s in seeds)]
+    """Per seed: the unmodified run, then from step 0 each of its own heads ``heads`` (``clamp_head_of``:
+    a rule's top head, or ``routing``) clamped at each strength, and (``layer``) every head of that
+    layer clamped to the cue at a = 1."""
+    grids = [*seeds, *({**s, "clamp_head_of": heads, "clamp_strength": strengths} for s in seeds)]
     grids += [{**s, "clamp_layer": (layer,), "clamp_strength": (1.0,)} for s in seeds] if layer is not None else []
     return tuple(grids)
 
@@ -237,25 +238,26 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         cost="14 runs of ~60-300 steps"),
     SweepSpec(
         name="clamps", base="ci", fixed={"forward": "trimmed"},
-        grids=_clamp_grids(_SEEDS, "cue", (1.0, 0.5), 0),
-        description="where the wait goes: each seed's routing head (its top head by attention to z) clamped to z "
-                    "from step 0 at a = 1 and 0.5, and every layer-0 head clamped to z; ci, 5 seeds",
-        cost="20 runs (5 unmodified, 15 clamped) of <= 3,000 steps"),
+        grids=_clamp_grids(_SEEDS, ("cue", "routing"), (1.0, 0.5), 0),
+        description="where the wait goes: each seed's top head by attention to z, and its routing head (from "
+                    "plateauscope analyze of its unmodified run: analyse those, then run the sweep again), clamped "
+                    "to z from step 0 at a = 1 and 0.5; every layer-0 head clamped to z; ci, 5 seeds",
+        cost="30 runs (5 unmodified, 25 clamped) of <= 3,000 steps"),
     SweepSpec(
         name="clamps-demo", base="demo", fixed={"forward": "trimmed", "checkpoints": "dense", "ckpt_every": 100},
-        grids=_clamp_grids(_SEEDS[:3], "cue", (1.0,), 0),
+        grids=_clamp_grids(_SEEDS[:3], ("cue",), (1.0,), 0),
         description="the clamps on the demo model: the routing head, then every layer-0 head, clamped to z at a = 1; "
                     "3 seeds",
         cost="9 runs of the paper model"),
     SweepSpec(
         name="clamps-induction", base="induction",
-        grids=_clamp_grids(tuple({"seed": (i,)} for i in range(5)), "previous token", (1.0,), None),
+        grids=_clamp_grids(tuple({"seed": (i,)} for i in range(5)), ("previous token",), (1.0,), None),
         description="induction: each seed's previous-token head clamped to the previous token from step 0; 5 seeds",
         cost="10 runs of ~500 steps"),
     SweepSpec(
         name="clamps-tiny", base="tiny",
         fixed={"lr": 3e-3, "stop_after_tau": 1.5, "max_steps": 600, "eval_every": 10, "ckpt_every": 10, "D": 80},
-        grids=_clamp_grids(_SEEDS[:2], "cue", (1.0,), 0),
+        grids=_clamp_grids(_SEEDS[:2], ("cue",), (1.0,), 0),
         description="machinery check of clamps on the 1-layer tiny model, 2 seeds",
         cost="6 runs of ~60-300 steps"),
     SweepSpec(

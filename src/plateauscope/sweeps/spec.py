@@ -126,7 +126,8 @@ RELATIVE_OPTIONS: dict[str, str] = {
     "hide_cue_at": "hide_cue_until = this fraction of the baseline run's tau (at least 1 step)",
     "transplant": "without a donor, the donor is the baseline run's last checkpoint",
     "clamp_head_of": "clamp_heads = the baseline run's head with the most attention by this rule of the task "
-                     "at its last checkpoint, clamped to that rule",
+                     "at its last checkpoint, clamped to that rule; 'routing': the routing head of the baseline's "
+                     "analysis (plateauscope analyze), clamped to the cue",
 }
 # (``only_head="L.H"`` and ``clamp_layer=L`` are resolved without a baseline: every other head of layer L
 # masked; every head of layer L clamped.)
@@ -153,7 +154,15 @@ def resolve_relative(spec: SweepSpec, point: Point, out: Path) -> Point:
     if "transplant" in options and "donor" not in options:
         base = rd.Run(base_dir)
         options["donor"] = str(base.checkpoint_path(base.steps[-1]).resolve())
-    if "clamp_head_of" in options:
+    if options.get("clamp_head_of") == "routing":  # the routing head of the baseline's analysis, clamped to the cue
+        summary = base_dir / rd.ANALYSIS_DIR / rd.ROUTING_FILE
+        if not summary.exists():
+            raise ConfigError(f"{point.name}: clamp_head_of=routing reads its baseline's routing head; "
+                              f"run plateauscope analyze --run {base_dir} first, then the sweep again")
+        layer, head = rd.read_json(summary)["head"]
+        options.pop("clamp_head_of")
+        options.update(clamp_heads=(f"{layer}.{head}",), clamp_rule="cue")
+    elif "clamp_head_of" in options:
         base = rd.Run(base_dir)
         rule = options.pop("clamp_head_of")
         options.update(clamp_heads=(top_head(base.model(base.steps[-1]), base.task(), rule),), clamp_rule=rule)

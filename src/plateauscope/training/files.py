@@ -65,6 +65,11 @@ TRAIN_LOCK_FILE = ".train.lock"
 """The training process's lock file, in the run directory."""
 MANIFEST_FILE = "sweep.json"
 """A sweep directory's list of its runs (``plateauscope.sweeps.sweep``)."""
+ANALYSIS_DIR = "analysis"
+"""Folder of a run directory that holds every analysis cache."""
+ROUTING_FILE = "routing.json"
+"""The routing-head summary of the latest ``plateauscope.analysis.analyze`` call (with its settings), in
+``ANALYSIS_DIR``; a sweep's ``clamp_head_of=routing`` reads its head."""
 CHECKPOINT_FORMAT = "plateauscope-checkpoint-v1"
 """The ``format`` tag in every checkpoint's safetensors metadata."""
 READABLE_CHECKPOINT_FORMATS: tuple[str, ...] = (CHECKPOINT_FORMAT, "synass-lens-checkpoint-v1")

@@ -196,7 +196,7 @@ def top_head(model: Any, task: Task, rule_name: str, n_examples: int = 256) -> s
     hooks = [(get_act_name("pattern", layer), lambda p, hook, layer=layer: seen.__setitem__(layer, p))
              for layer in range(model.cfg.n_layers)]
     model.run_with_hooks(tokens, fwd_hooks=hooks)
-    on_keys = (seen[0].new_tensor(target) > 0)[:, None]  # [batch, 1, query, key]
+    on_keys = (target > 0).to(seen[0].device)[:, None]  # [batch, 1, query, key]
     scores = torch.stack([(seen[layer] * on_keys).sum(-1)[:, :, rows.any(0)].mean((0, 2)) for layer in sorted(seen)])
     layer, head = divmod(int(scores.argmax()), scores.shape[1])
     return f"{layer}.{head}"

@@ -34,6 +34,9 @@ from plateauscope.training.files import (
 
 # The run directory's files, re-exported so that ``run`` (imported as ``rd``) is the one name for them.
 from plateauscope.training.files import (
+    ANALYSIS_DIR as ANALYSIS_DIR,
+)
+from plateauscope.training.files import (
     CONFIG_FILE as CONFIG_FILE,
 )
 from plateauscope.training.files import (
@@ -53,6 +56,9 @@ from plateauscope.training.files import (
 )
 from plateauscope.training.files import (
     RESUME_FILE as RESUME_FILE,
+)
+from plateauscope.training.files import (
+    ROUTING_FILE as ROUTING_FILE,
 )
 from plateauscope.training.files import (
     SUMMARY_FILE as SUMMARY_FILE,
