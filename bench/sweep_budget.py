@@ -25,6 +25,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from plateauscope.dynamics.graft import GRAFTS_DIR
 from plateauscope.dynamics.interventions import condition_label
 from plateauscope.sweeps.catalogue import get_sweep
 from plateauscope.sweeps.spec import expand, is_complete, run_name
@@ -46,7 +47,7 @@ WITH_GRAFTS = ("clamps",)
 
 def graft_minutes(sweep: Path) -> tuple[float, int]:
     """The graft trials' training time under the sweep's runs (one at a time), in minutes, and their count."""
-    walls = [rd.read_jsonl(m)[-1]["wall_s"] for m in sorted(sweep.glob(f"*/grafts/*/step_*/{rd.METRICS_FILE}"))
+    walls = [rd.read_jsonl(m)[-1]["wall_s"] for m in sorted(sweep.glob(f"*/{GRAFTS_DIR}/*/step_*/{rd.METRICS_FILE}"))
              if rd.read_jsonl(m)]
     return sum(walls) / 60, len(walls)
 

@@ -9,7 +9,15 @@ import pytest
 import torch
 
 from plateauscope.cli.graft import main
-from plateauscope.dynamics.graft import GRAFT_FILE, bisect_boundary, boundary_table, graft_bisection, max_trials
+from plateauscope.dynamics.graft import (
+    GRAFT_FILE,
+    GRAFTS_DIR,
+    bisect_boundary,
+    bisection_dir,
+    boundary_table,
+    graft_bisection,
+    max_trials,
+)
 from plateauscope.training import run as rd
 from plateauscope.training.interventions import transplanted
 from tests.conftest import copy_run
@@ -63,7 +71,7 @@ def test_the_bisection_finds_the_step_where_a_synthetic_series_becomes_sufficien
     failing = [t for t in result["trials"] if not t["passes"]]
     assert failing and all(t["tau"] is None or t["tau"] > 0.5 * tau_0 for t in failing)
     assert all(t["tau"] <= 0.5 * tau_0 for t in result["trials"] if t["passes"])
-    assert rd.read_json(series / "grafts" / "routing" / GRAFT_FILE)["first_sufficient_step"] == known
+    assert rd.read_json(bisection_dir(series, "routing", 0.5) / GRAFT_FILE)["first_sufficient_step"] == known
     # Run again, it reuses every finished trial: the same answer, no training.
     again = graft_bisection(series, "routing", criterion=0.5)
     assert again["trials"] == result["trials"]
@@ -80,7 +88,7 @@ def test_bad_requests_are_one_line(tiny_tau_run, capsys, flags, message):
     assert main(["--run", str(tiny_tau_run), *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err, err
-    assert not (tiny_tau_run / "grafts").exists()
+    assert not (tiny_tau_run / GRAFTS_DIR).exists()
 
 
 def test_a_run_without_tau_is_refused_in_one_line(tiny_run, capsys):

@@ -15,7 +15,7 @@ import argparse
 from pathlib import Path
 
 from plateauscope.cli.common import format_table, run_cli, write_json
-from plateauscope.dynamics.graft import boundary_table, graft_bisection, part_slug
+from plateauscope.dynamics.graft import bisection_dir, boundary_table, graft_bisection
 from plateauscope.training import run as rd
 from plateauscope.training.config import PART_FORMS
 from plateauscope.training.interventions import has_interventions
@@ -57,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         results = []
         for run in runs:
             print(f"{run}: grafting {args.part} from its checkpoints into its step-0 weights "
-                  f"(sufficient: tau <= {args.criterion:g} tau_0); trials in {run / 'grafts' / part_slug(args.part)}")
+                  f"(sufficient: tau <= {args.criterion:g} tau_0); trials in {bisection_dir(run, args.part, args.criterion)}")
             result = graft_bisection(run, args.part, args.criterion, on_trial=lambda t: print(
                 f"  step {t['step']:>6}: tau {t['tau'] if t['tau'] is not None else 'not reached'}"
                 f" ({_fraction(t['tau_over_tau_0'])} tau_0) -> {'sufficient' if t['passes'] else 'not sufficient'}",

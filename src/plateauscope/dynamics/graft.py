@@ -29,7 +29,7 @@ from plateauscope.analysis.intervals import median_interval
 from plateauscope.analysis.results import median, read_routing_summary
 from plateauscope.analysis.formation import RULES
 from plateauscope.training import run as rd
-from plateauscope.training.config import ConfigError, transplant_part
+from plateauscope.training.config import ConfigError
 from plateauscope.training.interventions import check_part
 from plateauscope.training.train import train
 
@@ -78,16 +78,20 @@ def max_trials(n: int) -> int:
     return math.ceil(math.log2(n)) + 1 if n > 1 else 1
 
 
-def part_slug(part: str) -> str:
-    """A folder name for a part (``0.1:qk`` -> ``0.1-qk``)."""
-    return part.replace(":", "-")
+GRAFTS_DIR = "grafts"
+"""The folder of a run directory that holds its bisections."""
+
+
+def bisection_dir(run_dir: Path, part: str, criterion: float) -> Path:
+    """Where a bisection's trials go: ``RUN/grafts/<part>_criterion<c>`` (``0.1:qk`` -> ``0.1-qk``). The
+    criterion sets each trial's length, so trials of another criterion are never reused."""
+    return run_dir / GRAFTS_DIR / f"{part.replace(':', '-')}_criterion{criterion:g}"
 
 
 def graft_trial(run: rd.Run, step: int, part: str, criterion: float, tau_0: int, out: Path) -> dict[str, Any]:
     """Train the run's own step-0 weights with ``part`` from its checkpoint at ``step`` for at most
     ``criterion * tau_0`` steps, stopping at tau; the trial's record (reused when it finished before)."""
     budget = max(1, math.floor(criterion * tau_0))
-    tc = run.config.train
     cfg = run.config.replace(transplant=part, donor=str(run.checkpoint_path(step).resolve()),
                              freeze_transplant=False, max_steps=budget, stop_after_tau=1.0,
                              ckpt_every=budget, early_log_points=0, checkpoints="dense")
@@ -97,18 +101,16 @@ def graft_trial(run: rd.Run, step: int, part: str, criterion: float, tau_0: int,
         summary = train(cfg, trial_dir, resume=(trial_dir / rd.CONFIG_FILE).exists(), device="cpu", progress=False)
     tau = summary.get("tau")
     return {"step": step, "tau": tau, "tau_over_tau_0": tau / tau_0 if tau is not None else None,
-            "steps_trained": summary.get("final_step"), "passes": tau is not None and tau <= criterion * tau_0,
-            "eval_every": tc.eval_every}
+            "steps_trained": summary.get("final_step"), "passes": tau is not None and tau <= criterion * tau_0}
 
 
 def graft_bisection(run_dir: str | Path, part: str, criterion: float = 0.5, out: str | Path | None = None,
                     on_trial: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """The earliest checkpoint of a run whose ``part`` suffices (module docstring); written to
-    ``out/graft.json`` (default ``RUN/grafts/<part>``) and returned. ``on_trial`` sees each trial's record."""
+    ``out/graft.json`` (default :func:`bisection_dir`) and returned. ``on_trial`` sees each trial's record."""
     run = rd.Run(run_dir)
     if not 0 < criterion <= 1:
         raise ConfigError(f"--criterion must lie in (0, 1] (the grafted tau as a fraction of tau_0), got {criterion}")
-    transplant_part(part)
     check_part(part, run.config.model.n_layers, run.config.model.n_heads)
     summary = run.summary
     if not summary or not summary.get("complete"):
@@ -117,7 +119,7 @@ def graft_bisection(run_dir: str | Path, part: str, criterion: float = 0.5, out:
     if tau_0 is None:
         raise ConfigError(f"{run.path}: the run never reached tau, so there is no tau_0 to shorten")
     steps = run.steps
-    folder = Path(out) if out is not None else run.path / "grafts" / part_slug(part)
+    folder = Path(out) if out is not None else bisection_dir(run.path, part, criterion)
     trials: list[dict] = []
 
     def passes(i: int) -> bool:

@@ -70,7 +70,7 @@ def condition_label(options: dict[str, Any]) -> str:
     if options.get("clamp_head_of") == "routing":
         return f"routing head clamped to the cue{strength}"
     if "clamp_head_of" in options:
-        return f"top {options['clamp_head_of']}-attention head clamped to it{strength}"
+        return f"top head by {options['clamp_head_of']} attention, clamped to it{strength}"
     if "clamp_layer" in options:
         return f"layer {options['clamp_layer']} clamped to the {options.get('clamp_rule', 'cue')}{strength}"
     if "clamp_heads" in options:

@@ -245,9 +245,9 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         cost="30 runs (5 unmodified, 25 clamped) of <= 3,000 steps"),
     SweepSpec(
         name="clamps-demo", base="demo", fixed={"forward": "trimmed", "checkpoints": "dense", "ckpt_every": 100},
-        grids=_clamp_grids(_SEEDS[:3], ("cue",), (1.0,), 0),
-        description="the clamps on the demo model: the routing head, then every layer-0 head, clamped to z at a = 1; "
-                    "3 seeds",
+        grids=_clamp_grids(_SEEDS[:3], ("routing",), (1.0,), 0),
+        description="the clamps on the demo model: the routing head (from plateauscope analyze of the unmodified "
+                    "runs), then every layer-0 head, clamped to z from step 0 at a = 1; 3 seeds",
         cost="9 runs of the paper model"),
     SweepSpec(
         name="clamps-induction", base="induction",
