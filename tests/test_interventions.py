@@ -360,6 +360,7 @@ def test_the_lead_reading_says_routed_at_start_only_when_the_attention_starts_ne
     ((0.80, 0.84, 0.82, 0.88, 0.76), "every clamp leaves at least 0.76 tau_0 of the wait"),
     ((0.30, 0.25, 0.35, 0.28, 0.33), "the plateau waits mostly for where to look"),
     ((0.30, 0.9, 0.35, 0.95, 0.6), "do not settle"),
+    ((1.38, 1.50, 1.57, 1.45, 1.6), "every clamp lengthens the wait, to at least 1.38 tau_0"),
 ])
 def test_the_clamp_reading_follows_the_intervals(ratios, expected):
     rows = [_row("routing head clamped to the cue (a = 1)", i, r, False) for i, r in enumerate(ratios)]

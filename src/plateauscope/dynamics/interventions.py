@@ -304,7 +304,10 @@ def reading(table: list[dict]) -> list[str]:
         text = "; ".join(f"{r['condition']}: tau / tau_0 {_interval(r)} ({_compare_to_one(r)})" for r in clamped)
         least = min(r["wait_ratio_ci"].low for r in clamped)
         helped = [r for r in clamped if _compare_to_one(r) == "shorter"]
-        if least > 0.5:
+        if least > 1:
+            verdict = (f"every clamp lengthens the wait, to at least {least:.2f} tau_0 (the low ends of the "
+                       "intervals): where to look, forced from step 0, costs more than it gives")
+        elif least > 0.5:
             verdict = (f"every clamp leaves at least {least:.2f} tau_0 of the wait (the low ends of the intervals): "
                        "where to look, given from step 0, is not what most of the plateau waits for"
                        + (f"; it shortens the wait by at most {1 - least:.0%}" if helped else ""))
