@@ -115,6 +115,7 @@ def main() -> None:
     p.add_argument("--demo-sweep", type=Path,
                    help="plateau-interventions: the demo model's confirmation (default sweeps/plateau-interventions-demo)")
     p.add_argument("--workers", type=int, default=2, help="runs that trained side by side")
+    p.add_argument("--demo-workers", type=int, help="the same for the demo-model sweep (default: --workers)")
     args = p.parse_args()
     parts = [(args.preset, args.sweep or Path("sweeps") / args.preset)]
     if args.preset in CONFIRMATIONS:
@@ -136,7 +137,7 @@ def main() -> None:
     if beside:
         demo = args.demo_sweep or Path("sweeps") / beside
         if demo.is_dir():
-            cost = sweep_cost(beside, demo, args.workers)
+            cost = sweep_cost(beside, demo, args.demo_workers or args.workers)
             print(f"{beside} (outside the budget): {cost.complete} of {cost.runs} runs, {cost.as_run:.1f} min as run")
         else:
             print(f"{beside}: not trained (no {demo})")

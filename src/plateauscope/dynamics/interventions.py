@@ -315,6 +315,9 @@ def reading(table: list[dict]) -> list[str]:
             verdict = "a clamp leaves less than half the wait: the plateau waits mostly for where to look"
         else:
             verdict = "the intervals do not settle how much of the wait is where to look"
+        longer = [r["condition"] for r in clamped if _compare_to_one(r) == "longer"]
+        if longer and least <= 1:
+            verdict += f"; {', '.join(longer)} lengthens it"
         lines.append(f"Attention clamped from step 0: {text}. Reading: {verdict}.")
     analysed = [r for r in table if r["lead_attention_n"] or r["lead_cue_effect_n"]]
     if analysed:
