@@ -29,7 +29,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from record import against, arguments, row, save
+from record import against, arguments, print_rows, row, save
 
 from plateauscope.analysis.results import ANALYSIS_DIR
 from plateauscope.backend import installed_transformer_lens
@@ -123,9 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"({worst['raw'][1]})", worst["raw"][0], "", "<=", TARGET_DIFF),
         row(f"demo: largest difference in a ratio to a logit gap ({worst['ratio'][1]})", worst["ratio"][0], ""),
     ]
-    for r in rows:
-        met = "" if r["met"] is None else f" (target {r['target']}: {'met' if r['met'] else 'NOT met'})"
-        print(f"{r['measure']}: {r['value']:.3g} {r['unit']}{met}")
+    print_rows(rows)
     versions = {"transformer_lens_4": installed_transformer_lens(), "other_python": args.other_python}
     print(f"saved {save('backends', rows, arguments(args, **versions))}")
     return 0

@@ -3,7 +3,7 @@
     .venv/bin/python bench/demo_time.py                  # a fresh demo run in a temporary directory
     .venv/bin/python bench/demo_time.py --log demo.log   # the output of one from this machine
 
-``plateauscope demo`` prints its stage times (``stage times: train 218 s, analyse 121 s, ...``) and its
+``plateauscope demo`` prints its stage times (``stage times: train N s, analyse N s, ...``) and its
 whole time against the target of the host it runs on (``plateauscope.cli.demo.target_seconds``: 5
 minutes after the install on an AMD EPYC with AVX-512 and VNNI, 7 on one without AVX-512). This prints
 both, and the analysis's share: analyse + report + view over train, against 0.25 (on the same machine,
@@ -21,7 +21,7 @@ from pathlib import Path
 
 from plateauscope.cli.demo import target_seconds
 from plateauscope.training.machine import describe, machine_record
-from record import against, arguments, row, save
+from record import against, arguments, print_rows, row, save
 
 ANALYSIS_SHARE = 0.25
 """Issue 40: the demo's analyse + report + view at most this fraction of its training time."""
@@ -63,9 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     rows += [row(f"demo: {name}", value, "s") for name, value in times.items()]
     share = (times.get("analyse", 0) + times.get("report", 0) + times.get("view", 0)) / times["train"]
     rows.append(against("demo: (analyse + report + view) / train", round(share, 3), "x", "<=", ANALYSIS_SHARE))
-    for r in rows:
-        verdict = "" if r["target"] is None else f" (target {r['target']}: {'met' if r['met'] else 'NOT met'})"
-        print(f"{r['measure']}: {r['value']:.3g} {r['unit']}{verdict}")
+    print_rows(rows)
     print(f"saved {save('demo_time', rows, arguments(args))}")
     return 0
 

@@ -51,6 +51,13 @@ def yes_no(measure: str, ok: bool) -> dict:
     return row(measure, float(ok), "(1 = yes)", "1", bool(ok))
 
 
+def print_rows(rows: list[dict], fmt: str = "{:.3g}") -> None:
+    """Each row on a line: its measure, value and unit, and its target with met or NOT met."""
+    for r in rows:
+        verdict = "" if r["target"] is None else f" (target {r['target']}: {'met' if r['met'] else 'NOT met'})"
+        print(f"{r['measure']}: {fmt.format(r['value'])} {r['unit']}{verdict}")
+
+
 def arguments(args: argparse.Namespace, **more) -> dict:
     """A bench's arguments (and ``more``) as the settings of its result: paths as strings."""
     return {k: str(v) if isinstance(v, Path) else v for k, v in {**vars(args), **more}.items()}

@@ -3,7 +3,7 @@
     .venv/bin/python bench/suite.py                  # a fresh clone of this checkout's HEAD, .ci/run in it
     .venv/bin/python bench/suite.py --log ci.log     # the stage times of a .ci/run log from this machine
 
-``.ci/run`` prints the wall time of each of its stages (``ci stage test: 640 s``): the two
+``.ci/run`` prints the wall time of each of its stages (``ci stage test: N s``): the two
 environments' install, ``make test`` (the suite on TransformerLens 4), ``make test-tl3``, ``make docs``
 and the total. This prints them against the budgets: ``make test`` in 8 minutes and ``.ci/run`` in 20
 on the reference host, an AMD EPYC with AVX-512, and within twice those on any other host (the
@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 from plateauscope.training.machine import describe, machine_record
-from record import against, arguments, row, save
+from record import against, arguments, print_rows, row, save
 
 ROOT = Path(__file__).resolve().parent.parent
 BUDGET_S = {"test": 480.0, "total": 1200.0}
@@ -74,9 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(against(label, seconds / 60, "min", "<=", BUDGET_S[name] * factor / 60))
         else:
             rows.append(row(label, seconds / 60, "min"))
-    for r in rows:
-        verdict = "" if r["target"] is None else f" (target {r['target']}: {'met' if r['met'] else 'NOT met'})"
-        print(f"{r['measure']}: {r['value']:.1f} min{verdict}")
+    print_rows(rows, "{:.1f}")
     print(f"saved {save('suite', rows, arguments(args))}")
     return 0
 

@@ -65,7 +65,8 @@ PARTS: dict[str, str] = {
 }
 """What each transplant copies from the donor (``plateauscope.training.config.transplant_part`` reads them)."""
 HEAD_WEIGHTS: dict[str, tuple[str, ...]] = {"qk": ("W_Q", "b_Q", "W_K", "b_K"), "ov": ("W_V", "b_V", "W_O")}
-"""The weights a head's QK and OV parts hold (each indexed by the head in its first dimension)."""
+"""The weights a head's QK and OV parts hold (each indexed by the head in its first dimension); ``frozen_qk_heads``
+keeps the first."""
 
 INTERVENTION_OPTIONS: tuple[str, ...] = ("hide_cue_at", "hide_cue_until", "transplant", "donor",
                                          "freeze_transplant", "masked_heads", "only_head", "clamp_heads",
@@ -157,14 +158,11 @@ def rule_targets(rule: AttentionRule, tokens: Int[Tensor, "batch pos"], n_pos: i
 
 
 def clamp_rule(task: Task, rule_name: str) -> AttentionRule:
-    """The task's attention rule ``rule_name``; a one-line ConfigError when it has none by that name, or
-    the rule gives no key anywhere."""
+    """The task's attention rule ``rule_name``; a one-line ConfigError when it has none by that name."""
     rules = task.attention_rules()
     if rule_name not in rules:
         raise ConfigError(f"clamp_rule {rule_name!r}: task {task.describe()} has no such attention rule "
                           f"(its rules: {', '.join(map(repr, rules)) or 'none'})")
-    if not rule_targets(rules[rule_name], task.tokens[:256], task.input_len)[1].any():
-        raise ConfigError(f"clamp_rule {rule_name!r}: task {task.describe()} has no keys for it")
     return rules[rule_name]
 
 
@@ -241,6 +239,8 @@ class PatternClamp:
         """The clamp of ``heads`` to the task's rule; T is shared when it is the same in 256 sequences."""
         rule = clamp_rule(task, rule_name)
         target, rows = rule_targets(rule, task.tokens[:256], task.input_len)
+        if not rows.any():
+            raise ConfigError(f"clamp_rule {rule_name!r}: task {task.describe()} has no keys for it")
         same = bool((target == target[:1]).all() and (rows == rows[:1]).all())
         return cls(heads, rule_name, rule, strength, n_heads, (target[0], rows[0]) if same else None)
 
@@ -291,10 +291,6 @@ class PatternClamp:
         clamped = (heads[None, :, None, None] & rows[:, None, :, None]).to(pattern.device)  # [batch, head, q, 1]
         a = self.strength
         return torch.where(clamped, (1 - a) * pattern + a * target[:, None].to(pattern), pattern)
-
-
-QK_WEIGHTS: tuple[str, ...] = ("W_Q", "b_Q", "W_K", "b_K")
-"""A head's query-key weights (``frozen_qk_heads`` keeps them)."""
 
 
 @dataclass(frozen=True)
@@ -412,7 +408,7 @@ class Interventions:
         params = hooked_parameters(model)
         if not self.held:
             self.held.update({(f"blocks.{layer}.attn.{w}", head): params[f"blocks.{layer}.attn.{w}"][head].detach().clone()
-                              for layer, head in self.frozen_qk_heads for w in QK_WEIGHTS})
+                              for layer, head in self.frozen_qk_heads for w in HEAD_WEIGHTS["qk"]})
         try:
             yield
         finally:
