@@ -46,7 +46,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from jaxtyping import Float, Int, Shaped
+from jaxtyping import Bool, Float, Int, Shaped
 from torch import Tensor
 
 from plateauscope.analysis.results import (
@@ -160,8 +160,17 @@ def drift(trace: Float[np.ndarray, "... draws"]) -> Float[np.ndarray, "..."]:
     return diff / np.where(spread > 0, spread, 1.0)
 
 
+RESTRICTIONS: tuple[str, ...] = ("devinterp", "restore")
+"""How :func:`estimate_llc` keeps the weights outside its ``masks`` at the checkpoint: ``devinterp``, the
+sampler's own ``mask`` (each step's drift and noise multiplied by the mask); ``restore``, ours (the sampler
+moves whole tensors, then the entries outside the mask are copied back from the checkpoint after every step).
+The two give the same chain: the masked entries' updates depend only on their own gradient, prior pull and
+noise, and the noise is drawn for the whole tensor either way."""
+
+
 def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: Task | None,
-                 settings: LLCSettings = LLCSettings(), loss_fn: Any = None) -> dict[str, Any]:
+                 settings: LLCSettings = LLCSettings(), loss_fn: Any = None,
+                 masks: list[Bool[Tensor, "..."]] | None = None, restriction: str = "devinterp") -> dict[str, Any]:
     """Estimate the LLC of ``model`` at its current weights by SGLD on the examples ``tokens``.
 
     ``loss_fn(model, batch) -> scalar`` defaults to the task's training loss
@@ -170,9 +179,24 @@ def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: 
     ``model`` itself is not changed (each chain samples a copy). Returns plain floats/lists:
     ``llc`` (mean over chains), ``llc_std`` (std over chains), ``llc_per_chain``, ``init_loss``,
     ``trace`` (minibatch losses, chains x draws), ``drift`` per chain and ``stationary``.
+
+    ``masks`` (one boolean tensor per ``model.parameters()``, in that order, each of its parameter's
+    shape; True = sampled) restricts the sampler to a subset of the weights, every other weight held
+    at the checkpoint (a weight-restricted LLC, Wang et al. 2024); ``restriction`` is how
+    (:data:`RESTRICTIONS`). Parameters without a True entry get no gradient and are not handed to the
+    sampler. The result then also has ``n_sampled`` (weights sampled) and ``frozen_max_change``: the
+    largest change of a weight outside the masks at the end of any chain (0.0: held exactly).
     """
     settings.validate()
     sgld = require_devinterp()
+    if restriction not in RESTRICTIONS:
+        raise ValueError(f"restriction must be one of {', '.join(RESTRICTIONS)}, got {restriction!r}")
+    if masks is not None:
+        params = list(model.parameters())
+        if len(masks) != len(params) or any(m.shape != p.shape for m, p in zip(masks, params)):
+            raise ValueError("estimate_llc needs one mask per model parameter, each of its parameter's shape")
+        if not any(bool(m.any()) for m in masks):
+            raise ValueError("estimate_llc: the masks select no weight to sample")
     if loss_fn is None:
         if task is None:
             raise ValueError("estimate_llc needs a task for the default (training) loss")
@@ -192,16 +216,28 @@ def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: 
     n_steps = settings.num_burnin_steps + settings.num_draws
     traces = np.zeros((settings.num_chains, settings.num_draws))
     start = time.perf_counter()
+    frozen_change = 0.0
     for chain in range(settings.num_chains):
         sampler_model = copy.deepcopy(model).train()
         for p in sampler_model.parameters():
             p.requires_grad_(True)
+        if masks is None:
+            sampled, kwargs, held = sampler_model.parameters(), {}, []
+        else:  # only the parameters holding a sampled weight get a gradient and go to the sampler
+            pairs = [(p, m.to(p.device)) for p, m in zip(sampler_model.parameters(), masks)]
+            for p, m in pairs:
+                p.requires_grad_(bool(m.any()))
+            moving = [(p, m) for p, m in pairs if m.any()]
+            sampled = [p for p, _ in moving]
+            kwargs = {"mask": [m for _, m in moving]} if restriction == "devinterp" else {}
+            held = ([(p, ~m, p.detach()[~m].clone()) for p, m in moving if not m.all()]
+                    if restriction == "restore" else [])
         batch_gen = torch.Generator().manual_seed(settings.seed + chain)
         batches = torch.randint(0, n, (n_steps, settings.batch_size), generator=batch_gen)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(settings.seed + chain)
-            optimizer = sgld(sampler_model.parameters(), lr=settings.lr, localization=settings.localization,
-                             nbeta=settings.nbeta)
+            optimizer = sgld(sampled, lr=settings.lr, localization=settings.localization,
+                             nbeta=settings.nbeta, **kwargs)
             for t in range(n_steps):
                 loss = loss_fn(sampler_model, tokens[batches[t]])
                 if not torch.isfinite(loss):
@@ -210,8 +246,17 @@ def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: 
                 loss.backward()
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
+                if held:
+                    with torch.no_grad():
+                        for p, frozen, value in held:
+                            p[frozen] = value
                 if t >= settings.num_burnin_steps:
                     traces[chain, t - settings.num_burnin_steps] = loss.item()
+        if masks is not None:
+            with torch.no_grad():
+                for p, p0, m in zip(sampler_model.parameters(), model.parameters(), masks):
+                    if not m.all():
+                        frozen_change = max(frozen_change, float((p - p0)[~m.to(p.device)].abs().max()))
         del sampler_model, optimizer
     model.train(was_training)
     per_chain = settings.nbeta * (traces.mean(axis=1) - init_loss)
@@ -226,6 +271,8 @@ def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: 
         "stationary": bool(np.all(np.abs(drifts) <= settings.max_drift)),
         "trace": np.round(traces, 6).tolist(),
         "seconds": time.perf_counter() - start,
+        **({} if masks is None else {"n_sampled": int(sum(int(m.sum()) for m in masks)),
+                                     "frozen_max_change": frozen_change}),
     }
 
 

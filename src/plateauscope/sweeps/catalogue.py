@@ -134,6 +134,12 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         description="the induction preset over 3 seeds: tau, the induction and previous-token heads' t_form and lead",
         cost="~2k steps"),
     SweepSpec(
+        name="markov-seeds", base="markov", fixed={},
+        grids=({"seed": (0, 1, 2)},),
+        description="the markov preset over 3 seeds: tau, the stages (uniform, unigram, bigram), the statistical "
+                    "induction and previous-token heads' t_form and lead",
+        cost="~6k steps"),
+    SweepSpec(
         name="quick-d", base="ci", fixed=_QUICK,
         grids=({"K": (10,), "D": (2000, 3000, 5000, 8000), "seed": (0, 1, 2)},),
         description="the scaling law tau ~ D^alpha at K = 10 (the paper: alpha = 1.19)",

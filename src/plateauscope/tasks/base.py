@@ -38,6 +38,7 @@ CAPABILITIES: dict[str, str] = {
     "candidates": "K x K candidate scores per group (head ablation scores them; a task without them is scored "
                   "by its own evaluate)",
     "plateau_reference": "exact know-nothing references (the plateau verdict: marginal, shelf or mixed)",
+    "references": "a ladder of reference predictors (the KL to each at every evaluation, and the stages)",
 }
 """What a task can offer beyond the loss and its progress measure, and what needs it."""
 
@@ -101,6 +102,27 @@ class AttentionRule:
     """The query positions (e.g. the loss positions)."""
     keys: Callable[[Tensor, int], Tensor]
     """``keys(tokens, query)``: ``[N, C]`` key positions per sequence (like ``Task.cue_positions``)."""
+
+
+@dataclass(frozen=True)
+class ReferencePredictor:
+    """One rung of a task's ladder of reference predictors (Edelman et al. 2024): a fixed rule for
+    the next token at every loss position, e.g. uniform, the marginal, the full conditional.
+
+    The training loop logs ``kl_<name>``, the model's KL divergence *from* the reference,
+    ``KL(reference || model)``, averaged over the reference sequences and the loss positions
+    (``plateauscope.training.references``). It is finite where the reference is one-hot (then it is the
+    model's cross-entropy on that token) and 0 for a model that is exactly the reference.
+    """
+
+    name: str
+    """A short identifier: ``metrics.jsonl`` logs ``kl_<name>`` (letters, digits and ``_``)."""
+    label: str
+    """How figures and captions write it, e.g. ``p(A | B)``."""
+    predict: Callable[[Tensor], Tensor]
+    """``predict(tokens)``: ``tokens`` ``[N, seq]`` full sequences -> ``[N, n_loss, vocab]`` probabilities
+    of the token after each loss position (rows sum to 1; zeros allowed). It may read the whole
+    sequence (a full conditional knows the answer); a rule of the context reads only ``tokens[:, :p + 1]``."""
 
 
 @dataclass
@@ -231,6 +253,15 @@ class Task(ABC):
         own name -> its value for a model that knows nothing, and optionally ``global_marginal``
         (``{metric: value}`` for a model that knows the data set's global marginal)."""
         return None
+
+    def reference_predictors(self) -> list[ReferencePredictor]:
+        """The ladder of reference predictors (capability ``references``), from the one that knows
+        least to the full conditional; the stage of a step is the rung the model is closest to."""
+        return []
+
+    def reference_sequences(self, evalset: Any) -> Int[Tensor, "E seq"]:
+        """The sequences on which the KL to each reference is measured (default: :meth:`eval_sequences`)."""
+        return self.eval_sequences(evalset)
 
     def summary_fields(self) -> dict:
         """Task facts added to ``summary.json``."""

@@ -33,7 +33,7 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor, nn
 
-from plateauscope.tasks.base import AttentionRule, ProgressMeasure, PromptPairs, Task
+from plateauscope.tasks.base import AttentionRule, ProgressMeasure, PromptPairs, ReferencePredictor, Task
 from plateauscope.training.config import (
     ConfigError,
     JsonConfig,
@@ -99,13 +99,33 @@ def _distinct_tokens(gen: torch.Generator, n: int, length: int, vocab: int, avoi
     return scores.argsort(dim=1)[:, :length] + 1
 
 
+def in_context_ngrams(tokens: Int[Tensor, "N seq"], positions: list[int], vocab: int
+                      ) -> tuple[Tensor, Tensor]:
+    """The in-context unigram and bigram predictions of the token after each of ``positions``: the
+    counts of the tokens at ``1 .. p`` (``<BOS>`` left out), and of the tokens that followed an earlier
+    occurrence of the token at ``p`` (the unigram's where there is none), each normalised."""
+    n = len(tokens)
+    unigram = torch.zeros(n, len(positions), vocab, dtype=torch.float64)
+    bigram = torch.zeros_like(unigram)
+    ones = torch.ones(n, 1, dtype=torch.float64)
+    for i, p in enumerate(positions):
+        context = tokens[:, 1: p + 1]
+        unigram[:, i].scatter_add_(1, context, ones.expand_as(context))
+        follows = tokens[:, 1: p] == tokens[:, p, None]  # earlier occurrences of the current token
+        bigram[:, i].scatter_add_(1, tokens[:, 2: p + 1], follows.double())
+    unigram /= unigram.sum(-1, keepdim=True)
+    seen = bigram.sum(-1, keepdim=True)
+    bigram = torch.where(seen > 0, bigram / seen.clamp_min(1.0), unigram)
+    return unigram, bigram
+
+
 class InductionTask(Task):
     """Random segments and their repeats: the task whose circuit (previous-token head, then an
     induction head) is known."""
 
     name: ClassVar[str] = "induction"
     Config: ClassVar[type] = InductionConfig
-    capabilities: ClassVar[frozenset[str]] = frozenset({"cue", "pairs"})
+    capabilities: ClassVar[frozenset[str]] = frozenset({"cue", "pairs", "references"})
     default_model: ClassVar[ModelConfig] = ModelConfig(n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256,
                                                        attn_only=True)
     default_train: ClassVar[TrainConfig] = TrainConfig(batch_size=64, max_steps=1500, eval_every=10, ckpt_every=5,
@@ -200,6 +220,22 @@ class InductionTask(Task):
             "accuracy": rep_hit.all(-1).float().mean().item(),
             "token_accuracy": rep_hit.float().mean().item(),
         }
+
+    def reference_predictors(self) -> list[ReferencePredictor]:
+        """Uniform over the V random tokens; the in-context unigram (the tokens of the context so far, by
+        count); the in-context bigram (the tokens that followed earlier occurrences of the current token,
+        by count; the unigram where the current token has none). On a repeat sequence the bigram is the
+        copy: the token after the earlier occurrence."""
+        return [ReferencePredictor("uniform", "uniform", self._uniform),
+                ReferencePredictor("unigram", "unigram (in context)", lambda t: in_context_ngrams(t, self.loss_positions,
+                                                                                                len(self.vocab))[0]),
+                ReferencePredictor("bigram", "bigram (in context)", lambda t: in_context_ngrams(t, self.loss_positions,
+                                                                                              len(self.vocab))[1])]
+
+    def _uniform(self, tokens: Int[Tensor, "N seq"]) -> Tensor:
+        probs = torch.full((len(tokens), len(self.loss_positions), len(self.vocab)), 1.0 / self.cfg.vocab_size)
+        probs[..., 0] = 0.0  # never <BOS>
+        return probs
 
     def summary_fields(self) -> dict:
         """V, L and the share of repeat sequences."""

@@ -2,7 +2,8 @@
 
 ``task_class(spec)`` accepts:
 
-* a built-in name: ``selector`` (the (B, z) -> A wind tunnel) or ``induction``;
+* a built-in name: ``selector`` (the (B, z) -> A wind tunnel), ``induction`` or ``markov`` (in-context
+  Markov chains);
 * ``path/to/file.py:Class``: a class in a Python file (a run records the file's absolute path);
 * ``package.module:Class``: a class in an importable module.
 
@@ -29,6 +30,7 @@ from plateauscope.tasks.base import ProgressMeasure, Task, TaskError
 BUILTIN_TASKS: dict[str, str] = {
     "selector": "plateauscope.tasks.selector:SelectorTask",
     "induction": "plateauscope.tasks.induction:InductionTask",
+    "markov": "plateauscope.tasks.markov:MarkovTask",
 }
 """Built-in task names and where their classes live (imported only when asked for)."""
 

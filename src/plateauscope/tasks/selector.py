@@ -25,7 +25,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from plateauscope.tasks import selector_metrics as metrics
-from plateauscope.tasks.base import ProgressMeasure, PromptPairs, Task
+from plateauscope.tasks.base import ProgressMeasure, PromptPairs, ReferencePredictor, Task
 from plateauscope.tasks.selector_layout import (
     BOS,
     SEP,
@@ -229,10 +229,11 @@ class SelectorTask(Task):
 
     @property
     def capabilities(self) -> frozenset[str]:  # type: ignore[override]
-        """Going backward with K >= 2: the plateau verdict, and with a selector z the cue, pairs and candidates."""
+        """Going backward with K >= 2: the plateau verdict and the ladder, and with a selector z the cue, pairs
+        and candidates."""
         caps = set()
         if self.cfg.direction == "backward" and self.cfg.K >= 2:
-            caps.add("plateau_reference")
+            caps |= {"plateau_reference", "references"}
             if self.cfg.has_selector:
                 caps |= {"cue", "pairs", "candidates"}
         return frozenset(caps)
@@ -286,6 +287,16 @@ class SelectorTask(Task):
         groups = None if evalset is None else evalset.groups
         return {**metrics.know_nothing_reference(self, groups),
                 "global_marginal": metrics.global_marginal_reference(self, groups)}
+
+    def reference_predictors(self) -> list[ReferencePredictor]:
+        """Going backward: uniform over the alphabet, p(A), p(A | B), p(A | B, z)
+        (``plateauscope.tasks.selector_metrics.target_ladder``); the stages of the paper's title."""
+        if "references" not in self.capabilities:
+            return []
+        labels = {"uniform": "uniform", "global_marginal": "p(A)", "group_marginal": "p(A | B)",
+                  "conditional": "p(A | B, z)" if self.cfg.has_selector else "p(A | B, example)"}
+        return [ReferencePredictor(name, label, lambda tokens, name=name: metrics.target_ladder(self, tokens)[name])
+                for name, label in labels.items()]
 
     def summary_fields(self) -> dict:
         """D, K and the direction."""

@@ -207,3 +207,48 @@ def candidate_metrics(scores: Float[Tensor, "G K K"], shift: Int[Tensor, "G K"])
         "seq_nll": (-correct).mean().item(),
         "delta_z": (cand_loss_shuffled - cand_loss).mean().item(),
     }
+
+
+# ---- the ladder of reference predictors (Task.reference_predictors) -------------------------
+
+
+def next_token_given(keys: Int[Tensor, "D c"], nexts: Int[Tensor, " D"], queries: Int[Tensor, "N c"], vocab: int
+                     ) -> Float[Tensor, "N vocab"]:
+    """The distribution of the next token among the data rows whose key equals each query's key,
+    every row weighted the same (a query whose key no row has gets all zeros)."""
+    rows = torch.cat([keys, queries])
+    rows = torch.cat([torch.zeros(len(rows), 1, dtype=rows.dtype), rows], 1)  # an empty key is one key
+    _, ids = rows.unique(dim=0, return_inverse=True)
+    data_ids, query_ids = ids[: len(keys)], ids[len(keys):]
+    counts = torch.zeros(int(ids.max()) + 1, vocab, dtype=torch.float64)
+    counts.index_put_((data_ids, nexts), torch.ones(len(nexts), dtype=torch.float64), accumulate=True)
+    rows = counts[query_ids]
+    return rows / rows.sum(-1, keepdim=True).clamp_min(1.0)
+
+
+def target_ladder(task: Task, tokens: Int[Tensor, "N seq"]) -> dict[str, Float[Tensor, "N T vocab"]]:
+    """The selector task's four references at the target positions, under teacher forcing (each target
+    token predicted after the true ones before it):
+
+    * ``uniform``: uniform over the alphabet, knowing nothing;
+    * ``global_marginal``: p(A), the targets' distribution over all D examples, B and z ignored;
+    * ``group_marginal``: p(A | B), uniform over the K candidates of the sequence's group;
+    * ``conditional``: p(A | B, z), all mass on the true target.
+    """
+    layout, V = task.layout, len(task.vocab)
+    start, stop = layout.target_span
+    T = stop - start
+    every = task.tokens[:, start:stop]  # [D, T]: every example's target
+    group_key = task.tokens[:, slice(*layout.b_span)]  # the group is its B
+    target, query_group = tokens[:, start:stop], tokens[:, slice(*layout.b_span)]
+    alphabet = torch.zeros(V, dtype=torch.float64)
+    alphabet[len(task.vocab) - len(task.cfg.alphabet):] = 1.0 / len(task.cfg.alphabet)
+    out = {name: torch.zeros(len(tokens), T, V, dtype=torch.float64)
+           for name in ("uniform", "global_marginal", "group_marginal", "conditional")}
+    for t in range(T):
+        out["uniform"][:, t] = alphabet
+        out["global_marginal"][:, t] = next_token_given(every[:, :t], every[:, t], target[:, :t], V)
+        out["group_marginal"][:, t] = next_token_given(torch.cat([group_key, every[:, :t]], 1), every[:, t],
+                                                       torch.cat([query_group, target[:, :t]], 1), V)
+        out["conditional"][torch.arange(len(tokens)), t, target[:, t]] = 1.0
+    return out

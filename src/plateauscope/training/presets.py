@@ -6,6 +6,7 @@ import dataclasses
 
 from plateauscope.tasks.induction import InductionConfig, InductionTask
 from plateauscope.tasks.loading import task_class
+from plateauscope.tasks.markov import MarkovConfig, MarkovTask
 from plateauscope.training.config import (
     ConfigError,
     ModelConfig,
@@ -60,6 +61,15 @@ PRESETS: dict[str, RunConfig] = {
         train=InductionTask.default_train,
         preset="induction",
         task_name="induction",
+    ),
+    # In-context Markov chains (plateauscope.tasks.markov): a 2-layer attention-only model learns the
+    # in-context unigram, waits there, then the bigram once a statistical induction head forms.
+    "markov": RunConfig(
+        task=MarkovConfig(),
+        model=MarkovTask.default_model,
+        train=MarkovTask.default_train,
+        preset="markov",
+        task_name="markov",
     ),
     # A few steps of a tiny model: for unit tests of the machinery, not of the science.
     "tiny": RunConfig(

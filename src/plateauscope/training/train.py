@@ -24,7 +24,7 @@ import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
 
@@ -67,6 +67,7 @@ from plateauscope.training.interventions import (
 from plateauscope.training.machine import describe, machine_record, same_machine
 from plateauscope.training.metrics import compute_tau, summarize
 from plateauscope.training.model import hooked_config_dict
+from plateauscope.training.references import ReferenceLadder, ladder_summary
 from plateauscope.training.schedule import resume_steps, scheduled_steps
 
 log = logging.getLogger(__name__)
@@ -339,6 +340,9 @@ class RunState:
     """Which of the scheduled checkpoints the run keeps (``train.checkpoints``)."""
     resume_step: int | None = None
     """The step of the latest resume state, whose checkpoint is never pruned."""
+    ladder: ReferenceLadder | None = field(default=None, init=False, repr=False)
+    """The task's reference predictors on the evaluation set, built at the first evaluation (None: none)."""
+    ladder_built: bool = field(default=False, init=False, repr=False)
 
     @classmethod
     def start(cls, out: Path, tc: TrainConfig, evalsets: tuple[Any, Any], measure: ProgressMeasure, n_examples: int,
@@ -363,9 +367,11 @@ class RunState:
         """Evaluate ``model`` (inside ``context``: the step's interventions, or loading a member's weights)
         on the fixed evaluation set of ``step``, call ``hooks.on_evaluation`` and log the record; return it."""
         started = time.perf_counter()
+        if not self.ladder_built:
+            self.ladder, self.ladder_built = ReferenceLadder.build(task, self.evalsets[0]), True
         with context:
             record = evaluation_record(model, task, evaluation_set(self.evalsets, step, self.tc), step, self.tc,
-                                       started - self.t0)
+                                       started - self.t0, self.ladder)
         if hooks.on_evaluation:
             hooks.on_evaluation(record, time.perf_counter() - started)
         self.evaluations.log(record)
@@ -547,14 +553,17 @@ def machines_on_resume(out: Path, before: list[dict], here: dict) -> list[dict]:
 
 
 def evaluation_record(model: torch.nn.Module, task: Task, evalset: object, step: int, tc: TrainConfig,
-                      wall_s: float) -> dict:
-    """One line of ``metrics.jsonl``: every metric of ``model`` on the fixed evaluation set."""
+                      wall_s: float, ladder: ReferenceLadder | None = None) -> dict:
+    """One line of ``metrics.jsonl``: every metric of ``model`` on the fixed evaluation set, and its KL
+    from each of the task's reference predictors (``ladder``)."""
     model.eval()
     metrics = task.evaluate(model, evalset, tc.eval_batch_size)
     if not isinstance(metrics, dict) or task.progress.key not in metrics:
         got = sorted(metrics) if isinstance(metrics, dict) else type(metrics).__name__
         raise TaskError(f"task {task.describe()}: evaluate() must return a dict with its progress measure "
                         f"{task.progress.key!r}, got {got}")
+    if ladder is not None:
+        metrics.update(ladder.kl(model, task, tc.eval_batch_size))
     record = {"step": step, "tokens_seen": step * tc.batch_size * task.tokens_per_example(), **metrics,
               "wall_s": round(wall_s, 3)}
     model.train()
@@ -576,6 +585,10 @@ def finish(out: Path, records: list[dict], task: Task, step: int, evalset: Any, 
         return rd.read_json(summary_path)
     summary = {**summarize(records, task.progress, task.plateau_reference(evalset)), "final_step": step,
                "complete": True, **task.summary_fields(), "machines": machines or []}
+    if "references" in task.capabilities:
+        rungs = task.reference_predictors()
+        summary["ladder"] = ladder_summary(records, [r.name for r in rungs], [r.label for r in rungs],
+                                           summary["plateau_span"])
     rd.write_json_atomic(summary_path, summary)
     return summary
 

@@ -30,6 +30,7 @@ from plateauscope.analysis.snap import (
 )
 from plateauscope.tasks.base import ProgressMeasure
 from plateauscope.training.metrics import MARGINAL_REL, plateau_span
+from plateauscope.training.references import kl_key
 
 SELECTOR_COLOR = "#d62728"
 OTHER_COLOR = "rgba(120, 120, 120, 0.55)"
@@ -616,8 +617,10 @@ def rule_lines(records: list[dict[str, Any]], name: str, rule: dict[str, Any], t
 
 
 def all_figures(metrics: list[dict[str, Any]], analysis: dict[str, Any], progress: ProgressMeasure,
-                tau: int | None = None, plateau: dict[str, Any] | None = None) -> list[tuple[str, str, go.Figure, str]]:
-    """Every figure of a run: ``[(key, heading, figure, caption), ...]`` in reading order.
+                tau: int | None = None, plateau: dict[str, Any] | None = None, ladder: dict[str, Any] | None = None
+                ) -> list[tuple[str, str, go.Figure, str]]:
+    """Every figure of a run: ``[(key, heading, figure, caption), ...]`` in reading order (``plateau`` and
+    ``ladder``: the blocks of ``summary.json``).
 
     ``analysis`` is :func:`plateauscope.analysis.analyze.load_analysis`'s result; its summary gives the routing
     head, t_form (and tau, unless given); ``progress`` is the run's task's progress measure.
@@ -628,6 +631,8 @@ def all_figures(metrics: list[dict[str, Any]], analysis: dict[str, Any], progres
     t_form = sel.get("t_form")
     out: list[tuple[str, str, go.Figure, str]] = [("loss", "Plateau and drop",
                                                    *loss_curves(metrics, progress, tau, t_form, plateau))]
+    if ladder:
+        out.append(("ladder", "Stages: the distance to each reference predictor", *ladder_lines(metrics, ladder, tau, t_form)))
     if analysis.get("attention"):
         out.append(("attention_heatmap", "Attention to the cue: heads x steps",
                     *attention_heatmap(analysis["attention"], head, tau, t_form)))

@@ -171,6 +171,7 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
         *([("set loss on the plateau (median)", f"{na(summary.get('plateau_median_set_loss'))} nats "
                                                 f"(step 0: {na(set0)}; 0 = all mass on the K candidates)")]
           if set0 is not None else []),
+        *ladder_rows(summary.get("ladder"), (run.plateau() or {}).get("verdict")),
         *plateau_rows(run.plateau()),
         ("routing head", f"{sel.get('label')} (rule: {sel.get('rule')})"),
         ("its attention to the cue", f"{na(sel.get('start_value'))} at the plateau start -> {na(sel.get('final_value'))} "
@@ -203,6 +204,22 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
         ("analysed checkpoints", f"{sel.get('analysed_steps')} of {len(run.steps)}"),
     ]
     return rows
+
+
+def ladder_rows(ladder: dict[str, Any] | None, verdict: str | None) -> list[tuple[str, str]]:
+    """The stages read from the ladder of reference predictors, beside the thresholds' verdict."""
+    if not ladder:
+        return []
+    label = {x["name"]: x["label"] for x in ladder["references"]}
+    stage = ladder.get("plateau_stage")
+    reached = sorted(ladder.get("first_reached", {}).items(), key=lambda kv: kv[1])
+    return [
+        ("stage on the plateau (the closest reference predictor by " f"{ladder['margin']} nats)",
+         (f"{label[stage]} at {ladder['plateau_stage_share']:.0%} of the plateau's evaluations" if stage
+          else "no single rung") + (f" (the thresholds' verdict: {verdict})" if verdict else "")),
+        ("stages in order (first step closest to each)",
+         ", ".join(f"{label[name]} {step}" for name, step in reached) or "none"),
+    ]
 
 
 def plateau_rows(plateau: dict[str, Any] | None) -> list[tuple[str, str]]:
@@ -299,7 +316,7 @@ def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str
              "<h2>Summary</h2>", table_html(summary_rows(run, metrics, sel, snap))]
     svg, caption = build_overview(run.path)
     parts += ["<h2>At a glance</h2>", f'<div class="figure">{svg}</div>', f'<p class="caption">{html.escape(caption)}</p>']
-    figures = all_figures(metrics, analysis, run.progress, tau, run.plateau())
+    figures = all_figures(metrics, analysis, run.progress, tau, run.plateau(), (run.summary or {}).get("ladder"))
     llc_path = analysis_dir(run.path) / LLC_SUMMARY_FILE
     if llc_path.exists():  # written by plateauscope llc; landmarks from the current selector summary
         llc = {**read_json(llc_path), "tau": tau, "t_form": sel.get("t_form")}

@@ -24,6 +24,7 @@ from typing import Any
 from plateauscope.analysis.analyze import AnalysisSettings, load_analysis
 from plateauscope.analysis.edges import edges_summary, graph_of_record, stability
 from plateauscope.analysis.results import analysis_dir, na
+from plateauscope.training.references import kl_key
 from plateauscope.training.run import Run, RunError
 
 CURVE_KEYS = ("set_loss", "loss")
@@ -87,9 +88,21 @@ def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None
         "curves": {"steps": [r["step"] for r in records],
                    "series": [{"name": labels.get(k, k), "values": [r.get(k) for r in records]} for k in curve_keys]},
         "markers": {"t_form": sel.get("t_form"), "tau": sel.get("tau")},
+        "ladder": ladder_curves(records, (run.summary or {}).get("ladder")),
         **({"selected_head": sel["head"]} if sel.get("head") else {}),
         "score_unit": "attribution effect on the metric, logits",
     }
+
+
+def ladder_curves(records: list[dict[str, Any]], ladder: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The view's ``ladder``: the KL from each rung at every evaluation and the stage segments
+    (``summary.json``'s ``ladder`` block); None without one."""
+    if not ladder:
+        return None
+    return {"steps": [r["step"] for r in records],
+            "series": [{"name": f"KL from {x['label']}", "stage": x["name"],
+                        "values": [r.get(kl_key(x["name"])) for r in records]} for x in ladder["references"]],
+            "segments": ladder["segments"]}
 
 
 def caption(summary: dict[str, Any] | None, t_form: int | None, tau: int | None, n_steps: int) -> str:

@@ -23,7 +23,10 @@ steps; ``#step-label`` names the step. Each move updates together:
   both axes;
 * the loss curves (``svg#curves``, one ``polyline.series`` per series, a legend): the vertical line
   ``#step-marker`` (``data-step``) at the step, and ``#tform-line`` / ``#tau-line`` (labelled) at
-  t_form and tau when those are known.
+  t_form and tau when those are known;
+* with a ladder of reference predictors (``ladder``), the KL from each rung (``svg#ladder``), the
+  stages shaded (``rect.stage`` with ``data-stage``, the rung's name) and the same step marker
+  (``#ladder-marker``).
 
 The page opens at the last step, or, with a link such as ``view.html#step=1500``, at the analysed
 step nearest training step 1500 (for screenshots and for pointing a reader at a moment).
@@ -54,6 +57,8 @@ The data contract (keys the page reads)::
                           round(prob * 255), row-major | None] * S}
     curves: {"steps": [int, ...], "series": [{"name": str, "values": [float | None, ...]}, ...]}
     markers: {"t_form": int | None, "tau": int | None}   optional: missing means both None
+    ladder: {"steps": [int, ...], "series": [{"name": str, "stage": str, "values": [float | None, ...]}, ...],
+             "segments": [{"stage": str | None, "start": int, "end": int}, ...]}    optional
     selected_head: [layer, head]                        optional: default the first head node
     score_unit: str                                     optional: what a score is measured in
                                                         (default DEFAULT_SCORE_UNIT)
@@ -249,6 +254,14 @@ def validate_view_data(data: Any) -> None:
                     _check_numbers(row, n_heads, f"heatmaps[{j}].values[{i}][{layer}]", "head")
     _check_patterns(data["patterns"], n_steps, n_layers, n_heads)
     _check_curves(data["curves"])
+    ladder = data.get("ladder")
+    if ladder is not None:
+        _check_curves(ladder)
+        names = {s.get("stage") for s in ladder["series"]}
+        _check(isinstance(ladder.get("segments"), list) and all(
+            isinstance(g, dict) and (g.get("stage") is None or g.get("stage") in names) and _is_int(g.get("start"))
+            and _is_int(g.get("end")) for g in ladder["segments"]),
+            "ladder.segments must be a list of {stage: a series' stage or None, start: int, end: int}")
     markers = data.get("markers") or {}
     _check(isinstance(markers, dict) and all(markers.get(k) is None or _is_int(markers[k]) for k in ("t_form", "tau")),
            "markers must be a dict whose t_form and tau are ints or None")
@@ -289,6 +302,9 @@ def compact_view_data(data: dict[str, Any]) -> dict[str, Any]:
         "curves": {"steps": [int(s) for s in data["curves"]["steps"]],
                    "series": [{**s, "values": _rounded(s["values"])} for s in data["curves"]["series"]]},
         "markers": {k: None if markers.get(k) is None else int(markers[k]) for k in ("t_form", "tau")},
+        "ladder": None if data.get("ladder") is None else {
+            **data["ladder"], "steps": [int(s) for s in data["ladder"]["steps"]],
+            "series": [{**s, "values": _rounded(s["values"])} for s in data["ladder"]["series"]]},
         "selected_head": None if data.get("selected_head") is None else [int(v) for v in data["selected_head"]],
     }
 
@@ -339,6 +355,9 @@ def render_time_view(data: dict[str, Any]) -> str:
         "<h2>Heads over time</h2>", '<div class="tv-row">', *heatmaps, "</div>",
         "<h2>Loss curves</h2>", _panel("Training curves", '<svg id="curves"></svg>',
                                        "Orange: the analysed step shown; dashed: t_form and tau."),
+        *([_panel("Distance to each reference predictor", '<svg id="ladder"></svg>',
+                  "KL(reference || model) in nats per token; a shaded band is a stage, where one rung is the "
+                  "closest by the margin.")] if data.get("ladder") else []),
         f'<script type="application/json" id="view-data">{payload}</script>',
         f"<script>{_SCRIPT.replace('__CONFIG__', _config())}</script>",
     ]
@@ -418,7 +437,7 @@ function linePlot(svg, o) {
       el("text", {x: x + 28, y: y + 4}, svg, s.name);
     }
   });
-  return {X, Y, top: m.t, bottom};
+  return {X, Y, top: m.t, bottom, xDomain: o.xDomain};
 }
 function vline(svg, plot, x, attrs, label, row) {
   const line = el("line", {x1: plot.X(x), x2: plot.X(x), y1: plot.top, y2: plot.bottom, "data-step": x, ...attrs}, svg);
@@ -612,10 +631,30 @@ const curvePlot = linePlot(curveSvg, {w: 1160, h: 300, xs: D.curves.steps, legen
     vline(curveSvg, curvePlot, marks[key], {id, class: "landmark"}, `${key} = ${marks[key]}`, row);
 });
 const stepMarker = vline(curveSvg, curvePlot, D.steps[state.step], {id: "step-marker", class: "step-marker"});
+// the reference ladder: one line per rung, each stage a band in its rung's colour
+let ladderPlot = null, ladderMarker = null;
+if (D.ladder) {
+  const svg = $("ladder"), colour = {};
+  ladderPlot = linePlot(svg, {w: 1160, h: 260, xs: D.ladder.steps, legend: true, xDomain: curvePlot.xDomain,
+    series: D.ladder.series.map((s, i) => {
+      colour[s.stage] = CFG.series[i % CFG.series.length];
+      return {name: s.name, values: s.values, color: colour[s.stage]};
+    })});
+  for (const g of D.ladder.segments) {
+    if (g.stage === null) continue;
+    const x0 = ladderPlot.X(g.start), x1 = ladderPlot.X(g.end);
+    el("rect", {x: x0, y: ladderPlot.top, width: Math.max(x1 - x0, 2), height: ladderPlot.bottom - ladderPlot.top,
+                class: "stage", "data-stage": g.stage, fill: colour[g.stage], "fill-opacity": 0.13}, svg);
+  }
+  ladderMarker = vline(svg, ladderPlot, D.steps[state.step], {id: "ladder-marker", class: "step-marker"});
+}
 function drawCurveMarker() {
-  const x = curvePlot.X(D.steps[state.step]);
-  stepMarker.setAttribute("x1", x); stepMarker.setAttribute("x2", x);
-  stepMarker.dataset.step = D.steps[state.step];
+  for (const [marker, plot] of [[stepMarker, curvePlot], [ladderMarker, ladderPlot]]) {
+    if (!marker) continue;
+    const x = plot.X(D.steps[state.step]);
+    marker.setAttribute("x1", x); marker.setAttribute("x2", x);
+    marker.dataset.step = D.steps[state.step];
+  }
 }
 function drawEdgePlot() {
   const svg = $("edge-plot"), i = state.edge;

@@ -1,0 +1,409 @@
+"""Per-head LLC: the local learning coefficient restricted to one attention head's weights (Wang et al. 2024).
+
+Method: the refined, weight-restricted LLC of "Differentiation and specialization of attention heads
+via the refined local learning coefficient" (Wang et al. 2024). At a checkpoint w*, SGLD
+(:func:`plateauscope.analysis.llc.estimate_llc`, the same sampler, loss and estimator as the whole-model
+LLC) moves only the weights of one head, every other weight held at w*::
+
+    LLC(head) = nbeta (E_chain[L(w)] - L(w*)),   w = w* outside the head's weights
+
+A head's weights (:data:`PARTS`) are its slices, along the head dimension, of ``W_Q``, ``b_Q``, ``W_K``,
+``b_K`` (where it looks: ``plateauscope.training.interventions.HEAD_WEIGHTS['qk']``) and ``W_V``,
+``b_V``, ``W_O`` (what it carries: ``HEAD_WEIGHTS['ov']``), found through the backend's views of the
+parameters in HookedTransformer's layout (``plateauscope.backend.hooked_parameters``), so the same
+slices are restricted on both backends. ``b_O`` is shared by the layer's heads and stays fixed. The
+restriction is a boolean mask per parameter, applied by devinterp's own ``mask`` (the default), or by
+ours (``restriction="restore"``: every weight outside the mask copied back after each step); the two
+give the same chains, and each record stores ``frozen_max_change``, the largest change of a weight
+outside the head at the end of a chain (0.0: held exactly).
+
+Metric and sign: as for the whole-model LLC, a positive effective number of parameters of the head
+(``d/2`` for a head whose loss is locally quadratic and regular in its ``d`` weights; 0 for a head
+whose weights do not change the loss); larger = the loss depends on the head in more, less
+degenerate directions. Values are comparable across heads and checkpoints of one run only under the
+same settings (stored with every record). The per-head LLCs do not add up to the whole model's.
+
+Calibration (in the summary): stationarity per (step, head) as in :mod:`plateauscope.analysis.llc`
+(|drift| of each chain at most ``max_drift``); stability: at the calibration steps every head's
+estimate is repeated with twice the draws, and its relative change is compared with
+``max_rel_change``.
+
+Clustering (:func:`cluster_heads`): the heads' LLC curves over the analysed steps, each divided by its
+own mean (so a head is placed by how its LLC changes relative to its level, not by its level),
+grouped by hierarchical clustering (scipy, average linkage, Euclidean distance); the number of
+clusters is where the merge heights jump most. The summary says whether the heads that the other
+analyses single out (the routing head of ``routing.json``; the top heads of the attention cache's
+``cue`` and named rules, e.g. induction's ``previous token``) fall in clusters of their own.
+
+Results are cached in ``RUN/analysis/head_llc.jsonl`` (one record per (step, head, settings)); the
+summary goes to ``RUN/analysis/head_llc.json``.
+
+    plateauscope llc --run checkpoints/demo --per-head --every 16
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from jaxtyping import Bool, Float
+from torch import Tensor
+from tqdm.auto import tqdm
+
+from plateauscope.analysis.llc import (
+    LLCSettings,
+    estimate_llc,
+    require_devinterp,
+)
+from plateauscope.analysis.results import (
+    ATTENTION_FILE,
+    HEAD_LLC_FILE,
+    HEAD_LLC_SUMMARY_FILE,
+    analysis_dir,
+    append_records,
+    load_records,
+    na,
+    pick_steps,
+    read_routing_summary,
+    strict_json,
+    task_changed,
+    with_task,
+    write_json_result,
+    writes_cache,
+)
+from plateauscope.backend import Model, hooked_parameters
+from plateauscope.tasks.base import Task
+from plateauscope.training.interventions import HEAD_WEIGHTS
+from plateauscope.training.metrics import compute_tau
+from plateauscope.training.run import Run, RunError
+
+HEAD_LLC_SETTINGS = LLCSettings(num_chains=2, num_draws=100, num_burnin_steps=20, batch_size=16, lr=3e-4,
+                                localization=1000.0, nbeta=100.0)
+"""The per-head defaults: chosen on the demo run for per-head estimates stable to ``max_rel_change``
+under doubled draws at a plateau and a post-drop checkpoint (the figures are in the bench JSON,
+``bench/llc.py``)."""
+
+PARTS: dict[str, tuple[str, ...]] = {"head": HEAD_WEIGHTS["qk"] + HEAD_WEIGHTS["ov"], **HEAD_WEIGHTS}
+"""Which of a head's weights are sampled: ``head`` (all: Q, K, V, O and the head's b_Q, b_K, b_V), ``qk``
+(where it looks) or ``ov`` (what it carries). Each is indexed by the head in its first dimension."""
+
+MARK_RULES = ("cue",)
+"""Attention-cache fields besides the task's named rules whose top head is marked for the clustering."""
+
+
+# ---- heads and their weights --------------------------------------------------------------
+
+
+def head_label(layer: int, head: int) -> str:
+    """``L{layer}H{head}``."""
+    return f"L{layer}H{head}"
+
+
+def parse_head_label(label: str, n_layers: int, n_heads: int) -> tuple[int, int]:
+    """``"L0H1"`` (or ``"0.1"``) as (layer, head); a one-line ValueError for a head the model lacks."""
+    text = str(label).strip().upper()
+    layer, sep, head = text[1:].partition("H") if text.startswith("L") else text.partition(".")
+    if not sep or not layer.isdigit() or not head.isdigit():
+        raise ValueError(f"head {label!r}: write heads as L0H1 (or 0.1)")
+    if int(layer) >= n_layers or int(head) >= n_heads:
+        raise ValueError(f"head {label} does not exist: the model has {n_layers} layer(s) of {n_heads} heads")
+    return int(layer), int(head)
+
+
+def head_weight_names(layer: int, part: str = "head") -> tuple[str, ...]:
+    """The HookedTransformer names of the weights ``part`` (:data:`PARTS`) samples in ``layer``."""
+    if part not in PARTS:
+        raise ValueError(f"part must be one of {', '.join(PARTS)}, got {part!r}")
+    return tuple(f"blocks.{layer}.attn.{w}" for w in PARTS[part])
+
+
+@torch.no_grad()
+def head_masks(model: Model, layer: int, head: int, part: str = "head") -> list[Bool[Tensor, "..."]]:
+    """One boolean mask per ``model.parameters()`` (in that order): True on head ``head`` of ``layer``'s
+    weights of ``part``, found through the backend's HookedTransformer-layout views of the parameters
+    (``plateauscope.backend.hooked_parameters``; on the bridge they are views of fused tensors)."""
+    names = head_weight_names(layer, part)
+    probe = copy.deepcopy(model)
+    for p in probe.parameters():
+        p.zero_()
+    views = hooked_parameters(probe)
+    missing = [n for n in names if n not in views]
+    if missing:
+        raise RunError(f"the model has no {', '.join(missing)}")
+    expected = 0
+    for name in names:
+        views[name][head].fill_(1.0)
+        expected += views[name][head].numel()
+    masks = [p != 0 for p in probe.parameters()]
+    if sum(int(m.sum()) for m in masks) != expected:  # a view that was a copy would leave weights out
+        raise RunError(f"head {head_label(layer, head)}: the backend's weights are not views of its parameters")
+    return masks
+
+
+def estimate_head_llc(model: Model, task: Task, layer: int, head: int, settings: LLCSettings = HEAD_LLC_SETTINGS,
+                      part: str = "head", restriction: str = "devinterp", device: str = "cpu") -> dict[str, Any]:
+    """The LLC of ``model`` restricted to one head's weights (:func:`head_masks`), on the task's data set
+    and training loss: :func:`plateauscope.analysis.llc.estimate_llc`'s record without its trace."""
+    rec = estimate_llc(model, task.tokens.to(device), task, settings, masks=head_masks(model, layer, head, part),
+                       restriction=restriction)
+    rec.pop("trace")
+    return rec
+
+
+# ---- the cache and the series -------------------------------------------------------------
+
+
+def head_llc_path(run_dir: str | Path) -> Path:
+    """The run's per-head LLC cache file."""
+    return analysis_dir(run_dir) / HEAD_LLC_FILE
+
+
+def _key(settings: LLCSettings, label: str, part: str) -> dict[str, Any]:
+    """The settings one head's records are stored under (without the task)."""
+    return {**settings.to_dict(), "head": label, "part": part}
+
+
+def all_heads(run: Run) -> list[tuple[int, int]]:
+    """Every (layer, head) of the run's model, layer by layer."""
+    mc = run.config.model
+    return [(layer, h) for layer in range(mc.n_layers) for h in range(mc.n_heads)]
+
+
+def resolve_heads(run: Run, heads: list[str] | list[tuple[int, int]] | None) -> list[tuple[int, int]]:
+    """``heads`` (labels such as ``L0H1`` or (layer, head) pairs; None: all) checked against the model."""
+    if heads is None:
+        return all_heads(run)
+    mc = run.config.model
+    out = [parse_head_label(h, mc.n_layers, mc.n_heads) if isinstance(h, str) else
+           parse_head_label(f"{h[0]}.{h[1]}", mc.n_layers, mc.n_heads) for h in heads]
+    if len(set(out)) != len(out):
+        raise ValueError("a head is named twice")
+    return sorted(out)
+
+
+def load_head_llc(run_dir: str | Path, settings: LLCSettings, heads: list[tuple[int, int]],
+                  part: str = "head") -> dict[str, list[dict[str, Any]]]:
+    """Cached records of ``settings``, per head label, each sorted by step."""
+    return {head_label(*h): load_records(head_llc_path(run_dir), with_task(run_dir, _key(settings, head_label(*h), part)))
+            for h in heads}
+
+
+@writes_cache
+def head_llc_at(run: Run, steps: list[int], settings: LLCSettings, heads: list[tuple[int, int]], part: str = "head",
+                device: str = "cpu", progress: bool = True) -> list[list[dict[str, Any]]]:
+    """The per-head LLC record of each (step, head), ``[step][head]``: from the cache when one with these
+    settings (and the run's task) exists, else computed (each checkpoint loaded once) and cached."""
+    settings.validate()
+    require_devinterp()
+    path = head_llc_path(run.path)
+    keys = {h: with_task(run.path, _key(settings, head_label(*h), part)) for h in heads}
+    have: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
+    for h, key in keys.items():
+        if task_changed(path, key):
+            raise RunError(f"{run.path}: the task changed since {path.name} was written; move it away to recompute")
+        have[h] = {r["step"]: r for r in load_records(path, key)}
+    todo = [(s, h) for s in steps for h in heads if s not in have[h]]
+    task = run.task()
+    model, loaded = None, None
+    for step, h in tqdm(todo, desc=f"per-head LLC {run.path.name}", disable=not progress, dynamic_ncols=True):
+        if loaded != step:
+            model, loaded = run.model(step, device), step
+        rec = estimate_head_llc(model, task, *h, settings=settings, part=part, device=device)
+        record = {"step": step, "settings": keys[h], "layer": h[0], "head": h[1], "label": head_label(*h), **rec}
+        append_records(path, [record])
+        have[h][step] = strict_json(record)
+    return [[have[h][s] for h in heads] for s in steps]
+
+
+def calibrate_heads(run: Run, step: int, settings: LLCSettings, heads: list[tuple[int, int]], part: str = "head",
+                    device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+    """The stability check at ``step``: every head's LLC with ``num_draws`` and with twice as many."""
+    (base,), (doubled,) = (head_llc_at(run, [step], s, heads, part, device, progress)
+                           for s in (settings, settings.with_draws(2 * settings.num_draws)))
+    rel = [abs(d["llc"] - b["llc"]) / max(abs(d["llc"]), 1e-12) for b, d in zip(base, doubled)]
+    return {"step": step, "num_draws": settings.num_draws, "llc": [b["llc"] for b in base],
+            "llc_doubled": [d["llc"] for d in doubled], "rel_change": rel, "max_rel_change": max(rel),
+            "stable": max(rel) <= settings.max_rel_change,
+            "stationary_doubled": [d["stationary"] for d in doubled]}
+
+
+def marked_heads(run_dir: str | Path) -> dict[str, str]:
+    """The heads other analyses single out (``plateauscope analyze``): ``routing`` (``routing.json``) and the top
+    head at the last analysed step of the attention cache by the cue (``to_z_all_targets``) and by each of
+    the task's named rules (e.g. ``previous token``). Empty without an analysis."""
+    out: dict[str, str] = {}
+    routing = read_routing_summary(run_dir) or {}
+    if routing.get("label"):
+        out["routing"] = routing["label"]
+    attention = load_records(analysis_dir(run_dir) / ATTENTION_FILE)
+    if attention:
+        last = attention[-1]
+        fields = {"cue": last.get("to_z_all_targets"), **(last.get("rules") or {})}
+        for name, grid in fields.items():
+            if grid is not None:
+                a = np.asarray(grid, dtype=float)
+                layer, head = np.unravel_index(int(np.nanargmax(a)), a.shape)
+                out[name] = head_label(int(layer), int(head))
+    return out
+
+
+# ---- clustering ---------------------------------------------------------------------------
+
+
+def normalise_curves(llc_curves: Float[np.ndarray, "head step"], how: str = "mean") -> Float[np.ndarray, "head step"]:
+    """Each head's curve divided by its mean over the steps (``mean``: its change relative to its own level),
+    or centred and divided by its standard deviation (``zscore``: the shape alone; a flat curve becomes 0)."""
+    c = np.asarray(llc_curves, dtype=float)
+    if how == "mean":
+        level = np.abs(c.mean(axis=1, keepdims=True))
+        return c / np.where(level > 1e-12, level, 1.0)
+    if how == "zscore":
+        sd = c.std(axis=1, keepdims=True)
+        return (c - c.mean(axis=1, keepdims=True)) / np.where(sd > 1e-12, sd, 1.0)
+    raise ValueError(f"normalise must be mean or zscore, got {how!r}")
+
+
+def cluster_heads(steps: list[int], llc_curves: Float[np.ndarray, "head step"], labels: list[str] | None = None,
+                  marked: dict[str, str] | None = None, normalise: str = "mean", n_clusters: int | None = None,
+                  max_clusters: int | None = None) -> dict[str, Any]:
+    """Group heads by the shape of their per-head LLC curves.
+
+    Each curve (one row of ``llc_curves``, over ``steps``) is normalised (:func:`normalise_curves`), the
+    heads are clustered hierarchically (scipy ``linkage``, average linkage, Euclidean distance), and
+    the tree is cut into ``n_clusters``, or, by default, where the merge heights jump most (the largest
+    gap between consecutive heights, for 2 to ``max_clusters`` clusters; default half the heads).
+    ``marked`` ({name: head label}, :func:`marked_heads`) are the heads to check: each one's cluster,
+    and ``apart``: its cluster holds no head that is not marked. Clusters are numbered 0, 1, ... in
+    the order of their first head.
+    """
+    from scipy.cluster.hierarchy import fcluster, linkage
+
+    c = np.asarray(llc_curves, dtype=float)
+    n = c.shape[0]
+    labels = labels or [f"head {i}" for i in range(n)]
+    if len(labels) != n or c.ndim != 2 or c.shape[1] != len(steps):
+        raise ValueError("cluster_heads needs one curve per head label, one value per step")
+    marked = {k: v for k, v in (marked or {}).items() if v in labels}
+    if n < 3 or len(steps) < 2:
+        assign, k, heights = [0] * n, 1, []
+    else:
+        z = linkage(normalise_curves(c, normalise), method="average", metric="euclidean")
+        heights = z[:, 2].tolist()
+        hi = max(2, min(n - 1, max_clusters if max_clusters else n // 2))
+        if n_clusters is None:
+            # cutting between heights[i - 1] and heights[i] leaves n - i clusters
+            gaps = {n - i: heights[i] - heights[i - 1] for i in range(1, n - 1) if 2 <= n - i <= hi}
+            k = max(gaps, key=lambda kk: (gaps[kk], -kk))
+        else:
+            k = n_clusters
+        raw = fcluster(z, t=k, criterion="maxclust").tolist()
+        order = list(dict.fromkeys(raw))
+        assign = [order.index(r) for r in raw]
+        k = len(order)
+    members = {i: [lab for lab, a in zip(labels, assign) if a == i] for i in range(k)}
+    marked_set = set(marked.values())
+    checks = {}
+    for name, lab in marked.items():
+        cl = assign[labels.index(lab)]
+        checks[name] = {"head": lab, "cluster": cl, "cluster_members": members[cl],
+                        "apart": all(m in marked_set for m in members[cl])}
+    return {"method": f"hierarchical, average linkage, Euclidean, curves normalised by {normalise}",
+            "normalise": normalise, "labels": labels, "cluster": assign, "n_clusters": k, "members": members,
+            "merge_heights": heights, "marked": checks,
+            "marked_apart": all(v["apart"] for v in checks.values()) if checks else None}
+
+
+# ---- the series ---------------------------------------------------------------------------
+
+
+def head_llc_series(run_dir: str | Path, steps: list[int] | None = None, every: int = 1,
+                    settings: LLCSettings = HEAD_LLC_SETTINGS, heads: list[str] | list[tuple[int, int]] | None = None,
+                    part: str = "head", calib_steps: list[int] | None = None, calibrate_check: bool = True,
+                    device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+    """The per-head LLC at the chosen checkpoints, with the stability check at ``calib_steps`` (default: the
+    last chosen step), stationarity and the clusters of the heads' curves; written to ``head_llc.json``.
+
+    Everything the caller can get wrong (the run, the steps, the heads, the settings) is checked before
+    the first estimate.
+    """
+    settings.validate()
+    require_devinterp()
+    head_weight_names(0, part)
+    run = Run(run_dir)
+    chosen = pick_steps(run.steps, every, steps)
+    if not chosen:
+        raise RunError(f"{run.path}: the run has no checkpoints")
+    chosen_heads = resolve_heads(run, heads)
+    calib = ([] if not calibrate_check else [chosen[-1]] if calib_steps is None else sorted(set(calib_steps)))
+    for s in calib:
+        run.checkpoint_path(s)
+    start = time.perf_counter()
+    records = head_llc_at(run, chosen, settings, chosen_heads, part, device, progress)
+    calibration = [calibrate_heads(run, s, settings, chosen_heads, part, device, progress) for s in calib]
+    labels = [head_label(*h) for h in chosen_heads]
+    llc = [[r["llc"] for r in row] for row in records]
+    drifts = [d for row in records for r in row for d in r["drift"]]
+    marked = marked_heads(run.path)
+    routing = read_routing_summary(run.path) or {}
+    mc = run.config.model
+    result = {
+        "settings": settings.to_dict(),
+        "part": part,
+        "weights": list(PARTS[part]),
+        "n_layers": mc.n_layers,
+        "n_heads": mc.n_heads,
+        "steps": chosen,
+        "heads": labels,
+        "n_sampled": [r["n_sampled"] for r in records[0]],
+        "llc": llc,
+        "llc_std": [[r["llc_std"] for r in row] for row in records],
+        "stationary": [[r["stationary"] for r in row] for row in records],
+        "all_stationary": all(r["stationary"] for row in records for r in row),
+        "max_abs_drift": float(np.max(np.abs(drifts))),
+        "frozen_max_change": max(r["frozen_max_change"] for row in records for r in row),
+        "calibration": calibration,
+        "stable": all(c["stable"] for c in calibration) if calibration else None,
+        "clusters": cluster_heads(chosen, np.asarray(llc, dtype=float).T, labels, marked),
+        "marked": marked,
+        "tau": compute_tau(run.metrics(), run.progress),
+        "t_form": routing.get("t_form"),
+        "seconds": time.perf_counter() - start,
+    }
+    write_json_result(analysis_dir(run.path) / HEAD_LLC_SUMMARY_FILE, result)
+    return result
+
+
+def format_head_summary(s: dict[str, Any]) -> str:
+    """The per-head summary as a compact table (heads x steps) and a few lines."""
+    steps, heads = s["steps"], s["heads"]
+    shown = steps if len(steps) <= 8 else [steps[i] for i in np.linspace(0, len(steps) - 1, 8).round().astype(int)]
+    idx = [steps.index(x) for x in shown]
+    tags = {lab: name for name, lab in s.get("marked", {}).items()}
+    lines = [f"per-head LLC ({s['part']}: {', '.join(s['weights'])}) at {len(steps)} checkpoints "
+             f"({steps[0]}..{steps[-1]}), {len(heads)} heads; settings {s['settings']}",
+             f"{'head':<6}{'cluster':>8}" + "".join(f"{x:>9}" for x in shown) + "  marked"]
+    for j, lab in enumerate(heads):
+        lines.append(f"{lab:<6}{s['clusters']['cluster'][j]:>8}" + "".join(f"{s['llc'][i][j]:>9.2f}" for i in idx)
+                     + (f"  {tags[lab]}" if lab in tags else ""))
+    lines.append(f"  stationary chains at {sum(map(sum, s['stationary']))}/{len(steps) * len(heads)} (step, head) "
+                 f"pairs (max |drift| {s['max_abs_drift']:.2f}, allowed {s['settings']['max_drift']}); weights "
+                 f"outside the head moved by at most {s['frozen_max_change']:g}")
+    for c in s["calibration"]:
+        worst = int(np.argmax(c["rel_change"]))
+        lines.append(f"  doubled draws at step {c['step']}: largest change {100 * c['max_rel_change']:.1f}% "
+                     f"({heads[worst]}), allowed {100 * s['settings']['max_rel_change']:.0f}%: "
+                     f"{'stable' if c['stable'] else 'NOT stable'}")
+    cl = s["clusters"]
+    lines.append(f"  {cl['n_clusters']} clusters ({cl['method']}): "
+                 + "; ".join(f"{i}: {' '.join(m)}" for i, m in cl["members"].items()))
+    for name, m in cl["marked"].items():
+        lines.append(f"  {name} head {m['head']}: cluster {m['cluster']} ({' '.join(m['cluster_members'])}): "
+                     f"{'apart from the other heads' if m['apart'] else 'shared with unmarked heads'}")
+    if not cl["marked"]:
+        lines.append("  no marked heads (run plateauscope analyze first to mark the routing heads)")
+    lines.append(f"  tau {na(s['tau'], '{}')}, t_form {na(s['t_form'], '{}')}; wall time {s['seconds']:.1f} s")
+    return "\n".join(lines)
