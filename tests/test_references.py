@@ -168,3 +168,20 @@ def test_training_logs_the_kl_to_every_rung_and_the_stages(tiny_run):
     assert ladder["segments"][0]["start"] == records[0]["step"] and ladder["segments"][-1]["end"] == records[-1]["step"]
     # at step 0 the model is near uniform: closer to the uniform rung than to the full conditional
     assert records[0][kl_key("uniform")] < records[0][kl_key(names[-1])]
+
+
+def test_the_ladder_figure_shades_each_stage_and_its_caption_reads_the_data():
+    from plateauscope.views.figures import ladder_lines
+    from plateauscope.views.time_data import ladder_curves
+
+    names = ["uniform", "marginal", "conditional"]
+    recs = records_with_stages(["uniform"] * 4 + ["marginal"] * 4 + ["conditional"] * 2, names)
+    recs[8] = {**recs[8], kl_key("marginal"): recs[8][kl_key("conditional")] + 0.01}  # a step between rungs
+    s = ladder_summary(recs, names, ["U", "M", "C"], span=(0, 30))
+    fig, caption = ladder_lines(recs, s, tau=80)
+    assert len(fig.data) == 3 and len(fig.layout.shapes) >= 3  # a line per rung, a band per stage (plus tau)
+    assert "U at step 0, then M at step 40, then C at step 90" in caption
+    assert "On the plateau it sat at U (100%" in caption and "τ = 80" in caption
+    view = ladder_curves(recs, s)
+    assert [x["stage"] for x in view["series"]] == names and view["segments"] == s["segments"]
+    assert None in [g["stage"] for g in s["segments"]]

@@ -431,6 +431,10 @@ def test_the_view_of_a_real_run_in_chromium(chromium_binary, ci_analysed, ci_vie
         record = next(r for r in cache["patterns"] if r["step"] == step)
         cached = np.frombuffer(base64.b64decode(record["values"]), np.uint8).reshape(record["shape"])[1, 0, 0] / 255
         np.testing.assert_allclose(shown, np.round(cached, 3), atol=1e-9)
+        # the ladder: a band per stage of summary.json, in its rung's name, and the marker at the step
+        stages = js(browser, '[...document.querySelectorAll("#ladder rect.stage")].map(r => r.dataset.stage)')
+        assert stages == [g["stage"] for g in data["ladder"]["segments"] if g["stage"] is not None] != []
+        assert js(browser, 'document.getElementById("ladder-marker").dataset.step') == str(step)
         remote, errors = problems(list(browser.events))
         assert remote == [] and errors == [], (remote, errors)
     finally:

@@ -602,6 +602,42 @@ def llc_figure(summary: dict[str, Any], title: str = "Local learning coefficient
 # ---- all of them --------------------------------------------------------------------------
 
 
+def ladder_lines(records: list[dict[str, Any]], ladder: dict[str, Any], tau: int | None = None,
+                 t_form: int | None = None) -> Captioned:
+    """The model's KL from each reference predictor over steps (log scale), the stages shaded.
+
+    ``ladder`` is the ``ladder`` block of ``summary.json`` (``plateauscope.training.references.ladder_summary``):
+    the rungs in order, the stage segments and the plateau's stage.
+    """
+    refs = ladder["references"]
+    rec = [r for r in records if all(r.get(kl_key(x["name"])) is not None for x in refs)]
+    steps = [int(r["step"]) for r in rec]
+    colors = {x["name"]: HEAD_COLORS[i % len(HEAD_COLORS)] for i, x in enumerate(refs)}
+    label = {x["name"]: x["label"] for x in refs}
+    fig = go.Figure()
+    for seg in ladder["segments"]:
+        if seg["stage"] is not None:
+            fig.add_vrect(x0=seg["start"], x1=max(seg["end"], seg["start"] + 1), fillcolor=colors[seg["stage"]],
+                          opacity=0.12, line_width=0, layer="below")
+    for x in refs:
+        fig.add_trace(go.Scatter(x=steps, y=[max(r[kl_key(x["name"])], 1e-4) for r in rec], mode="lines",
+                                 name=f"KL from {x['label']}", line={"color": colors[x["name"]], "width": 2}))
+    _add_landmarks(fig, tau, t_form)
+    _layout(fig, "Distance to each reference predictor", "step", "KL(reference || model), nats per token")
+    fig.update_yaxes(type="log")
+    _log_x_toggle(fig)
+    reached = sorted(ladder.get("first_reached", {}).items(), key=lambda kv: kv[1])
+    order = ", then ".join(f"{label[name]} at step {step}" for name, step in reached) or "no rung by the margin"
+    plateau = ladder.get("plateau_stage")
+    caption = (f"The model's KL divergence from each rung of the task's ladder of reference predictors, averaged over "
+               f"the loss positions; a shaded band is a stage, where one rung is closer than every other by at least "
+               f"{ladder['margin']} nats. The model was first closest to {order}. "
+               + (f"On the plateau it sat at {label[plateau]} ({ladder['plateau_stage_share']:.0%} of the plateau's "
+                  f"evaluations)" if plateau else "The plateau has no stage of its own")
+               + f"; the loss drops at τ = {na(tau, '{}')}.")
+    return fig, caption
+
+
 def rule_lines(records: list[dict[str, Any]], name: str, rule: dict[str, Any], tau: int | None = None) -> Captioned:
     """Attention along one of the task's named rules (``rules`` of the attention records, e.g.
     ``previous token``), one line per head, the rule's head (``rule``: the analysis summary's
