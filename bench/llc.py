@@ -1,4 +1,5 @@
-"""Benchmark (not a test): the LLC over the demo series, projected against its 10-minute target.
+"""Benchmark (not a test): the LLC over the demo series, projected against its 10-minute target; and the
+per-head LLC (``plateauscope llc --per-head``) at 15 demo checkpoints against the same target.
 
 Measures in one process, with the default ``LLCSettings`` (or the flags):
 
@@ -10,25 +11,43 @@ Measures in one process, with the default ``LLCSettings`` (or the flags):
   checkpoints/demo --every 4``: (checkpoints / every + 1) x (estimate + load), plus the
   doubled-draws calibration at one checkpoint. Target: at most 10 minutes on 2 cores.
 
+Per head, with ``plateauscope.analysis.head_llc.HEAD_LLC_SETTINGS`` (or the ``--head-*`` flags):
+
+* the cost of one checkpoint, every head of the demo model (on the demo run's checkpoint nearest
+  its plateau's middle, or the freshly initialised paper model without a run), its cost per head,
+  and the ratio to one whole-model estimate;
+* the projected per-head series at ``--head-checkpoints`` (15) checkpoints with the doubled-draws
+  calibration at one of them, against the 10-minute target;
+* with a trained demo run (``--demo-run``): that series measured end to end (``head_llc_series`` on
+  a scratch copy of the run: nothing cached, nothing written into the run).
+
 Wall times move with the machine's load (printed before and after); the process CPU time of the
 estimate is printed next to it, and equals the wall time a single thread takes on an idle core.
-The figures are saved (``bench/record.py``).
+The figures are saved (``bench/record.py``; ``--only-per-head`` saves the per-head figures alone,
+as the part ``per-head``).
 
     .venv/bin/python bench/llc.py [--ci-run /tmp/llc_ci] [--n-checkpoints 240] [--every 4] [--threads 2]
+                                  [--demo-run checkpoints/demo] [--only-per-head] [--no-series]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import os
+import shutil
+import tempfile
 import time
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 
+from plateauscope.analysis.head_llc import HEAD_LLC_SETTINGS, all_heads, estimate_head_llc, head_llc_series
 from plateauscope.analysis.llc import LLCSettings, estimate_llc
+from plateauscope.training.files import CHECKPOINT_DIR
 from plateauscope.tasks.selector import SelectorTask
 from plateauscope.backend import build_model
 from plateauscope.training.model import hooked_config_dict
@@ -46,6 +65,87 @@ def timed_estimate(model: torch.nn.Module, tokens: torch.Tensor, task, settings:
     return time.perf_counter() - w0, time.process_time() - c0, res["llc"]
 
 
+def scratch_copy(run_dir: Path, dst: Path, steps: list[int]) -> Path:
+    """A copy of a run with only ``steps``' checkpoints (hard links) and no analysis cache but its routing summary."""
+    dst.mkdir(parents=True)
+    for f in run_dir.iterdir():
+        if f.is_file():
+            shutil.copy2(f, dst / f.name)
+    (dst / CHECKPOINT_DIR).mkdir()
+    src = Run(run_dir)
+    for step in steps:
+        ckpt = src.checkpoint_path(step)
+        os.link(ckpt, dst / CHECKPOINT_DIR / ckpt.name)
+    for name in ("routing.json", "attention.jsonl"):  # the marked heads, for the clusters
+        if (run_dir / "analysis" / name).exists():
+            (dst / "analysis").mkdir(exist_ok=True)
+            shutil.copy2(run_dir / "analysis" / name, dst / "analysis" / name)
+    return dst
+
+
+def per_head(args: argparse.Namespace, whole_wall: float | None) -> list[dict]:
+    """The per-head figures: one checkpoint, every head; the projected and (with a demo run) measured series."""
+    settings = dataclasses.replace(HEAD_LLC_SETTINGS, **{k: v for k, v in {
+        "num_chains": args.head_chains, "num_draws": args.head_draws, "num_burnin_steps": args.head_burnin,
+        "batch_size": args.head_batch_size}.items() if v is not None})
+    print(f"per-head settings {settings}")
+    demo = Run(args.demo_run) if (args.demo_run / "config.json").exists() else None
+    if demo is not None:
+        span = (demo.summary or {}).get("plateau_span") or [demo.steps[0], demo.steps[-1]]
+        step = min(demo.steps, key=lambda s: abs(s - (span[0] + span[1]) / 2))
+        t0 = time.perf_counter()
+        model, task, where = demo.model(step), demo.task(), f"{args.demo_run} step {step}"
+        load_s = time.perf_counter() - t0
+        heads = all_heads(demo)
+    else:
+        cfg = get_preset("paper")
+        task = SelectorTask.generate(cfg.task)
+        model, where, load_s = build_model(hooked_config_dict(cfg.model, task), seed=0), "fresh paper model", 0.05
+        heads = [(layer, h) for layer in range(cfg.model.n_layers) for h in range(cfg.model.n_heads)]
+    w0, c0 = time.perf_counter(), time.process_time()
+    reference, per = None, []
+    for layer, head in heads:
+        t = time.perf_counter()
+        rec = estimate_head_llc(model, task, layer, head, settings, reference=reference)
+        reference = np.asarray(rec.pop("reference"))
+        per.append(time.perf_counter() - t)
+    wall, cpu = time.perf_counter() - w0, time.process_time() - c0
+    print(f"per-head LLC, one checkpoint ({where}), {len(heads)} heads: {wall:.1f} s wall, {cpu:.1f} s CPU "
+          f"({wall / len(heads):.2f} s per head, the first {per[0]:.2f} s with the checkpoint's minibatch losses)"
+          + (f"; {wall / whole_wall:.2f} x one whole-model estimate" if whole_wall else ""))
+    calib = len(heads) * np.mean(per[1:] or per) * (2 * settings.num_draws + settings.num_burnin_steps) / (
+        settings.num_draws + settings.num_burnin_steps) + per[0]
+    projected = args.head_checkpoints * (wall + load_s) + calib
+    print(f"projected per-head series, {args.head_checkpoints} checkpoints x {len(heads)} heads + calibration at one: "
+          f"{projected:.0f} s = {projected / TARGET_S:.2f} x the {TARGET_S:.0f} s target: "
+          f"{'meets' if projected <= TARGET_S else 'MISSES'}")
+    rows = [row("per-head LLC, one checkpoint (all heads), wall", wall, "s"),
+            row("per-head LLC, one checkpoint (all heads), CPU", cpu, "s"),
+            row("per-head LLC, one head, wall", wall / len(heads), "s"),
+            against(f"projected per-head series, {args.head_checkpoints} checkpoints + calibration, by wall", projected,
+                    "s", "<=", TARGET_S)]
+    if whole_wall:
+        rows.append(row("per-head LLC, one checkpoint (all heads) / one whole-model estimate", wall / whole_wall, "x"))
+    if demo is not None and not args.no_series:
+        chosen = [demo.steps[int(i)] for i in np.linspace(0, len(demo.steps) - 1, args.head_checkpoints).round()]
+        with tempfile.TemporaryDirectory() as tmp:
+            copy = scratch_copy(args.demo_run, Path(tmp) / "demo", sorted(set(chosen)))
+            t0, c0 = time.perf_counter(), time.process_time()
+            s = head_llc_series(copy, steps=chosen, settings=settings, progress=False)
+            series, series_cpu = time.perf_counter() - t0, time.process_time() - c0
+        calib = s["calibration"][0]
+        print(f"measured per-head series, {len(s['steps'])} checkpoints x {len(s['heads'])} heads + calibration at "
+              f"step {calib['step']}: {series:.0f} s wall ({series_cpu:.0f} s CPU) = {series / TARGET_S:.2f} x the "
+              f"target: {'meets' if series <= TARGET_S else 'MISSES'}; doubled draws change a head by at most "
+              f"{100 * calib['max_change']:.1f}% ({'stable' if calib['stable'] else 'NOT stable'})")
+        rows += [against(f"measured per-head series, {len(s['steps'])} checkpoints + calibration, wall", series, "s",
+                         "<=", TARGET_S),
+                 row(f"measured per-head series, {len(s['steps'])} checkpoints + calibration, CPU", series_cpu, "s"),
+                 row("measured per-head series, largest change of a head with doubled draws",
+                     100 * calib["max_change"], "%")]
+    return rows
+
+
 def main() -> None:
     d = LLCSettings()
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -57,12 +157,34 @@ def main() -> None:
     p.add_argument("--draws", type=int, default=d.num_draws)
     p.add_argument("--burnin", type=int, default=d.num_burnin_steps)
     p.add_argument("--batch-size", type=int, default=d.batch_size)
+    p.add_argument("--demo-run", type=Path, default=Path("checkpoints/demo"),
+                   help="a trained demo run (plateauscope train --preset demo) for the per-head figures")
+    p.add_argument("--head-checkpoints", type=int, default=15, help="checkpoints of the per-head series")
+    p.add_argument("--head-chains", type=int, help="per-head SGLD chains (default: HEAD_LLC_SETTINGS)")
+    p.add_argument("--head-draws", type=int, help="per-head draws per chain (default: HEAD_LLC_SETTINGS)")
+    p.add_argument("--head-burnin", type=int, help="per-head burn-in steps (default: HEAD_LLC_SETTINGS)")
+    p.add_argument("--head-batch-size", type=int, help="per-head SGLD minibatch (default: HEAD_LLC_SETTINGS)")
+    p.add_argument("--only-per-head", action="store_true", help="skip the whole-model figures")
+    p.add_argument("--no-series", action="store_true", help="project the per-head series; do not run it")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore", category=DeprecationWarning)
+    print(f"threads {torch.get_num_threads()}, load average before {os.getloadavg()[0]:.2f}")
+    rows: list[dict] = []
+    wall = None
+    if not args.only_per_head:
+        rows, wall = whole_model(args)
+    rows += per_head(args, wall)
+    print(f"load average after {os.getloadavg()[0]:.2f}")
+    print(f"saved {save('llc', rows, arguments(args), part='per-head' if args.only_per_head else None)}")
+
+
+def whole_model(args: argparse.Namespace) -> tuple[list[dict], float]:
+    """The whole-model figures (the ci baseline, the paper model, the projected demo series) and the paper
+    model's wall time per estimate."""
     settings = LLCSettings(num_chains=args.chains, num_draws=args.draws, num_burnin_steps=args.burnin,
                            batch_size=args.batch_size)
-    print(f"threads {torch.get_num_threads()}, load average before {os.getloadavg()[0]:.2f}; settings {settings}")
+    print(f"settings {settings}")
 
     run = Run(args.ci_run)
     tokens = run.task().tokens
@@ -99,8 +221,7 @@ def main() -> None:
               f"by {kind}: {total:.0f} s = {total / TARGET_S:.2f} x the {TARGET_S:.0f} s target: {verdict}")
         rows.append(against(f"projected demo series, {n} checkpoints + calibration, by {kind}", total, "s", "<=",
                             TARGET_S))
-    print(f"load average after {os.getloadavg()[0]:.2f}")
-    print(f"saved {save('llc', rows, arguments(args))}")
+    return rows, wall
 
 
 if __name__ == "__main__":

@@ -14,9 +14,11 @@ checkpoints (evaluations, analysed steps, LLC steps):
    ``smooth`` points (``plateauscope.analysis.formation.smooth_series``; 1 = none);
 2. the *noise band* is read from the values in the *baseline window* (the first half of the
    plateau, :func:`baseline_window`): its centre is their median, its half-width ``n_sd`` robust
-   standard deviations (1.4826 x the median absolute deviation from the median, the normal
-   distribution's sd), and at least ``floor`` x the signal's range (max - min from the start on),
-   so that a perfectly flat plateau does not make a zero-width band that any rounding leaves;
+   standard deviations (1.4826 x the median absolute deviation from the median, made unbiased at
+   small n: :func:`robust_sd`), and at least ``floor`` x the signal's range (max - min from the
+   start on), so that a perfectly flat plateau does not make a zero-width band that any rounding
+   leaves. The floor is a fraction of the range, not a number in the signal's units, because one
+   rule serves nats, attention probabilities and LLC counts alike;
 3. the change point is the first checkpoint, from the start (the plateau start) on, that begins
    ``k`` consecutive checkpoints all beyond the band on the same side: above it (``rise``) or
    below it (``fall``). Its bracket is (the checkpoint before it, it]: the signal's resolution.
@@ -28,12 +30,24 @@ a minority of moved values, and the search starts at the plateau start, not afte
 
 What the step means: where the signal has *left its own noise*. A step change is found at its
 step; a gradual one (a ramp, a sigmoid) where it has crossed ``n_sd`` noise sd (or ``floor`` of its
-range), so of two signals with the same shape the noisier one is read later. The defaults are
-chosen and their errors measured on simulated series with a known truth
-(``tests/test_changepoint.py``): steps, ramps and sigmoids, rising and falling, at four noise levels.
+range), so of two signals with the same shape the noisier one is read later; and a signal sampled
+every 100 steps is read to within 100 steps (its bracket), one evaluated every 25 to within 25.
+
+The defaults (3 robust sd, 4 consecutive checkpoints, no smoothing, floor 0.001, at least 5
+baseline checkpoints) are chosen and their errors measured on simulated series with a known truth
+(``tests/test_changepoint.py``: steps, ramps and sigmoids of size 1, rising and falling, Gaussian
+noise of sd 0.02 to 0.2, 200 series each). A step is found at its checkpoint in 99% of the series
+up to noise 0.1 (never more than one checkpoint off) and in 81% at 0.2; a ramp or sigmoid within 1-2
+checkpoints (median) of where its noise-free curve crosses the band, 3 at noise 0.2. False alarms on
+pure noise: none of 200 series with 20 baseline checkpoints, 2% with 10, 9.5% with 5; noise
+correlated from one checkpoint to the next (AR(1), 0.5) raises them to 4% with 20, as a slow wander
+beyond the band is a move. Asking for 4 checkpoints in a row rather than 3 cuts the false alarms at
+10 baseline checkpoints from 5.5% to 2% (and at 5 from 14.5% to 9.5%) for a lag of one checkpoint;
+a centred smoothing of 3 points multiplies them several times (neighbours become correlated) and
+reads a step a checkpoint early.
 
 **A run's signals** (:func:`run_signals`), by role, so that seeds line up (a role's head can differ
-from seed to seed; the head is recorded with it, :func:`signal_heads`):
+from seed to seed; :func:`read_signals` records it):
 
 * ``metrics.jsonl``: ``loss`` (the training objective on the evaluation groups), the task's progress
   measure (``Run.progress.key``, e.g. ``candidate_loss``), its cue effect (``cue_effect_key``, e.g.
@@ -44,10 +58,11 @@ from seed to seed; the head is recorded with it, :func:`signal_heads`):
   last analysed step, when it is not the routing head), ``attention:max`` (the largest attention to
   the cue over heads, per step), ``attention[<rule>]:top`` for each of the task's named attention
   rules (the head that follows the rule most at the end, e.g. induction's previous-token head);
-  ``attribution_share:routing`` (the routing head's share of the summed positive normalised head
-  attribution, gated like the patch-share rule, ``plateauscope.analysis.landmarks.attribution_shares``)
-  and ``attribution_total`` (that sum), at every analysed step; ``patch_share:routing`` (the same share
-  from exact patching, at the exact steps only: often too few for a band); ``edge_circuit_mass``
+  ``attribution_share:routing`` (the routing head's share of the heads' summed positive effect towards
+  the clean answer, in logits, gated as the patch-share rule gates it: ``plateauscope.analysis.circuit.head_shares``,
+  ``plateauscope.analysis.formation.gated_shares``) and ``attribution_total`` (that sum), from head
+  attribution at every analysed step; ``patch_share:routing`` and ``patch_total``, the same from exact
+  patching, at the exact steps only (often too few for a band); ``edge_circuit_mass``
   (the final faithful edge circuit's share of the summed |attribution| over every edge, at every
   analysed step) and ``edge_circuit_effect`` (the summed attribution of those edges, logits);
 * ``llc.json``: ``llc``; ``head_llc.json`` (the per-head LLC): ``head_llc:routing``, ``head_llc:top``
@@ -73,25 +88,33 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from jaxtyping import Float
+from jaxtyping import Float, Int
 
+from plateauscope.analysis.analyze import load_analysis
 from plateauscope.analysis.circuit import head_effects, head_shares
-from plateauscope.analysis.formation import gated_shares, smooth_series
-from plateauscope.analysis.landmarks import attribution_shares
+from plateauscope.analysis.formation import SHARE_MIN_EFFECT, gated_shares, pick_routing_head, smooth_series
 from plateauscope.analysis.results import (
+    ATTENTION_FILE,
+    ATTRIBUTION_FILE,
+    EDGES_FILE,
     HEAD_LLC_SUMMARY_FILE,
     LLC_SUMMARY_FILE,
     MOVED_FIRST_FILE,
+    PATCH_FILE,
     analysis_dir,
     na,
     read_routing_summary,
     write_json_result,
 )
-from plateauscope.training.metrics import compute_tau
+from plateauscope.cli.common import format_table
+from plateauscope.training.metrics import compute_tau, plateau_span
 from plateauscope.training.run import METRICS_FILE, Run, RunError, read_json
 
 MAD_TO_SD = 1.4826
-"""The median absolute deviation times this estimates the standard deviation of normal noise."""
+"""The median absolute deviation times this estimates the standard deviation of normal noise (large n)."""
+MAD_SMALL_SAMPLE = {2: 1.196, 3: 1.495, 4: 1.363, 5: 1.206, 6: 1.200, 7: 1.140, 8: 1.129, 9: 1.107}
+"""Factors that make 1.4826 x MAD unbiased for normal noise at n values (Croux and Rousseeuw 1992; n > 9:
+``n / (n - 0.8)``). Without them a baseline of 5 values reads its noise 18% low on average."""
 DIRECTIONS = ("either", "rise", "fall")
 """What :attr:`ChangePointRule.direction` may ask for."""
 
@@ -101,15 +124,20 @@ class ChangePointRule:
     """The one change-point rule (module docstring); the same parameters serve every signal."""
 
     n_sd: float = 3.0
-    """Half-width of the noise band in robust standard deviations (1.4826 x MAD) of the baseline values."""
-    k: int = 3
+    """Half-width of the noise band in robust standard deviations (:func:`robust_sd`) of the baseline values."""
+    k: int = 4
     """Consecutive checkpoints that must all lie beyond the band, on one side; the first of them is the change point."""
     smooth: int = 1
-    """Centred moving mean over this many checkpoints before the rule (1 = none)."""
-    floor: float = 0.05
-    """The band's half-width is at least this fraction of the signal's range (max - min from the start on)."""
-    min_baseline: int = 4
-    """Fewest checkpoints in the baseline window for a band; fewer is an error (the signal is not read)."""
+    """Centred moving mean over this many checkpoints before the rule (1 = none: a centred mean moves a
+    step earlier by up to half its window and makes neighbours correlated, which raises false alarms)."""
+    floor: float = 1e-3
+    """The band's half-width is at least this fraction of the signal's range (max - min from the start
+    on): scale-free, so one value serves nats, attention and the LLC alike, and small enough to act only
+    where the baseline has no noise (a flat plateau; a share gated to 0). A larger one reads the
+    signals with the largest late excursion (the cue effect grows for long after tau) late."""
+    min_baseline: int = 5
+    """Fewest checkpoints in the baseline window for a band; fewer is an error (the signal is not read):
+    the MAD of fewer values is too unsure (the false alarms grow as the baseline shrinks)."""
     direction: str = "either"
     """``either`` (the first departure, up or down), ``rise`` or ``fall`` (only departures that way count)."""
 
@@ -133,8 +161,8 @@ class ChangePointRule:
         """The rule in one line, with its parameters."""
         smooth = "no smoothing" if self.smooth == 1 else f"a centred {self.smooth}-point moving mean"
         way = {"either": "on one side", "rise": "above", "fall": "below"}[self.direction]
-        return (f"first of {self.k} consecutive checkpoints beyond the band ({way}): median of the plateau's first half "
-                f"+- max({self.n_sd:g} robust sd, {self.floor:g} x the signal's range); {smooth}")
+        return (f"first of {self.k} consecutive checkpoints beyond the band ({way}): median of the plateau's first "
+                f"half +- max({self.n_sd:g} robust sd, {self.floor:g} x the signal's range); {smooth}")
 
 
 @dataclass(frozen=True)
@@ -154,7 +182,7 @@ class ChangePoint:
     half_width: float
     """The band's half-width: ``max(n_sd x robust_sd, floor x range)``."""
     robust_sd: float
-    """1.4826 x the median absolute deviation of the baseline values."""
+    """The robust sd of the baseline values (:func:`robust_sd`)."""
     n_baseline: int
     """Checkpoints in the baseline window."""
 
@@ -169,27 +197,36 @@ class ChangePoint:
 
 
 def robust_sd(values: Float[np.ndarray, " n"]) -> float:
-    """1.4826 x the median absolute deviation from the median: the sd of normal noise, robust to outliers."""
-    return float(MAD_TO_SD * np.median(np.abs(values - np.median(values))))
+    """1.4826 x the median absolute deviation from the median, with the small-sample factor
+    (:data:`MAD_SMALL_SAMPLE`): the sd of normal noise, robust to a minority of moved values."""
+    n = len(values)
+    small = MAD_SMALL_SAMPLE.get(n, n / (n - 0.8) if n > 9 else 1.0)
+    return float(small * MAD_TO_SD * np.median(np.abs(values - np.median(values))))
 
 
-def baseline_window(plateau_span: Sequence[int] | None) -> tuple[int, int] | None:
-    """The first half of the plateau span, ``(start, midpoint)``: where the noise band is read
-    (the same window as ``plateauscope.dynamics.llc.plateau_window``)."""
-    return (int(plateau_span[0]), (int(plateau_span[0]) + int(plateau_span[1])) // 2) if plateau_span else None
+def baseline_window(span: Sequence[int] | None) -> tuple[int, int] | None:
+    """The first half of a plateau span ``(start, end)``, ``(start, midpoint)``: where the noise band is
+    read (the same window as ``plateauscope.dynamics.llc.plateau_window``)."""
+    return (int(span[0]), (int(span[0]) + int(span[1])) // 2) if span else None
 
 
-def _clean_series(steps: Sequence[int], values: Sequence[float | None]) -> tuple[list[int], list[float]]:
+Steps = Sequence[int] | Int[np.ndarray, " n"]
+"""A signal's checkpoints: a list of ints or an integer array."""
+Values = Sequence[float | None] | Float[np.ndarray, " n"]
+"""A signal's values, one per step: a list (None: missing) or a float array (NaN: missing)."""
+
+
+def _clean_series(steps: Steps, values: Values) -> tuple[list[int], list[float]]:
     """The points with a finite value, checked: as many steps as values, steps strictly increasing."""
     if len(steps) != len(values):
         raise ValueError(f"a signal needs one value per step, got {len(steps)} steps and {len(values)} values")
-    if any(b <= a for a, b in zip(steps, steps[1:])):
+    if any(b <= a for a, b in zip(steps[:-1], steps[1:])):
         raise ValueError("a signal's steps must be strictly increasing")
     kept = [(int(s), float(v)) for s, v in zip(steps, values) if v is not None and math.isfinite(v)]
     return [s for s, _ in kept], [v for _, v in kept]
 
 
-def change_point(steps: Sequence[int], values: Sequence[float | None], baseline: tuple[int, int],
+def change_point(steps: Steps, values: Values, baseline: tuple[int, int],
                  start: int | None = None, rule: ChangePointRule = ChangePointRule()) -> ChangePoint | None:
     """The first step at or after ``start`` (default: the baseline's first step) that begins
     ``rule.k`` consecutive checkpoints beyond the noise band of the ``baseline`` window
@@ -227,3 +264,346 @@ def change_point(steps: Sequence[int], values: Sequence[float | None], baseline:
                                    value=float(smoothed[j]), direction=name, center=center, half_width=half,
                                    robust_sd=sd, n_baseline=len(base))
     return None
+
+
+# ---- a run's signals ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Signal:
+    """One series the rule reads, and where it comes from."""
+
+    steps: list[int]
+    """Its checkpoints (evaluations, analysed steps, LLC steps), increasing."""
+    values: list[float | None]
+    """One value per step (None: missing there)."""
+    source: str
+    """The file it is read from (``metrics.jsonl``, ``attention.jsonl``, ...)."""
+    description: str
+    """What it is, in words."""
+    head: str | None = None
+    """The head it follows (``L0H3``), for a per-head signal."""
+
+
+def _label(head: Sequence[int]) -> str:
+    return f"L{int(head[0])}H{int(head[1])}"
+
+
+def _parse_label(label: str) -> tuple[int, int] | None:
+    if not (label.startswith("L") and "H" in label):
+        return None
+    layer, _, head = label[1:].partition("H")
+    return (int(layer), int(head)) if layer.isdigit() and head.isdigit() else None
+
+
+def metric_signals(run: Run, records: list[dict[str, Any]]) -> dict[str, Signal]:
+    """The signals of ``metrics.jsonl``: the loss, the progress measure, its cue effect, every ``kl_<name>``."""
+    progress = run.progress
+    keys: dict[str, str] = {"loss": "the training loss on the evaluation groups",
+                            progress.key: f"the progress measure ({progress.label or progress.key})"}
+    if progress.cue_effect_key:
+        keys[progress.cue_effect_key] = f"the cue effect ({progress.cue_label})"
+    for key in sorted({k for r in records for k in r if k.startswith("kl_")}):
+        keys[key] = f"the KL from the reference predictor {key[3:]!r} to the model"
+    steps = [int(r["step"]) for r in records]
+    out = {}
+    for key, what in keys.items():
+        if any(r.get(key) is not None for r in records):
+            out[key] = Signal(steps, [r.get(key) for r in records], METRICS_FILE, what)
+    return out
+
+
+def routing_head(run: Run, cache: dict[str, Any] | None) -> tuple[int, int] | None:
+    """The routing head of ``routing.json``; without one, picked from the cache's last cheap records as
+    the analysis picks it (``plateauscope.analysis.formation.pick_routing_head``); None without either."""
+    routing = (cache or {}).get("routing") or read_routing_summary(run.path) or {}
+    if routing.get("head"):
+        return int(routing["head"][0]), int(routing["head"][1])
+    if not cache:
+        return None
+    by_step = {r["step"]: r for r in cache["attribution"]}
+    last = next((r for r in reversed(cache["attention"]) if r["step"] in by_step), None)
+    if last is None:
+        return None
+    return pick_routing_head(last["to_z_first"], by_step[last["step"]]["heads"]["normalised"])[0]
+
+
+def attention_signals(attention: list[dict[str, Any]], head: tuple[int, int] | None) -> dict[str, Signal]:
+    """Attention to the cue of the routing head, of the head that attends most at the end and the most
+    over heads; along each of the task's named rules, of the head that follows it most at the end."""
+    if not attention:
+        return {}
+    steps = [int(r["step"]) for r in attention]
+    grids = [np.asarray(r["to_z_first"], dtype=float) for r in attention]
+    out: dict[str, Signal] = {}
+    if head is not None:
+        out["attention:routing"] = Signal(steps, [float(g[head]) for g in grids], ATTENTION_FILE,
+                                          "the routing head's attention to the cue", _label(head))
+    top = divmod(int(np.nanargmax(grids[-1])), grids[-1].shape[1])
+    if top != head:
+        out["attention:top"] = Signal(steps, [float(g[top]) for g in grids], ATTENTION_FILE,
+                                      "attention to the cue of the head that attends most to it at the end",
+                                      _label(top))
+    out["attention:max"] = Signal(steps, [float(np.nanmax(g)) for g in grids], ATTENTION_FILE,
+                                  "the largest attention to the cue over heads")
+    for rule in attention[-1].get("rules") or {}:
+        final = np.asarray(attention[-1]["rules"][rule], dtype=float)
+        at = divmod(int(np.nanargmax(final)), final.shape[1])
+        values = [float(np.asarray(r["rules"][rule], dtype=float)[at]) if rule in (r.get("rules") or {}) else None
+                  for r in attention]
+        out[f"attention[{rule}]:top"] = Signal(steps, values, ATTENTION_FILE, f"attention along the task's rule "
+                                               f"{rule!r} of the head that follows it most at the end", _label(at))
+    return out
+
+
+def share_signals(records: list[dict[str, Any]], head: tuple[int, int], name: str, source: str, how: str
+                  ) -> dict[str, Signal]:
+    """``<name>_share:routing``, the routing head's share of the heads' summed positive effect towards the
+    clean answer (gated as the patch-share rule gates it), and ``<name>_total``, that sum (logits)."""
+    if not records:
+        return {}
+    shares = [head_shares(head_effects(r["heads"])) for r in records]
+    steps, totals = [int(r["step"]) for r in records], [sh["total_positive"] for sh in shares]
+    gated = gated_shares([sh["share"][head[0]][head[1]] for sh in shares], totals)
+    return {f"{name}_share:routing": Signal(steps, gated, source, f"the routing head's share of the heads' summed "
+                                            f"positive effect ({how}; 0 where the sum is below {SHARE_MIN_EFFECT:g} "
+                                            "of its last value)", _label(head)),
+            f"{name}_total": Signal(steps, totals, source, f"the heads' summed positive effect towards the clean "
+                                    f"answer ({how}; logits)")}
+
+
+def edge_signals(edges: list[dict[str, Any]], circuits: list[dict[str, Any]]) -> dict[str, Signal]:
+    """The final faithful edge circuit (the last searched step's) at every step with edge attribution:
+    its share of the summed |attribution| over every edge, and its edges' summed attribution (logits)."""
+    searched = [r for r in circuits if r.get("circuit")]
+    if not edges or not searched:
+        return {}
+    circuit = list(searched[-1]["circuit"]["edges"])
+    steps = [int(r["step"]) for r in edges]
+    effects = [np.nan_to_num(np.asarray(r["effect"], dtype=float)) for r in edges]
+    mass = [float(np.abs(e[circuit]).sum() / np.abs(e).sum()) if np.abs(e).sum() > 0 else None for e in effects]
+    what = f"the final faithful edge circuit's ({len(circuit)} edges, step {searched[-1]['step']})"
+    return {"edge_circuit_mass": Signal(steps, mass, EDGES_FILE, f"{what} share of the summed |attribution| "
+                                        "over every edge"),
+            "edge_circuit_effect": Signal(steps, [float(e[circuit].sum()) for e in effects], EDGES_FILE,
+                                          f"{what} summed attribution (logits)")}
+
+
+def cache_signals(cache: dict[str, Any], head: tuple[int, int] | None) -> dict[str, Signal]:
+    """The signals of the analysis cache (:func:`plateauscope.analysis.analyze.load_analysis`): attention to
+    the cue, the routing head's attribution and patching shares, the edge circuit (module docstring)."""
+    out = attention_signals(cache["attention"], head)
+    if head is not None:
+        out.update(share_signals(cache["attribution"], head, "attribution", ATTRIBUTION_FILE,
+                                 "head attribution, every analysed step"))
+        out.update(share_signals(cache["patch"], head, "patch", PATCH_FILE, "exact head patching, the exact steps"))
+    out.update(edge_signals(cache["edges"], cache["edge_circuit"]))
+    return out
+
+
+def llc_signals(run: Run, head: tuple[int, int] | None) -> dict[str, Signal]:
+    """The LLC (``llc.json``) and the per-head LLC (``head_llc.json``): the routing head's, the head whose
+    LLC changes most from its first to its last value, and the sum over heads; none where absent."""
+    folder = analysis_dir(run.path)
+    out: dict[str, Signal] = {}
+    if (folder / LLC_SUMMARY_FILE).exists():
+        llc = read_json(folder / LLC_SUMMARY_FILE)
+        out["llc"] = Signal([int(s) for s in llc["steps"]], list(llc["llc"]), LLC_SUMMARY_FILE,
+                            "the local learning coefficient")
+    if (folder / HEAD_LLC_SUMMARY_FILE).exists():
+        per = read_json(folder / HEAD_LLC_SUMMARY_FILE)
+        steps, heads = [int(s) for s in per["steps"]], list(per["heads"])
+        grid = np.array([[np.nan if v is None else v for v in row] for row in per["llc"]], dtype=float)
+        if grid.size:
+            index = {_parse_label(h): i for i, h in enumerate(heads)}
+            if head in index:
+                out["head_llc:routing"] = Signal(steps, grid[:, index[head]].tolist(), HEAD_LLC_SUMMARY_FILE,
+                                                 "the routing head's weight-restricted LLC", _label(head))
+            change = np.abs(grid[-1] - grid[0])
+            top = int(np.nanargmax(change)) if np.isfinite(change).any() else 0
+            if _parse_label(heads[top]) != head:
+                out["head_llc:top"] = Signal(steps, grid[:, top].tolist(), HEAD_LLC_SUMMARY_FILE,
+                                             "the weight-restricted LLC of the head whose LLC changes most",
+                                             heads[top])
+            out["head_llc:sum"] = Signal(steps, np.nansum(grid, axis=1).tolist(), HEAD_LLC_SUMMARY_FILE,
+                                         "the weight-restricted LLC summed over heads")
+    return out
+
+
+def read_signals(run_dir: str | Path) -> dict[str, Signal]:
+    """Every signal of a run (module docstring), by name: ``metrics.jsonl`` first, then the analysis
+    cache and the LLC where they exist. A one-line RunError without a run or its metrics."""
+    run = Run(run_dir)
+    if not (run.path / METRICS_FILE).exists():
+        raise RunError(f"{run.path}: no {METRICS_FILE} (train the run first)")
+    records = run.metrics()
+    if not records:
+        raise RunError(f"{run.path}: {METRICS_FILE} is empty")
+    out = metric_signals(run, records)
+    cache = load_analysis(run.path) if analysis_dir(run.path).is_dir() else None
+    head = routing_head(run, cache)
+    if cache is not None:
+        out.update(cache_signals(cache, head))
+    out.update(llc_signals(run, head))
+    return out
+
+
+def run_signals(run_dir: str | Path) -> dict[str, tuple[list[int], list[float | None]]]:
+    """Every signal of a run as ``name -> (steps, values)`` (:func:`read_signals` says where each is from)."""
+    return {name: (s.steps, s.values) for name, s in read_signals(run_dir).items()}
+
+
+# ---- which signal moved first ---------------------------------------------------------------
+
+
+def cache_notes(run: Run) -> list[str]:
+    """Why the analysis cache's signals are missing, when they are: no analysis, or one made by another
+    version of the task (the cache is keyed on it: ``plateauscope.analysis.results.with_task``)."""
+    routing = read_routing_summary(run.path)
+    if routing is None:
+        return [f"no analysis summary: only the signals of {METRICS_FILE} and the LLC (run plateauscope analyze)"]
+    if routing.get("task") not in (None, run.task_fingerprint()):
+        return ["the analysis cache was made by another version of the task's source: its signals are left out "
+                "(run plateauscope analyze again)"]
+    return []
+
+
+def run_landmarks(run: Run) -> tuple[int, int, int]:
+    """``(start, plateau end, tau)`` of a run from ``summary.json`` (or computed from its metrics where
+    it has none): the start is the plateau's, or the cue's release for a run trained with the cue
+    hidden until then (before it the cue's signals are forced, as ``plateauscope.analysis.summary``
+    starts the t_form rules there). A one-line RunError when it has no tau or no plateau left."""
+    summary = run.summary or {}
+    records, progress = run.metrics(), run.progress
+    tau = summary["tau"] if "tau" in summary else compute_tau(records, progress)
+    span = summary["plateau_span"] if "plateau_span" in summary else plateau_span(records, progress, tau)
+    if tau is None:
+        raise RunError(f"{run.path}: the run has no tau (its progress measure never crossed): nothing moved yet")
+    if not span:
+        raise RunError(f"{run.path}: the run has no plateau span (summary.json plateau_span): no band to read")
+    start = max(int(span[0]), int(run.config.train.hide_cue_until or 0))
+    if start >= int(span[1]):
+        raise RunError(f"{run.path}: the cue is released at step {start}, after the plateau ends ({span[1]}): "
+                       "no band to read")
+    return start, int(span[1]), int(tau)
+
+
+ALTERNATIVE_RULES = {"attention": "the routing head's attention to the cue halfway from the plateau start to the end",
+                     "patch_share": "the routing head's patching share halfway up (exact steps)",
+                     "cue_effect": "the cue effect above mean + 3 sd of its first 5 plateau evaluations"}
+"""The existing t_form rules (``plateauscope.analysis.formation``), reported beside the one rule, each its own rule."""
+
+
+def alternative_rules(run: Run, tau: int) -> dict[str, dict[str, Any]]:
+    """The t_form rules of ``routing.json`` and the LLC's half-change step (``llc.json``), as they were
+    computed, each with its fraction of tau: other rules, not comparable with the one rule's order."""
+    out: dict[str, dict[str, Any]] = {}
+    routing = read_routing_summary(run.path) or {}
+    for rule, r in (routing.get("t_form_rules") or {}).items():
+        out[f"t_form {rule}"] = {"step": r.get("t_form"), "bracket": r.get("t_form_bracket"),
+                                 "rule": ALTERNATIVE_RULES.get(rule, rule), "source": "routing.json"}
+    for name, r in (routing.get("attention_rules") or {}).items():
+        out[f"t_form {name} head"] = {"step": r.get("t_form"), "bracket": r.get("t_form_bracket"),
+                                      "source": "routing.json",
+                                      "rule": f"{r.get('label')}'s attention along {name!r} halfway up"}
+    llc_file = analysis_dir(run.path) / LLC_SUMMARY_FILE
+    if llc_file.exists():
+        llc = read_json(llc_file)
+        out["llc half-change"] = {"step": llc.get("llc_half_change_step"), "bracket": None, "source": LLC_SUMMARY_FILE,
+                                  "rule": "the LLC halfway from its plateau-start value to its last"}
+    for r in out.values():
+        r["fraction_of_tau"] = r["step"] / tau if r["step"] is not None else None
+    return out
+
+
+def signal_change(signal: Signal, window: tuple[int, int], start: int, tau: int,
+                  rule: ChangePointRule) -> dict[str, Any]:
+    """One signal's row of :func:`moved_first`: its change point (or why none) and its fraction of tau."""
+    row: dict[str, Any] = {"source": signal.source, "description": signal.description, "head": signal.head,
+                           "n_points": sum(v is not None for v in signal.values), "step": None, "fraction_of_tau": None}
+    try:
+        found = change_point(signal.steps, signal.values, window, start, rule)
+    except ValueError as e:
+        return {**row, "note": str(e)}
+    if found is None:
+        return {**row, "note": "never leaves its noise band"}
+    lo, hi = found.bracket
+    return {**row, **found.to_dict(), "fraction_of_tau": found.step / tau,
+            "bracket_fraction": [lo / tau, hi / tau], "note": None}
+
+
+def signal_order(signals: dict[str, dict[str, Any]]) -> list[str]:
+    """The signals with a change point, earliest first (ties by name)."""
+    return sorted((n for n, r in signals.items() if r["step"] is not None), key=lambda n: (signals[n]["step"], n))
+
+
+def ladder_stages(run: Run, tau: int) -> dict[str, Any] | None:
+    """The ladder's reading of a run (``summary.json``'s ``ladder`` block,
+    ``plateauscope.training.references``): the plateau's stage beside the thresholds' verdict, the final
+    stage, and the first step of each stage as a fraction of tau. None for a run without a ladder."""
+    summary = run.summary or {}
+    ladder = summary.get("ladder")
+    if not ladder:
+        return None
+    return {"plateau_stage": ladder["plateau_stage"], "plateau_verdict": (summary.get("plateau") or {}).get("verdict"),
+            "final_stage": ladder["final_stage"],
+            "first_reached": {name: step / tau for name, step in ladder["first_reached"].items()}}
+
+
+def moved_first(run_dir: str | Path, rule: ChangePointRule = ChangePointRule(), write: bool = True) -> dict[str, Any]:
+    """Apply the one rule to every signal of a run from its plateau start (:func:`run_landmarks`), with
+    the band of the plateau's first half; written to ``RUN/analysis/moved_first.json`` (``write``). One-line RunError
+    without a run, its metrics, a tau or a plateau."""
+    rule.validate()
+    run = Run(run_dir)
+    signals = read_signals(run.path)
+    start, end, tau = run_landmarks(run)
+    window = baseline_window((start, end))
+    rows = {name: signal_change(s, window, start, tau, rule) for name, s in signals.items()}
+    result = {
+        "run": run.path.name,
+        "tau": tau,
+        "start": start,
+        "plateau_end": end,
+        "release": run.config.train.hide_cue_until or None,
+        "baseline_window": list(window),
+        "rule": rule.to_dict(),
+        "rule_text": rule.describe(),
+        "signals": rows,
+        "order": signal_order(rows),
+        "alternatives": alternative_rules(run, tau),
+        "alternatives_note": "the existing rules, each its own (halfway, threshold): not comparable with the one rule",
+        "notes": cache_notes(run),
+        "stages": ladder_stages(run, tau),
+    }
+    if write:
+        write_json_result(analysis_dir(run.path) / MOVED_FIRST_FILE, result)
+    return result
+
+
+def moved_first_text(result: dict[str, Any]) -> str:
+    """The table of :func:`moved_first`: one line per signal in order (then the unread ones, with why),
+    then the other rules."""
+    rows, order, window = result["signals"], result["order"], result["baseline_window"]
+    body = []
+    for rank, name in enumerate(order, 1):
+        r = rows[name]
+        tie = any(rows[o]["step"] == r["step"] for o in order if o != name)
+        body.append([f"{rank}{'=' if tie else ''}", name, r["head"] or "", r["step"],
+                     f"({r['bracket'][0]}, {r['bracket'][1]}]", f"{r['fraction_of_tau']:.3f}", r["direction"],
+                     r["n_baseline"]])
+    lines = [f"{result['run']}: which signal moved first (tau {result['tau']}; from step {result['start']}"
+             f"{' (the cue released)' if result.get('release') else ' (the plateau start)'}, the plateau ending at "
+             f"{result['plateau_end']}; band from steps {window[0]}..{window[1]})",
+             f"rule: {result['rule_text']}",
+             format_table(body, ["rank", "signal", "head", "step", "bracket", "step / tau", "way", "baseline n"])]
+    lines += [f"not read: {name}{' (' + r['head'] + ')' if r['head'] else ''}: {r['note']}"
+              for name, r in rows.items() if r["step"] is None]
+    lines += [f"note: {n}" for n in result.get("notes", [])]
+    if result["alternatives"]:
+        lines.append("other rules (each its own; not comparable with the order above):")
+        lines.append(format_table(
+            [[name, na(a["step"], "{}"), na(a["fraction_of_tau"]), a["rule"]]
+             for name, a in result["alternatives"].items()],
+            ["rule", "step", "step / tau", "what"]))
+    return "\n".join(lines)

@@ -2,8 +2,8 @@
 
 Method: the refined, weight-restricted LLC of "Differentiation and specialization of attention heads
 via the refined local learning coefficient" (Wang et al. 2024). At a checkpoint w*, SGLD
-(:func:`plateauscope.analysis.llc.estimate_llc`, the same sampler, loss and estimator as the whole-model
-LLC) moves only the weights of one head, every other weight held at w*::
+(:func:`plateauscope.analysis.llc.estimate_llc`: the same sampler, settings and estimator as the
+whole-model LLC) moves only the weights of one head, every other weight held at w*::
 
     LLC(head) = nbeta (E_chain[L(w)] - L(w*)),   w = w* outside the head's weights
 
@@ -14,8 +14,18 @@ parameters in HookedTransformer's layout (``plateauscope.backend.hooked_paramete
 slices are restricted on both backends. ``b_O`` is shared by the layer's heads and stays fixed. The
 restriction is a boolean mask per parameter, applied by devinterp's own ``mask`` (the default), or by
 ours (``restriction="restore"``: every weight outside the mask copied back after each step); the two
-give the same chains, and each record stores ``frozen_max_change``, the largest change of a weight
-outside the head at the end of a chain (0.0: held exactly).
+give the same chains, number for number, and each record stores ``frozen_max_change``, the largest
+change of a weight outside the head at the end of a chain (0.0: held exactly).
+
+``L`` is the training objective (``Task.loss``) computed by the training step's own forward
+(``fused``: ``plateauscope.training.train.fused_loss``, with a run's interventions; the model's hooked
+forward where the fused one does not apply: :func:`training_loss`). The estimate is *paired*: each
+draw's minibatch loss minus the checkpoint's loss on the same minibatch, ``nbeta mean_t (L_Bt(w_t) -
+L_Bt(w*))``. Its expectation is the LLC above (each minibatch is drawn independently of the weights it
+is evaluated at); what it drops is the spread of the loss from one minibatch to the next, which the
+two terms share, and which otherwise swamps a single head's small LLC. The checkpoint's minibatch
+losses depend on the checkpoint and the settings only, so they are computed once per checkpoint and
+shared by its heads.
 
 Metric and sign: as for the whole-model LLC, a positive effective number of parameters of the head
 (``d/2`` for a head whose loss is locally quadratic and regular in its ``d`` weights; 0 for a head
@@ -24,8 +34,9 @@ degenerate directions. Values are comparable across heads and checkpoints of one
 same settings (stored with every record). The per-head LLCs do not add up to the whole model's.
 
 Calibration (in the summary): stationarity per (step, head) as in :mod:`plateauscope.analysis.llc`
-(|drift| of each chain at most ``max_drift``); stability: at the calibration steps every head's
-estimate is repeated with twice the draws, and its relative change is compared with
+(|drift| of each chain's paired differences at most ``max_drift``); stability: at the calibration
+steps every head's estimate is repeated with twice the draws, and its change, relative to the
+doubled estimate or to :data:`STABILITY_FLOOR` where that is smaller, is compared with
 ``max_rel_change``.
 
 Clustering (:func:`cluster_heads`): the heads' LLC curves over the analysed steps, each divided by its
@@ -58,6 +69,7 @@ from plateauscope.analysis.llc import (
     LLCSettings,
     estimate_llc,
     require_devinterp,
+    target_loss,
 )
 from plateauscope.analysis.results import (
     ATTENTION_FILE,
@@ -77,9 +89,11 @@ from plateauscope.analysis.results import (
 )
 from plateauscope.backend import Model, hooked_parameters
 from plateauscope.tasks.base import Task
-from plateauscope.training.interventions import HEAD_WEIGHTS
+from plateauscope.training.fused import unsupported_reason
+from plateauscope.training.interventions import HEAD_WEIGHTS, Interventions, has_interventions
 from plateauscope.training.metrics import compute_tau
 from plateauscope.training.run import Run, RunError
+from plateauscope.training.train import fused_loss
 
 HEAD_LLC_SETTINGS = LLCSettings(num_chains=2, num_draws=100, num_burnin_steps=20, batch_size=16, lr=3e-4,
                                 localization=1000.0, nbeta=100.0)
@@ -91,8 +105,12 @@ PARTS: dict[str, tuple[str, ...]] = {"head": HEAD_WEIGHTS["qk"] + HEAD_WEIGHTS["
 """Which of a head's weights are sampled: ``head`` (all: Q, K, V, O and the head's b_Q, b_K, b_V), ``qk``
 (where it looks) or ``ov`` (what it carries). Each is indexed by the head in its first dimension."""
 
-MARK_RULES = ("cue",)
-"""Attention-cache fields besides the task's named rules whose top head is marked for the clustering."""
+STABILITY_FLOOR = 0.5
+"""In the stability check, a head's change is taken relative to at least this LLC (half an effective weight:
+one regular weight's LLC), so a head whose LLC is near 0 is held to an absolute bound instead."""
+
+FORWARDS: tuple[str, ...] = ("fused", "hooked")
+"""The forward passes the per-head loss can run (:func:`training_loss`)."""
 
 
 # ---- heads and their weights --------------------------------------------------------------
@@ -114,17 +132,23 @@ def parse_head_label(label: str, n_layers: int, n_heads: int) -> tuple[int, int]
     return int(layer), int(head)
 
 
-def head_weight_names(layer: int, part: str = "head") -> tuple[str, ...]:
-    """The HookedTransformer names of the weights ``part`` (:data:`PARTS`) samples in ``layer``."""
+def head_weight_names(layer: int, part: str | tuple[str, ...] = "head") -> tuple[str, ...]:
+    """The HookedTransformer names of the weights ``part`` samples in ``layer``: a name of :data:`PARTS`, or
+    a tuple of the per-head weights themselves (e.g. ``("W_O",)``)."""
+    if isinstance(part, tuple):
+        unknown = sorted(set(part) - set(PARTS["head"]))
+        if unknown or not part:
+            raise ValueError(f"a head's weights are {', '.join(PARTS['head'])}; got {', '.join(unknown) or 'none'}")
+        return tuple(f"blocks.{layer}.attn.{w}" for w in part)
     if part not in PARTS:
         raise ValueError(f"part must be one of {', '.join(PARTS)}, got {part!r}")
     return tuple(f"blocks.{layer}.attn.{w}" for w in PARTS[part])
 
 
 @torch.no_grad()
-def head_masks(model: Model, layer: int, head: int, part: str = "head") -> list[Bool[Tensor, "..."]]:
+def head_masks(model: Model, layer: int, head: int, part: str | tuple[str, ...] = "head") -> list[Bool[Tensor, "..."]]:
     """One boolean mask per ``model.parameters()`` (in that order): True on head ``head`` of ``layer``'s
-    weights of ``part``, found through the backend's HookedTransformer-layout views of the parameters
+    weights of ``part`` (:func:`head_weight_names`), found through the backend's HookedTransformer-layout views of the parameters
     (``plateauscope.backend.hooked_parameters``; on the bridge they are views of fused tensors)."""
     names = head_weight_names(layer, part)
     probe = copy.deepcopy(model)
@@ -144,14 +168,42 @@ def head_masks(model: Model, layer: int, head: int, part: str = "head") -> list[
     return masks
 
 
+def training_loss(model: Model, task: Task, forward: str = "fused",
+                  interventions: dict[str, Any] | None = None) -> tuple[Any, str]:
+    """The training loss as ``loss_fn(model, batch)`` for :func:`plateauscope.analysis.llc.estimate_llc`, and the
+    forward it runs: ``fused``, the training step's own (``plateauscope.training.train.fused_loss`` over the
+    backend's views of the parameters, trimmed to the loss positions where the task's loss is the default
+    one; ``interventions``: its keyword arguments for a run trained with interventions), where the model
+    allows it; else ``hooked``, the model's own forward (``target_loss``, with its permanent hooks). The
+    same function; the fused kernels round differently (about 1e-6 in the logits)."""
+    if forward not in FORWARDS:
+        raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
+    if forward == "hooked" or unsupported_reason(model.cfg) is not None:
+        return (lambda m, batch: target_loss(m, batch, task)), "hooked"
+    trimmed = type(task).loss is Task.loss
+    options = interventions or {}
+
+    def loss(m: Model, batch: Tensor) -> Tensor:
+        return fused_loss(m.cfg, hooked_parameters(m), batch, task, trimmed, **options)
+
+    return loss, "fused"
+
+
 def estimate_head_llc(model: Model, task: Task, layer: int, head: int, settings: LLCSettings = HEAD_LLC_SETTINGS,
-                      part: str = "head", restriction: str = "devinterp", device: str = "cpu") -> dict[str, Any]:
+                      part: str | tuple[str, ...] = "head", restriction: str = "devinterp", paired: bool = True,
+                      reference: Float[np.ndarray, "chains draws"] | None = None, forward: str = "fused",
+                      interventions: dict[str, Any] | None = None, device: str = "cpu") -> dict[str, Any]:
     """The LLC of ``model`` restricted to one head's weights (:func:`head_masks`), on the task's data set
-    and training loss: :func:`plateauscope.analysis.llc.estimate_llc`'s record without its trace."""
-    rec = estimate_llc(model, task.tokens.to(device), task, settings, masks=head_masks(model, layer, head, part),
-                       restriction=restriction)
+    and training loss (:func:`training_loss`): :func:`plateauscope.analysis.llc.estimate_llc`'s record
+    without its trace, with the ``forward`` it ran (``paired``: each draw's loss minus the checkpoint's on
+    the same minibatch; ``reference``: those checkpoint losses from another head's estimate at the same
+    checkpoint and settings)."""
+    loss_fn, ran = training_loss(model, task, forward, interventions)
+    rec = estimate_llc(model, task.tokens.to(device), task, settings, loss_fn=loss_fn,
+                       masks=head_masks(model, layer, head, part), restriction=restriction, paired=paired,
+                       reference=reference)
     rec.pop("trace")
-    return rec
+    return {**rec, "forward": ran}
 
 
 # ---- the cache and the series -------------------------------------------------------------
@@ -162,9 +214,9 @@ def head_llc_path(run_dir: str | Path) -> Path:
     return analysis_dir(run_dir) / HEAD_LLC_FILE
 
 
-def _key(settings: LLCSettings, label: str, part: str) -> dict[str, Any]:
+def _key(settings: LLCSettings, label: str, part: str, paired: bool, forward: str) -> dict[str, Any]:
     """The settings one head's records are stored under (without the task)."""
-    return {**settings.to_dict(), "head": label, "part": part}
+    return {**settings.to_dict(), "head": label, "part": part, "paired": paired, "forward": forward}
 
 
 def all_heads(run: Run) -> list[tuple[int, int]]:
@@ -186,33 +238,42 @@ def resolve_heads(run: Run, heads: list[str] | list[tuple[int, int]] | None) -> 
 
 
 def load_head_llc(run_dir: str | Path, settings: LLCSettings, heads: list[tuple[int, int]],
-                  part: str = "head") -> dict[str, list[dict[str, Any]]]:
+                  part: str = "head", paired: bool = True, forward: str = "fused") -> dict[str, list[dict[str, Any]]]:
     """Cached records of ``settings``, per head label, each sorted by step."""
-    return {head_label(*h): load_records(head_llc_path(run_dir), with_task(run_dir, _key(settings, head_label(*h), part)))
+    return {head_label(*h): load_records(head_llc_path(run_dir),
+                                         with_task(run_dir, _key(settings, head_label(*h), part, paired, forward)))
             for h in heads}
 
 
 @writes_cache
 def head_llc_at(run: Run, steps: list[int], settings: LLCSettings, heads: list[tuple[int, int]], part: str = "head",
-                device: str = "cpu", progress: bool = True) -> list[list[dict[str, Any]]]:
+                paired: bool = True, forward: str = "fused", device: str = "cpu",
+                progress: bool = True) -> list[list[dict[str, Any]]]:
     """The per-head LLC record of each (step, head), ``[step][head]``: from the cache when one with these
-    settings (and the run's task) exists, else computed (each checkpoint loaded once) and cached."""
+    settings (and the run's task) exists, else computed (each checkpoint loaded once, the checkpoint's
+    minibatch losses of a paired estimate computed once per checkpoint) and cached."""
     settings.validate()
     require_devinterp()
     path = head_llc_path(run.path)
-    keys = {h: with_task(run.path, _key(settings, head_label(*h), part)) for h in heads}
+    if forward not in FORWARDS:
+        raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
+    keys = {h: with_task(run.path, _key(settings, head_label(*h), part, paired, forward)) for h in heads}
     have: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
     for h, key in keys.items():
         if task_changed(path, key):
             raise RunError(f"{run.path}: the task changed since {path.name} was written; move it away to recompute")
         have[h] = {r["step"]: r for r in load_records(path, key)}
     todo = [(s, h) for s in steps for h in heads if s not in have[h]]
-    task = run.task()
-    model, loaded = None, None
+    task, tc, mc = run.task(), run.config.train, run.config.model
+    plan = Interventions.build(tc, task, mc.n_layers, mc.n_heads) if has_interventions(tc) else None
+    model, loaded, reference = None, None, None
     for step, h in tqdm(todo, desc=f"per-head LLC {run.path.name}", disable=not progress, dynamic_ncols=True):
         if loaded != step:
-            model, loaded = run.model(step, device), step
-        rec = estimate_head_llc(model, task, *h, settings=settings, part=part, device=device)
+            model, loaded, reference = run.model(step, device), step, None
+        rec = estimate_head_llc(model, task, *h, settings=settings, part=part, paired=paired, reference=reference,
+                                forward=forward, interventions=plan.fused_options(step) if plan else None,
+                                device=device)
+        reference = np.asarray(rec.pop("reference")) if paired else None
         record = {"step": step, "settings": keys[h], "layer": h[0], "head": h[1], "label": head_label(*h), **rec}
         append_records(path, [record])
         have[h][step] = strict_json(record)
@@ -220,14 +281,21 @@ def head_llc_at(run: Run, steps: list[int], settings: LLCSettings, heads: list[t
 
 
 def calibrate_heads(run: Run, step: int, settings: LLCSettings, heads: list[tuple[int, int]], part: str = "head",
-                    device: str = "cpu", progress: bool = True) -> dict[str, Any]:
-    """The stability check at ``step``: every head's LLC with ``num_draws`` and with twice as many."""
-    (base,), (doubled,) = (head_llc_at(run, [step], s, heads, part, device, progress)
+                    paired: bool = True, forward: str = "fused", device: str = "cpu",
+                    progress: bool = True) -> dict[str, Any]:
+    """The stability check at ``step``: every head's LLC with ``num_draws`` and with twice as many.
+
+    A head's change is ``|LLC(2 draws) - LLC(draws)| / max(|LLC(2 draws)|, STABILITY_FLOOR)``: relative for
+    a head that counts at least half an effective weight, absolute (in units of half a weight) below that,
+    where a relative change of a value near 0 says nothing. ``rel_change`` is the plain relative change."""
+    (base,), (doubled,) = (head_llc_at(run, [step], s, heads, part, paired, forward, device, progress)
                            for s in (settings, settings.with_draws(2 * settings.num_draws)))
-    rel = [abs(d["llc"] - b["llc"]) / max(abs(d["llc"]), 1e-12) for b, d in zip(base, doubled)]
+    diff = [abs(d["llc"] - b["llc"]) for b, d in zip(base, doubled)]
+    change = [x / max(abs(d["llc"]), STABILITY_FLOOR) for x, d in zip(diff, doubled)]
     return {"step": step, "num_draws": settings.num_draws, "llc": [b["llc"] for b in base],
-            "llc_doubled": [d["llc"] for d in doubled], "rel_change": rel, "max_rel_change": max(rel),
-            "stable": max(rel) <= settings.max_rel_change,
+            "llc_doubled": [d["llc"] for d in doubled], "abs_change": diff,
+            "rel_change": [x / max(abs(d["llc"]), 1e-12) for x, d in zip(diff, doubled)],
+            "change": change, "max_change": max(change), "stable": max(change) <= settings.max_rel_change,
             "stationary_doubled": [d["stationary"] for d in doubled]}
 
 
@@ -323,7 +391,8 @@ def cluster_heads(steps: list[int], llc_curves: Float[np.ndarray, "head step"], 
 def head_llc_series(run_dir: str | Path, steps: list[int] | None = None, every: int = 1,
                     settings: LLCSettings = HEAD_LLC_SETTINGS, heads: list[str] | list[tuple[int, int]] | None = None,
                     part: str = "head", calib_steps: list[int] | None = None, calibrate_check: bool = True,
-                    device: str = "cpu", progress: bool = True) -> dict[str, Any]:
+                    paired: bool = True, forward: str = "fused", device: str = "cpu",
+                    progress: bool = True) -> dict[str, Any]:
     """The per-head LLC at the chosen checkpoints, with the stability check at ``calib_steps`` (default: the
     last chosen step), stationarity and the clusters of the heads' curves; written to ``head_llc.json``.
 
@@ -333,6 +402,8 @@ def head_llc_series(run_dir: str | Path, steps: list[int] | None = None, every: 
     settings.validate()
     require_devinterp()
     head_weight_names(0, part)
+    if forward not in FORWARDS:
+        raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
     run = Run(run_dir)
     chosen = pick_steps(run.steps, every, steps)
     if not chosen:
@@ -342,8 +413,9 @@ def head_llc_series(run_dir: str | Path, steps: list[int] | None = None, every: 
     for s in calib:
         run.checkpoint_path(s)
     start = time.perf_counter()
-    records = head_llc_at(run, chosen, settings, chosen_heads, part, device, progress)
-    calibration = [calibrate_heads(run, s, settings, chosen_heads, part, device, progress) for s in calib]
+    records = head_llc_at(run, chosen, settings, chosen_heads, part, paired, forward, device, progress)
+    calibration = [calibrate_heads(run, s, settings, chosen_heads, part, paired, forward, device, progress)
+                   for s in calib]
     labels = [head_label(*h) for h in chosen_heads]
     llc = [[r["llc"] for r in row] for row in records]
     drifts = [d for row in records for r in row for d in r["drift"]]
@@ -353,6 +425,8 @@ def head_llc_series(run_dir: str | Path, steps: list[int] | None = None, every: 
     result = {
         "settings": settings.to_dict(),
         "part": part,
+        "paired": paired,
+        "forward": sorted({r["forward"] for row in records for r in row}),
         "weights": list(PARTS[part]),
         "n_layers": mc.n_layers,
         "n_heads": mc.n_heads,
@@ -393,9 +467,10 @@ def format_head_summary(s: dict[str, Any]) -> str:
                  f"pairs (max |drift| {s['max_abs_drift']:.2f}, allowed {s['settings']['max_drift']}); weights "
                  f"outside the head moved by at most {s['frozen_max_change']:g}")
     for c in s["calibration"]:
-        worst = int(np.argmax(c["rel_change"]))
-        lines.append(f"  doubled draws at step {c['step']}: largest change {100 * c['max_rel_change']:.1f}% "
-                     f"({heads[worst]}), allowed {100 * s['settings']['max_rel_change']:.0f}%: "
+        worst = int(np.argmax(c["change"]))
+        lines.append(f"  doubled draws at step {c['step']}: largest change {100 * c['max_change']:.1f}% "
+                     f"({heads[worst]}: {c['llc'][worst]:.2f} -> {c['llc_doubled'][worst]:.2f}; relative to at least "
+                     f"{STABILITY_FLOOR}), allowed {100 * s['settings']['max_rel_change']:.0f}%: "
                      f"{'stable' if c['stable'] else 'NOT stable'}")
     cl = s["clusters"]
     lines.append(f"  {cl['n_clusters']} clusters ({cl['method']}): "

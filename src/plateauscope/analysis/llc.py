@@ -168,9 +168,24 @@ The two give the same chain: the masked entries' updates depend only on their ow
 noise, and the noise is drawn for the whole tensor either way."""
 
 
+def release_graphs(model: torch.nn.Module) -> None:
+    """Detach every tensor attached to an autograd graph that ``model``'s modules hold as plain attributes.
+
+    A deep copy of a TransformerLens 4.x bridge keeps the forward hooks (closures) of the original, and
+    one of them stores the attention's input residual on the original module: after a chain on a copy
+    the original holds a tensor of the chain's graph, which the next ``copy.deepcopy`` refuses. Its own
+    next forward overwrites that attribute before reading it, so detaching changes no number.
+    """
+    for module in model.modules():
+        for name, value in list(vars(module).items()):
+            if isinstance(value, Tensor) and value.grad_fn is not None:
+                module.__dict__[name] = value.detach()
+
+
 def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: Task | None,
                  settings: LLCSettings = LLCSettings(), loss_fn: Any = None,
-                 masks: list[Bool[Tensor, "..."]] | None = None, restriction: str = "devinterp") -> dict[str, Any]:
+                 masks: list[Bool[Tensor, "..."]] | None = None, restriction: str = "devinterp",
+                 paired: bool = False, reference: Float[np.ndarray, "chains draws"] | None = None) -> dict[str, Any]:
     """Estimate the LLC of ``model`` at its current weights by SGLD on the examples ``tokens``.
 
     ``loss_fn(model, batch) -> scalar`` defaults to the task's training loss
@@ -186,6 +201,15 @@ def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: 
     (:data:`RESTRICTIONS`). Parameters without a True entry get no gradient and are not handed to the
     sampler. The result then also has ``n_sampled`` (weights sampled) and ``frozen_max_change``: the
     largest change of a weight outside the masks at the end of any chain (0.0: held exactly).
+
+    ``paired``: each draw's minibatch loss is taken minus the checkpoint's own loss on the same
+    minibatch, ``LLC = nbeta mean_t (L_Bt(w_t) - L_Bt(w*))``: the same expectation (each minibatch is
+    drawn independently of the weights it is evaluated at), without the minibatch-to-minibatch spread
+    of the loss, which the two terms share (the smaller the move, the more). ``init_loss`` is then the
+    mean of the checkpoint's minibatch losses (``init_examples`` is not used), ``drift`` is read on the
+    differences, and ``reference`` (chains x draws) holds those losses: they depend only on the
+    checkpoint, ``seed``, ``batch_size`` and the step counts, so a caller may pass them back in for
+    another restriction at the same checkpoint instead of recomputing them.
     """
     settings.validate()
     sgld = require_devinterp()
@@ -211,13 +235,18 @@ def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: 
         subset = tokens
     was_training = model.training
     model.eval()
-    with torch.no_grad():
-        init_loss = float(sum(loss_fn(model, part).item() * len(part) for part in subset.split(2048)) / len(subset))
     n_steps = settings.num_burnin_steps + settings.num_draws
     traces = np.zeros((settings.num_chains, settings.num_draws))
+    if reference is not None and (not paired or np.shape(reference) != traces.shape):
+        raise ValueError("estimate_llc: reference losses need paired=True and one per chain and draw")
+    refs = np.array(reference, dtype=float) if reference is not None else np.full(traces.shape, np.nan)
+    if not paired:
+        with torch.no_grad():
+            init_loss = float(sum(loss_fn(model, part).item() * len(part) for part in subset.split(2048)) / len(subset))
     start = time.perf_counter()
     frozen_change = 0.0
     for chain in range(settings.num_chains):
+        release_graphs(model)
         sampler_model = copy.deepcopy(model).train()
         for p in sampler_model.parameters():
             p.requires_grad_(True)
@@ -252,15 +281,24 @@ def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: 
                             p[frozen] = value
                 if t >= settings.num_burnin_steps:
                     traces[chain, t - settings.num_burnin_steps] = loss.item()
+                    if paired and np.isnan(refs[chain, t - settings.num_burnin_steps]):
+                        with torch.no_grad():
+                            refs[chain, t - settings.num_burnin_steps] = loss_fn(model, tokens[batches[t]]).item()
         if masks is not None:
             with torch.no_grad():
                 for p, p0, m in zip(sampler_model.parameters(), model.parameters(), masks):
                     if not m.all():
                         frozen_change = max(frozen_change, float((p - p0)[~m.to(p.device)].abs().max()))
         del sampler_model, optimizer
+    release_graphs(model)
     model.train(was_training)
-    per_chain = settings.nbeta * (traces.mean(axis=1) - init_loss)
-    drifts = drift(traces)
+    if paired:
+        init_loss = float(refs.mean())
+        per_chain = settings.nbeta * (traces - refs).mean(axis=1)
+        drifts = drift(traces - refs)
+    else:
+        per_chain = settings.nbeta * (traces.mean(axis=1) - init_loss)
+        drifts = drift(traces)
     return {
         "llc": float(per_chain.mean()),
         "llc_std": float(per_chain.std()),
@@ -273,6 +311,7 @@ def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: 
         "seconds": time.perf_counter() - start,
         **({} if masks is None else {"n_sampled": int(sum(int(m.sum()) for m in masks)),
                                      "frozen_max_change": frozen_change}),
+        **({"reference": refs.tolist()} if paired else {}),
     }
 
 

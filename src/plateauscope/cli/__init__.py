@@ -23,6 +23,7 @@ VERBS: dict[str, str] = {
     "verify": "check a run's checkpoints and resume states against their SHA-256 checksums",
     "graft": "graft bisection: the earliest checkpoint whose part, grafted into step 0, shortens the plateau",
     "llc": "the local learning coefficient over a run's checkpoints (the llc extra)",
+    "moved_first": "which signal moved first: one change-point rule for every signal of a run, or over a sweep's seeds",
     "demo": "train, analyse, report and view the demo run (the paper's model and data)",
 }
 """Verb -> its one-line summary; the verb's module is ``plateauscope.cli.<verb>``."""

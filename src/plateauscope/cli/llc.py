@@ -1,12 +1,19 @@
-"""``plateauscope llc``: the command line of :mod:`plateauscope.analysis.llc`."""
+"""``plateauscope llc``: the command line of :mod:`plateauscope.analysis.llc` (and, with ``--per-head``,
+of :mod:`plateauscope.analysis.head_llc`)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 
 import plateauscope.analysis.llc as _module
+from plateauscope.analysis.head_llc import (
+    HEAD_LLC_SETTINGS,
+    format_head_summary,
+    head_llc_series,
+)
 from plateauscope.analysis.llc import (
     LLCSettings,
     MissingExtraError,
@@ -14,43 +21,78 @@ from plateauscope.analysis.llc import (
     llc_series,
     require_devinterp,
 )
-from plateauscope.analysis.results import LLC_SUMMARY_FILE, analysis_dir
-from plateauscope.cli.common import run_cli
+from plateauscope.analysis.results import HEAD_LLC_SUMMARY_FILE, LLC_SUMMARY_FILE, analysis_dir
+from plateauscope.cli.common import CliError, run_cli
 from plateauscope.training.train import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line of ``plateauscope llc``."""
-    d = LLCSettings()
-    p = OneLineParser(prog="plateauscope llc", description=_module.__doc__.splitlines()[0])
+    d, h = LLCSettings(), HEAD_LLC_SETTINGS
+
+    def default(name: str) -> str:
+        a, b = getattr(d, name), getattr(h, name)
+        return f"default {a}" if a == b else f"default {a}; with --per-head {b}"
+
+    p = OneLineParser(prog="plateauscope llc", description=_module.__doc__.splitlines()[0]
+                      + " With --per-head: the LLC restricted to each attention head's weights.")
     p.add_argument("--run", required=True, type=Path, help="run directory")
     p.add_argument("--every", type=int, default=1, help="every N-th checkpoint (default 1: all)")
     p.add_argument("--steps", type=int, nargs="+", help="exactly these steps")
-    p.add_argument("--chains", type=int, default=d.num_chains, help=f"SGLD chains (default {d.num_chains})")
-    p.add_argument("--draws", type=int, default=d.num_draws, help=f"draws per chain (default {d.num_draws})")
-    p.add_argument("--burnin", type=int, default=d.num_burnin_steps, help=f"burn-in steps (default {d.num_burnin_steps})")
-    p.add_argument("--batch-size", type=int, default=d.batch_size, help=f"SGLD minibatch (default {d.batch_size})")
-    p.add_argument("--lr", type=float, default=d.lr, help=f"SGLD step size epsilon (default {d.lr})")
-    p.add_argument("--localization", type=float, default=d.localization, help=f"gamma (default {d.localization})")
-    p.add_argument("--nbeta", type=float, default=d.nbeta, help=f"inverse temperature n*beta (default {d.nbeta})")
-    p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--calib-step", type=int, help="where the draws are doubled (default: the last chosen step)")
+    p.add_argument("--per-head", action="store_true",
+                   help="one LLC per attention head: SGLD moves only that head's W_Q, W_K, W_V, W_O and its "
+                        "b_Q, b_K, b_V (the rest held at the checkpoint); prints a heads x steps table and the "
+                        f"clusters of the heads' curves, and writes analysis/{HEAD_LLC_SUMMARY_FILE}")
+    p.add_argument("--heads", nargs="+", metavar="LxHy", help="with --per-head: only these heads, e.g. L0H1 L2H3 "
+                                                               "(default: all)")
+    p.add_argument("--part", choices=("head", "qk", "ov"), default="head",
+                   help="with --per-head: which of the head's weights move (head: all; qk: W_Q, b_Q, W_K, b_K; "
+                        "ov: W_V, b_V, W_O; default head)")
+    p.add_argument("--chains", type=int, help=f"SGLD chains ({default('num_chains')})")
+    p.add_argument("--draws", type=int, help=f"draws per chain ({default('num_draws')})")
+    p.add_argument("--burnin", type=int, help=f"burn-in steps ({default('num_burnin_steps')})")
+    p.add_argument("--batch-size", type=int, help=f"SGLD minibatch ({default('batch_size')})")
+    p.add_argument("--lr", type=float, help=f"SGLD step size epsilon ({default('lr')})")
+    p.add_argument("--localization", type=float, help=f"gamma ({default('localization')})")
+    p.add_argument("--nbeta", type=float, help=f"inverse temperature n*beta ({default('nbeta')})")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--calib-step", type=int, nargs="+",
+                   help="where the draws are doubled (default: the last chosen step; several with --per-head)")
     p.add_argument("--no-calibration", action="store_true", help="skip the doubled-draws check")
     p.add_argument("--device", default="cpu")
     p.add_argument("--no-progress", action="store_true")
     return p
 
 
+def settings_from(args: argparse.Namespace) -> LLCSettings:
+    """The SGLD settings of the flags, each unset one from the defaults (the per-head ones with --per-head)."""
+    base = HEAD_LLC_SETTINGS if args.per_head else LLCSettings()
+    given = {"num_chains": args.chains, "num_draws": args.draws, "num_burnin_steps": args.burnin,
+             "batch_size": args.batch_size, "lr": args.lr, "localization": args.localization, "nbeta": args.nbeta,
+             "seed": args.seed}
+    return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
+
+
 def main(argv: list[str] | None = None) -> int:
     """``plateauscope llc``: the LLC over the series, or one ``skipped:`` line without the extra."""
     def body(args: argparse.Namespace) -> None:
-        settings = LLCSettings(num_chains=args.chains, num_draws=args.draws, num_burnin_steps=args.burnin,
-                               batch_size=args.batch_size, lr=args.lr, localization=args.localization,
-                               nbeta=args.nbeta, seed=args.seed)
-        result = llc_series(args.run, args.steps, args.every, settings, args.calib_step,
-                            not args.no_calibration, args.device, progress=not args.no_progress)
-        print(format_summary(result))
-        print(f"results in {analysis_dir(args.run) / LLC_SUMMARY_FILE}")
+        settings = settings_from(args)
+        if not args.per_head:
+            if args.heads or args.part != "head":
+                raise CliError("--heads and --part need --per-head")
+            if args.calib_step and len(args.calib_step) > 1:
+                raise CliError("--calib-step takes one step without --per-head")
+            calib = args.calib_step[0] if args.calib_step else None
+            result = llc_series(args.run, args.steps, args.every, settings, calib,
+                                not args.no_calibration, args.device, progress=not args.no_progress)
+            print(format_summary(result))
+            print(f"results in {analysis_dir(args.run) / LLC_SUMMARY_FILE}")
+            return
+        result = head_llc_series(args.run, args.steps, args.every, settings, heads=args.heads, part=args.part,
+                                 calib_steps=args.calib_step, calibrate_check=not args.no_calibration,
+                                 device=args.device, progress=not args.no_progress)
+        print(format_head_summary(result))
+        print(f"results in {analysis_dir(args.run) / HEAD_LLC_SUMMARY_FILE}")
 
     parser = build_parser()
     try:

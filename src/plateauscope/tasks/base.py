@@ -123,6 +123,9 @@ class ReferencePredictor:
     """``predict(tokens)``: ``tokens`` ``[N, seq]`` full sequences -> ``[N, n_loss, vocab]`` probabilities
     of the token after each loss position (rows sum to 1; zeros allowed). It may read the whole
     sequence (a full conditional knows the answer); a rule of the context reads only ``tokens[:, :p + 1]``."""
+    verdict: str | None = None
+    """The kind of the threshold plateau verdict this rung is (``shelf``, ``global marginal``,
+    ``marginal``), so that the ladder's reading of the plateau can be checked against it; None: none."""
 
 
 @dataclass

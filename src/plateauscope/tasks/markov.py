@@ -18,12 +18,15 @@ occurrences of the current state.
 Named positions for the analyses (``plateauscope.tasks.base.Task``): the *cue* of a query is every
 position right after an earlier occurrence of its state (where the induction head reads the
 next-state counts); the ``previous token`` rule is the position before the query; the prediction
-position is the last input position.
+position is the last input position. A prompt pair shuffles the states before the prediction position
+(every state count kept, the transitions changed) where that changes the bigram's most likely next
+state: the answers are the bigram's choice on each prompt, and the unigram prefers neither.
 
 The progress measure is ``excess_loss``, the model's loss minus the bigram reference's loss on the
 same evaluation sequences: 0 for the Bayes-optimal predictor. Its height is the unigram reference's
 excess loss, the unigram's loss minus the bigram's, averaged over every loss position of the whole
-data set (``MarkovTask.unigram_excess``): a model at the unigram stage sits there. Its cue effect
+data set (``MarkovTask.unigram_excess``): a model at the unigram stage sits there (on the evaluation
+sequences, whose own unigram-bigram gap differs from the data set's by sampling noise). Its cue effect
 ``delta_cue`` is the loss at the prediction position once the states before it are shuffled (the
 current state kept), minus the loss: the shuffle keeps every state count of the prefix and destroys
 its transitions, so it is 0 for the unigram reference and large for the bigram.
@@ -40,14 +43,14 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
-from plateauscope.tasks.base import AttentionRule, ProgressMeasure, ReferencePredictor, Task
+from plateauscope.tasks.base import AttentionRule, ProgressMeasure, PromptPairs, ReferencePredictor, Task, TaskError
 from plateauscope.training.config import ConfigError, JsonConfig, ModelConfig, TrainConfig
 
 BOS = "<BOS>"
 LOSS_FROM = 1
 """The first loss position: the first state (``<BOS>``, at 0, would predict the uniform start state)."""
-_DATA_STREAM, _EVAL_STREAM = 0, 1
-"""Tags that keep the data set's and the evaluation sets' random streams apart for the same seed."""
+_DATA_STREAM, _EVAL_STREAM, _PAIRS_STREAM = 0, 1, 2
+"""Tags that keep the random streams of the data set, the evaluation sets and the prompt pairs apart."""
 
 
 @dataclass(frozen=True)
@@ -168,11 +171,13 @@ class MarkovTask(Task):
 
     name: ClassVar[str] = "markov"
     Config: ClassVar[type] = MarkovConfig
-    capabilities: ClassVar[frozenset[str]] = frozenset({"cue", "references"})
-    default_model: ClassVar[ModelConfig] = ModelConfig(n_layers=2, d_model=64, n_heads=4, d_head=16, d_mlp=256,
+    capabilities: ClassVar[frozenset[str]] = frozenset({"cue", "pairs", "references"})
+    # One head a layer, as in Edelman et al.: with four, the induction head forms sooner and the
+    # unigram plateau is shorter.
+    default_model: ClassVar[ModelConfig] = ModelConfig(n_layers=2, d_model=64, n_heads=1, d_head=64, d_mlp=256,
                                                        attn_only=True)
-    default_train: ClassVar[TrainConfig] = TrainConfig(batch_size=64, max_steps=2000, eval_every=10, ckpt_every=10,
-                                                       eval_groups=512, tracked_groups=0, stop_after_tau=1.5)
+    default_train: ClassVar[TrainConfig] = TrainConfig(lr=3e-4, batch_size=64, max_steps=2000, eval_every=10,
+                                                       ckpt_every=10, eval_groups=512, stop_after_tau=1.5)
 
     def __init__(self, cfg: MarkovConfig, tokens: Int[Tensor, "D seq"], transitions: Float[Tensor, "D k k"]):
         self.cfg = cfg
@@ -180,9 +185,11 @@ class MarkovTask(Task):
         self.tokens = tokens
         self.transitions = transitions
         """Each sequence's transition matrix (row: the current state; float64)."""
-        # the height of the progress measure, over every loss position of the data set
-        losses = {rung.name: reference_loss(rung.predict(tokens), tokens, self.loss_positions)
-                  for rung in self.reference_predictors()}
+        # the height of the progress measure, over every loss position of the data set, in chunks of
+        # sequences (a running count per state and position); every sequence has the same positions
+        chunks = tokens.split(4096)
+        losses = {rung.name: sum(reference_loss(rung.predict(c), c, self.loss_positions) * len(c) for c in chunks)
+                  / len(tokens) for rung in self.reference_predictors()}
         self.reference_losses: dict[str, float] = losses
         """Each reference's loss over every loss position of the data set."""
         self.unigram_excess: float = losses["unigram"] - losses["bigram"]
@@ -284,6 +291,33 @@ class MarkovTask(Task):
     def pred_pos(self) -> int:
         """The last input position (it predicts the last state, with the most context)."""
         return self.input_len - 1
+
+    def prompt_pairs(self, n: int = 256, seed: int = 0) -> PromptPairs:
+        """Up to ``n`` seeded pairs from the data set, cut after ``pred_pos``: the corrupted prompt has the
+        states before it shuffled, so it keeps every state count and the current state (the unigram
+        predicts the same on both) and changes the transitions. The answers are the bigram reference's
+        most likely next state on each prompt; only sequences where the two differ (and neither is a
+        tie) are kept, so a model that counts transitions prefers the clean answer on the clean prompt."""
+        rng = _rng(_PAIRS_STREAM, self.cfg.seed, seed)
+        q, k, alpha = self.pred_pos, self.cfg.n_states, self.cfg.alpha
+        pool = torch.from_numpy(rng.permutation(len(self.tokens))[: 16 * n])
+        clean = self.tokens[pool, : q + 1]
+        corrupt = clean.clone()
+        corrupt[:, 1: q] = clean.gather(1, torch.from_numpy(rng.random((len(pool), q - 1)).argsort(1)) + 1)
+
+        def choice(prompts: Tensor) -> tuple[Tensor, Tensor]:
+            top = bigram_probs(prompts, [q], k, alpha)[:, 0].topk(2)  # [P, 2]: the two likeliest states
+            return top.indices[:, 0], top.values[:, 0] - top.values[:, 1] > 1e-9
+
+        clean_answer, clean_clear = choice(clean)
+        corrupt_answer, corrupt_clear = choice(corrupt)
+        keep = (clean_answer != corrupt_answer) & clean_clear & corrupt_clear
+        keep = keep.nonzero()[:, 0][:n]
+        if not len(keep):
+            raise TaskError(f"the task {self.describe()}: no sequence of its data set changes the bigram's choice "
+                            "when shuffled, so it has no prompt pairs (use more or longer sequences)")
+        return PromptPairs(clean=clean[keep], corrupt=corrupt[keep], clean_answer=clean_answer[keep],
+                           corrupt_answer=corrupt_answer[keep], examples=pool[keep], pred_pos=q)
 
     def cue_positions(self, tokens: Int[Tensor, "N seq"], query: int) -> Int[Tensor, "N C"]:
         """The positions right after each earlier occurrence of the query's state, in order (none outside

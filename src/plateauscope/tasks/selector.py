@@ -293,10 +293,11 @@ class SelectorTask(Task):
         (``plateauscope.tasks.selector_metrics.target_ladder``); the stages of the paper's title."""
         if "references" not in self.capabilities:
             return []
-        labels = {"uniform": "uniform", "global_marginal": "p(A)", "group_marginal": "p(A | B)",
-                  "conditional": "p(A | B, z)" if self.cfg.has_selector else "p(A | B, example)"}
-        return [ReferencePredictor(name, label, lambda tokens, name=name: metrics.target_ladder(self, tokens)[name])
-                for name, label in labels.items()]
+        rungs = {"uniform": ("uniform", "shelf"), "global_marginal": ("p(A)", "global marginal"),
+                 "group_marginal": ("p(A | B)", "marginal"),
+                 "conditional": ("p(A | B, z)" if self.cfg.has_selector else "p(A | B, example)", None)}
+        return [ReferencePredictor(name, label, lambda tokens, name=name: metrics.target_ladder(self, tokens)[name],
+                                   verdict) for name, (label, verdict) in rungs.items()]
 
     def summary_fields(self) -> dict:
         """D, K and the direction."""

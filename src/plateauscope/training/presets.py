@@ -62,10 +62,12 @@ PRESETS: dict[str, RunConfig] = {
         preset="induction",
         task_name="induction",
     ),
-    # In-context Markov chains (plateauscope.tasks.markov): a 2-layer attention-only model learns the
-    # in-context unigram, waits there, then the bigram once a statistical induction head forms.
+    # In-context Markov chains (plateauscope.tasks.markov): a 2-layer attention-only model, one head a
+    # layer, learns the in-context unigram, waits there, then the bigram once a statistical induction
+    # head forms. k = 3 states, alpha = 0.5: the rungs of the ladder lie ~0.2 nats apart (~0.1 at
+    # alpha = 1, the stage margin), so each stage reads as one.
     "markov": RunConfig(
-        task=MarkovConfig(),
+        task=MarkovConfig(alpha=0.5),
         model=MarkovTask.default_model,
         train=MarkovTask.default_train,
         preset="markov",

@@ -587,8 +587,11 @@ def finish(out: Path, records: list[dict], task: Task, step: int, evalset: Any, 
                "complete": True, **task.summary_fields(), "machines": machines or []}
     if "references" in task.capabilities:
         rungs = task.reference_predictors()
-        summary["ladder"] = ladder_summary(records, [r.name for r in rungs], [r.label for r in rungs],
-                                           summary["plateau_span"])
+        ladder = summary["ladder"] = ladder_summary(records, [r.name for r in rungs], [r.label for r in rungs],
+                                                    summary["plateau_span"])
+        if ladder and summary.get("plateau"):  # the thresholds' verdict, checked against the ladder's reading
+            kind = next((r.verdict for r in rungs if r.name == ladder["plateau_stage"]), None)
+            summary["plateau"].update(ladder_verdict=kind, agrees_with_ladder=kind == summary["plateau"]["verdict"])
     rd.write_json_atomic(summary_path, summary)
     return summary
 

@@ -34,7 +34,9 @@ from circuitsvis.utils.render import RenderedHTML
 from plateauscope.analysis.analyze import load_analysis
 from plateauscope.analysis.attention import attention_patterns
 from plateauscope.analysis.circuit import reads_cue_text
+from plateauscope.analysis.changepoint import moved_first
 from plateauscope.analysis.results import (
+    HEAD_LLC_SUMMARY_FILE,
     LLC_SUMMARY_FILE,
     OVERVIEW_FILE,
     REPORT_FILE,
@@ -47,6 +49,8 @@ from plateauscope.analysis.snap import snap_statistics
 from plateauscope.training.machine import describe
 from plateauscope.training.run import Run, RunError, read_json, write_text_atomic
 from plateauscope.views.figures import all_figures, head_label, llc_figure
+from plateauscope.views.llc_figures import head_llc_curves
+from plateauscope.views.timeline_figures import run_timeline
 from plateauscope.views.overview import overview_svg
 from plateauscope.views.pages import figure_section, page, table_html, write_page
 
@@ -171,7 +175,7 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
         *([("set loss on the plateau (median)", f"{na(summary.get('plateau_median_set_loss'))} nats "
                                                 f"(step 0: {na(set0)}; 0 = all mass on the K candidates)")]
           if set0 is not None else []),
-        *ladder_rows(summary.get("ladder"), (run.plateau() or {}).get("verdict")),
+        *ladder_rows(summary.get("ladder"), run.plateau()),
         *plateau_rows(run.plateau()),
         ("routing head", f"{sel.get('label')} (rule: {sel.get('rule')})"),
         ("its attention to the cue", f"{na(sel.get('start_value'))} at the plateau start -> {na(sel.get('final_value'))} "
@@ -206,8 +210,8 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
     return rows
 
 
-def ladder_rows(ladder: dict[str, Any] | None, verdict: str | None) -> list[tuple[str, str]]:
-    """The stages read from the ladder of reference predictors, beside the thresholds' verdict."""
+def ladder_rows(ladder: dict[str, Any] | None, plateau: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """The stages read from the ladder of reference predictors, checked against the thresholds' verdict."""
     if not ladder:
         return []
     label = {x["name"]: x["label"] for x in ladder["references"]}
@@ -216,7 +220,9 @@ def ladder_rows(ladder: dict[str, Any] | None, verdict: str | None) -> list[tupl
     return [
         ("stage on the plateau (the closest reference predictor by " f"{ladder['margin']} nats)",
          (f"{label[stage]} at {ladder['plateau_stage_share']:.0%} of the plateau's evaluations" if stage
-          else "no single rung") + (f" (the thresholds' verdict: {verdict})" if verdict else "")),
+          else "no single rung")
+         + (f" (the thresholds' verdict: {plateau.get('verdict')}; "
+            f"{'agrees' if plateau.get('agrees_with_ladder') else 'disagrees'})" if plateau else "")),
         ("stages in order (first step closest to each)",
          ", ".join(f"{label[name]} {step}" for name, step in reached) or "none"),
     ]
@@ -321,6 +327,11 @@ def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str
     if llc_path.exists():  # written by plateauscope llc; landmarks from the current selector summary
         llc = {**read_json(llc_path), "tau": tau, "t_form": sel.get("t_form")}
         figures.append(("llc", "Local learning coefficient", *llc_figure(llc)))
+    head_llc_path = analysis_dir(run.path) / HEAD_LLC_SUMMARY_FILE
+    if head_llc_path.exists():  # written by plateauscope llc --per-head
+        figures.append(("head_llc", "Per-head LLC over training", *head_llc_curves(read_json(head_llc_path))))
+    if tau is not None and (run.summary or {}).get("plateau_span"):  # the one change-point rule on every signal
+        figures.append(("moved_first", "What moved first", *run_timeline(moved_first(run.path, write=False))))
     for i, (key, heading, fig, caption) in enumerate(figures):
         parts += figure_section(key, heading, fig, caption, include_plotlyjs=(i == 0))
     parts += _attention_section(run, sel, n_examples, seed)
