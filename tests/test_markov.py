@@ -4,16 +4,21 @@ the cue on hand-made sequences, and loading by name."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 from torch import Tensor, nn
 
+from plateauscope.analysis.inputs import logit_diff
 from plateauscope.tasks.loading import build_task
 from plateauscope.tasks.markov import MarkovConfig, MarkovTask, bigram_probs, unigram_probs
 from plateauscope.training.config import ConfigError
+from plateauscope.training.presets import get_preset
 from plateauscope.training.references import ReferenceLadder
+from plateauscope.training.run import Run
+from plateauscope.training.train import train
 
 SMALL = MarkovConfig(n_states=3, length=12, n_sequences=64, seed=5)
 
@@ -209,15 +214,17 @@ def test_evaluate_reads_the_references():
 def test_cue_positions_on_hand_made_sequences():
     """Positions:        0  1  2  3  4  5  6  7
     first:           <BOS> a  b  a  c  a  b  c
-    second:          <BOS> c  c  c  c  a  b  a"""
+    second:          <BOS> c  c  c  c  a  b  a
+    Every loss position's rows have T - 2 = 5 columns, -1 after the cue positions."""
     task = MarkovTask.generate(MarkovConfig(n_states=3, length=7, n_sequences=4))
     tokens = torch.tensor([[0, 1, 2, 1, 3, 1, 2, 3], [0, 3, 3, 3, 3, 1, 2, 1]])
     cue = task.cue_positions
-    assert cue(tokens, 5).tolist() == [[2, 4], [-1, -1]]  # a after a at 1, 3; the second's a is new
-    assert cue(tokens, 4).tolist() == [[-1, -1, -1], [2, 3, 4]]  # c is new in the first; c c c before it
-    assert cue(tokens, 3).tolist() == [[2, -1], [2, 3]]  # a at 1; c at 1 and 2 (a self-transition reads 3)
-    assert cue(tokens, 6).tolist() == [[3], [-1]]
-    assert cue(tokens, 1).shape == (2, 0)  # nothing earlier at the first state
+    pad = [-1] * 5
+    assert cue(tokens, 5).tolist() == [[2, 4, -1, -1, -1], pad]  # a after a at 1, 3; the second's a is new
+    assert cue(tokens, 4).tolist() == [pad, [2, 3, 4, -1, -1]]  # c is new in the first; c c c before it
+    assert cue(tokens, 3).tolist() == [[2, -1, -1, -1, -1], [2, 3, -1, -1, -1]]  # a self-transition reads 3
+    assert cue(tokens, 6).tolist() == [[3, -1, -1, -1, -1], pad]
+    assert cue(tokens, 1).tolist() == [pad, pad]  # nothing earlier at the first state
     assert cue(tokens, 0).shape == (2, 0) and cue(tokens, 7).shape == (2, 0)  # not loss positions
     assert cue(tokens, 3).dtype == torch.long
 
@@ -235,12 +242,77 @@ def test_the_cue_holds_the_bigram_counts():
         assert torch.allclose(counts[:, i] * (histogram.sum(1, keepdim=True) + 3) - 1, histogram, atol=1e-9)
 
 
+def test_attention_to_the_cue_of_a_uniform_head_is_its_share_of_the_keys():
+    """With W_Q = W_K = 0 every head attends uniformly to the q + 1 positions it can see, so its attention
+    to the cue is (number of earlier occurrences of the query's state) / (q + 1), counted by hand, and
+    to the previous token 1 / (q + 1)."""
+    from plateauscope.analysis.attention import attention_stats
+    from plateauscope.backend import initial_hooked_state, model_from_hooked_state
+    from plateauscope.training.model import hooked_config_dict
+
+    task = MarkovTask.generate(SMALL)
+    cfg = hooked_config_dict(MarkovTask.default_model, task)
+    state = initial_hooked_state(cfg, seed=0)
+    for key in state:
+        if key.rsplit(".", 1)[-1] in ("W_Q", "W_K", "b_Q", "b_K"):
+            state[key] = torch.zeros_like(state[key])
+    model = model_from_hooked_state(cfg, state)
+    seqs = task.tokens[:24]
+    stats = attention_stats(model, seqs, task)
+    shares = [sum(seq[j] == seq[q] for j in range(1, q)) / (q + 1) for seq in seqs.tolist() for q in task.loss_positions]
+    previous = [1 / (q + 1) for q in range(1, task.input_len)]
+    expected_cue, expected_previous = sum(shares) / len(shares), sum(previous) / len(previous)
+    assert torch.allclose(stats.to_z_all_targets, torch.full_like(stats.to_z_all_targets, expected_cue), atol=1e-5)
+    assert torch.allclose(stats.rules["previous token"], torch.full_like(stats.to_z_all_targets, expected_previous),
+                          atol=1e-5)
+
+
 def test_previous_token_rule_points_one_back():
     task = MarkovTask.generate(SMALL)
     rule = task.attention_rules()["previous token"]
     assert rule.queries == list(range(1, task.input_len))
     assert rule.keys(task.tokens[:3], 5).tolist() == [[4]] * 3
     assert set(task.attention_rules()) == {"cue", "previous token"}
+
+
+# ---- prompt pairs -------------------------------------------------------------------------------
+
+
+def test_prompt_pairs_shuffle_the_context_and_change_the_bigram_choice():
+    task = MarkovTask.generate(MarkovConfig(n_states=3, length=20, alpha=0.5, n_sequences=400, seed=3))
+    pairs = task.prompt_pairs(50, seed=1)
+    q = task.pred_pos
+    assert pairs.pred_pos == q and pairs.clean.shape == pairs.corrupt.shape == (50, q + 1)
+    assert torch.equal(pairs.clean, task.tokens[pairs.examples, : q + 1])
+    assert len(set(pairs.examples.tolist())) == 50
+    for clean, corrupt, a, b in zip(pairs.clean.tolist(), pairs.corrupt.tolist(), pairs.clean_answer.tolist(),
+                                    pairs.corrupt_answer.tolist()):
+        assert corrupt[0] == 0 and corrupt[q] == clean[q] and sorted(corrupt[1:q]) == sorted(clean[1:q])
+        on_clean, on_corrupt = hand_bigram(clean, q, 3, 0.5), hand_bigram(corrupt, q, 3, 0.5)
+        assert a == on_clean.index(max(on_clean)) and b == on_corrupt.index(max(on_corrupt)) and a != b
+        assert hand_unigram(clean, q, 3, 0.5) == hand_unigram(corrupt, q, 3, 0.5)  # the unigram cannot tell
+    again = task.prompt_pairs(50, seed=1)
+    assert torch.equal(again.corrupt, pairs.corrupt) and not torch.equal(task.prompt_pairs(50, seed=2).clean,
+                                                                         pairs.clean)
+
+
+def test_the_metric_separates_the_bigram_from_the_unigram():
+    """The bigram 'model' prefers the clean answer on the clean prompt and the corrupted one on the
+    corrupted prompt; the unigram 'model' gives both prompts the same logit difference."""
+    task = MarkovTask.generate(MarkovConfig(n_states=3, length=20, alpha=0.5, n_sequences=400, seed=3))
+    pairs = task.prompt_pairs(40, seed=0)
+    bigram, unigram = ReferenceModel(task, "bigram"), ReferenceModel(task, "unigram")
+    per_pair = {name: (logit_diff(m(pairs.clean), pairs, reduce=False), logit_diff(m(pairs.corrupt), pairs, reduce=False))
+                for name, m in (("bigram", bigram), ("unigram", unigram))}
+    assert (per_pair["bigram"][0] > 0).all() and (per_pair["bigram"][1] < 0).all()
+    assert torch.allclose(*per_pair["unigram"], atol=1e-6)
+
+
+def test_a_data_set_without_pairs_is_one_line():
+    task = MarkovTask.generate(MarkovConfig(n_states=2, length=3, n_sequences=2, seed=0))
+    with pytest.raises(ConfigError, match="has no prompt pairs") as info:
+        task.prompt_pairs(4)
+    assert "\n" not in str(info.value)
 
 
 # ---- loading ----------------------------------------------------------------------------------
@@ -250,6 +322,31 @@ def test_loads_by_name_and_passes_the_protocol_check():
     task = build_task("markov", SMALL)  # build_task runs check_task
     assert isinstance(task, MarkovTask) and task.vocab == ["<BOS>", "s0", "s1", "s2"]
     assert task.loss_positions == list(range(1, 12)) and task.pred_pos == 11 and task.input_len == 12
-    assert task.capabilities == {"cue", "references"}
+    assert task.capabilities == {"cue", "pairs", "references"}
     with pytest.raises(ConfigError, match="its config must be a MarkovConfig"):
         build_task("markov", object())
+
+
+# ---- a short run ------------------------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_a_short_run_climbs_the_ladder(tmp_path, one_thread):
+    """The preset's task with T = 32 on a 4-head model: uniform, the unigram plateau (the cue unused),
+    then the bigram (the cue used), inside 400 steps."""
+    base = get_preset("markov")
+    cfg = dataclasses.replace(
+        base, task=dataclasses.replace(base.task, length=32, n_sequences=4096),
+        model=dataclasses.replace(base.model, n_heads=4, d_head=16),
+        train=dataclasses.replace(base.train, lr=1e-3, eval_groups=128, eval_every=20, ckpt_every=100, max_steps=400,
+                                  stop_after_tau=1.3))
+    summary = train(cfg, tmp_path / "run", device="cpu", progress=False)
+    run = Run(tmp_path / "run")
+    h, records = run.progress.height, run.metrics()
+    assert summary["tau"] is not None and summary["plateau_span"] is not None
+    assert records[0]["excess_loss"] > 2 * h and records[-1]["excess_loss"] < 0.5 * h
+    start = next(r for r in records if r["step"] == summary["plateau_span"][0])
+    assert start["delta_cue"] < 0.1 * h < 0.5 * h < records[-1]["delta_cue"]
+    ladder = summary["ladder"]
+    assert ladder["plateau_stage"] == "unigram" and ladder["final_stage"] == "bigram"
+    assert ladder["first_reached"]["uniform"] < ladder["first_reached"]["unigram"] < ladder["first_reached"]["bigram"]

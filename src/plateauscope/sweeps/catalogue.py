@@ -138,7 +138,7 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         grids=({"seed": (0, 1, 2)},),
         description="the markov preset over 3 seeds: tau, the stages (uniform, unigram, bigram), the statistical "
                     "induction and previous-token heads' t_form and lead",
-        cost="~6k steps"),
+        cost="~1.5k steps"),
     SweepSpec(
         name="quick-d", base="ci", fixed=_QUICK,
         grids=({"K": (10,), "D": (2000, 3000, 5000, 8000), "seed": (0, 1, 2)},),

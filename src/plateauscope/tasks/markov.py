@@ -28,7 +28,7 @@ excess loss, the unigram's loss minus the bigram's, averaged over every loss pos
 data set (``MarkovTask.unigram_excess``): a model at the unigram stage sits there (on the evaluation
 sequences, whose own unigram-bigram gap differs from the data set's by sampling noise). Its cue effect
 ``delta_cue`` is the loss at the prediction position once the states before it are shuffled (the
-current state kept), minus the loss: the shuffle keeps every state count of the prefix and destroys
+current state kept), minus the loss: the shuffle keeps every state count of the prefix and scrambles
 its transitions, so it is 0 for the unigram reference and large for the bigram.
 """
 
@@ -320,15 +320,18 @@ class MarkovTask(Task):
                            corrupt_answer=corrupt_answer[keep], examples=pool[keep], pred_pos=q)
 
     def cue_positions(self, tokens: Int[Tensor, "N seq"], query: int) -> Int[Tensor, "N C"]:
-        """The positions right after each earlier occurrence of the query's state, in order (none outside
-        the loss positions); a row with fewer than C pads with -1."""
+        """The positions right after each earlier occurrence of the query's state, in order, padded with
+        -1 to ``C = T - 2`` columns at every loss position (the most a query can have: the analyses stack
+        the queries' rows); none outside the loss positions."""
         if not self.loss_positions[0] <= query <= self.loss_positions[-1]:
             return torch.empty(len(tokens), 0, dtype=torch.long)
+        width = self.loss_positions[-1] - 1
         earlier = tokens[:, 1: query] == tokens[:, query, None]  # [N, query - 1]: occurrences at 1 .. query - 1
         after = torch.arange(2, query + 1)  # the position after each
         # the hits first, in order; the misses sort last and become the padding
-        keys = torch.where(earlier, after, query + 1).sort(1).values[:, : int(earlier.sum(1).max())]
-        return torch.where(keys > query, -1, keys)
+        keys = torch.where(earlier, after, query + 1).sort(1).values
+        keys = nn.functional.pad(torch.where(keys > query, -1, keys), (0, width - keys.shape[1]), value=-1)
+        return keys
 
     def attention_rules(self) -> dict[str, AttentionRule]:
         """The cue (the statistical induction pattern, from the loss positions) and the previous token
