@@ -47,7 +47,8 @@ import torch
 
 from plateauscope.analysis.head_llc import HEAD_LLC_SETTINGS, all_heads, estimate_head_llc, head_llc_series
 from plateauscope.analysis.llc import LLCSettings, estimate_llc
-from plateauscope.training.files import CHECKPOINT_DIR
+from plateauscope.analysis.results import ATTENTION_FILE, analysis_dir
+from plateauscope.training.files import CHECKPOINT_DIR, ROUTING_FILE
 from plateauscope.tasks.selector import SelectorTask
 from plateauscope.backend import build_model
 from plateauscope.training.model import hooked_config_dict
@@ -76,10 +77,10 @@ def scratch_copy(run_dir: Path, dst: Path, steps: list[int]) -> Path:
     for step in steps:
         ckpt = src.checkpoint_path(step)
         os.link(ckpt, dst / CHECKPOINT_DIR / ckpt.name)
-    for name in ("routing.json", "attention.jsonl"):  # the marked heads, for the clusters
-        if (run_dir / "analysis" / name).exists():
-            (dst / "analysis").mkdir(exist_ok=True)
-            shutil.copy2(run_dir / "analysis" / name, dst / "analysis" / name)
+    for name in (ROUTING_FILE, ATTENTION_FILE):  # the marked heads, for the clusters
+        if (analysis_dir(run_dir) / name).exists():
+            analysis_dir(dst).mkdir(exist_ok=True)
+            shutil.copy2(analysis_dir(run_dir) / name, analysis_dir(dst) / name)
     return dst
 
 

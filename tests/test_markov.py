@@ -1,6 +1,7 @@
 """The in-context Markov chain task: its data against the chains it was drawn from, the ladder of
-reference predictors against hand counts, the evaluation against models that *are* a reference,
-the cue on hand-made sequences, and loading by name."""
+reference predictors against hand counts, the evaluation and the prompt pairs against models that
+*are* a reference, the cue on hand-made sequences and under a uniform head, loading by name, and
+(slow) a short run that climbs the ladder."""
 
 from __future__ import annotations
 
@@ -259,7 +260,8 @@ def test_attention_to_the_cue_of_a_uniform_head_is_its_share_of_the_keys():
     model = model_from_hooked_state(cfg, state)
     seqs = task.tokens[:24]
     stats = attention_stats(model, seqs, task)
-    shares = [sum(seq[j] == seq[q] for j in range(1, q)) / (q + 1) for seq in seqs.tolist() for q in task.loss_positions]
+    shares = [sum(seq[j] == seq[q] for j in range(1, q)) / (q + 1)
+              for seq in seqs.tolist() for q in task.loss_positions]
     previous = [1 / (q + 1) for q in range(1, task.input_len)]
     expected_cue, expected_previous = sum(shares) / len(shares), sum(previous) / len(previous)
     assert torch.allclose(stats.to_z_all_targets, torch.full_like(stats.to_z_all_targets, expected_cue), atol=1e-5)
@@ -302,7 +304,8 @@ def test_the_metric_separates_the_bigram_from_the_unigram():
     task = MarkovTask.generate(MarkovConfig(n_states=3, length=20, alpha=0.5, n_sequences=400, seed=3))
     pairs = task.prompt_pairs(40, seed=0)
     bigram, unigram = ReferenceModel(task, "bigram"), ReferenceModel(task, "unigram")
-    per_pair = {name: (logit_diff(m(pairs.clean), pairs, reduce=False), logit_diff(m(pairs.corrupt), pairs, reduce=False))
+    per_pair = {name: (logit_diff(m(pairs.clean), pairs, reduce=False),
+                       logit_diff(m(pairs.corrupt), pairs, reduce=False))
                 for name, m in (("bigram", bigram), ("unigram", unigram))}
     assert (per_pair["bigram"][0] > 0).all() and (per_pair["bigram"][1] < 0).all()
     assert torch.allclose(*per_pair["unigram"], atol=1e-6)

@@ -4,7 +4,7 @@ Chromium is driven over the DevTools protocol through ``--remote-debugging-pipe`
 descriptors 3 and 4, NUL-terminated JSON: no websocket library needed). Checked:
 
 * every plotly figure div rendered (a ``.main-svg`` inside each ``.plotly-graph-div``), and the
-  number of figures is the number of ``plateauscope.views.figures.all_figures``;
+  number of figures is the number of ``plateauscope.views.report.report_figures``;
 * every CircuitsVis view rendered (its element has child elements and text);
 * no request leaves the machine: every ``Network.requestWillBeSent`` URL is ``file:``, ``data:``,
   ``blob:`` or ``about:``; and no ``<script src>`` / ``<link href>`` / ``<img src>`` in the HTML
@@ -32,8 +32,7 @@ import pytest
 
 from plateauscope.analysis.analyze import load_analysis
 from plateauscope.training.run import Run
-from plateauscope.views.figures import all_figures
-from plateauscope.views.report import write_report
+from plateauscope.views.report import report_figures, write_report
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome", "chrome")
 LOCAL_SCHEMES = ("file:", "data:", "blob:", "about:")
@@ -224,7 +223,8 @@ def test_report_renders_in_headless_chromium(chromium_binary, report, ci_analyse
     shot = tmp_path / "report.png"
     result = render(chromium_binary, report, tmp_path / "profile", screenshot=shot)
     run = Run(ci_analysed)
-    n_figures = len(all_figures(run.metrics(), load_analysis(ci_analysed), run.progress))
+    analysis = load_analysis(ci_analysed)
+    n_figures = len(report_figures(run, analysis, analysis["routing"]))
     assert result["figures"] == n_figures, result
     assert result["figuresRendered"] == result["figures"], result
     assert result["views"] >= 4 and result["viewsRendered"] == result["views"], result

@@ -95,19 +95,24 @@ from plateauscope.training.metrics import compute_tau
 from plateauscope.training.run import Run, RunError
 from plateauscope.training.train import fused_loss
 
-HEAD_LLC_SETTINGS = LLCSettings(num_chains=2, num_draws=100, num_burnin_steps=20, batch_size=16, lr=3e-4,
-                                localization=1000.0, nbeta=100.0)
-"""The per-head defaults: chosen on the demo run for per-head estimates stable to ``max_rel_change``
-under doubled draws at a plateau and a post-drop checkpoint (the figures are in the bench JSON,
-``bench/llc.py``)."""
+HEAD_LLC_SETTINGS = LLCSettings(num_chains=1, num_draws=100, num_burnin_steps=10, batch_size=16, lr=1e-3,
+                                localization=300.0, nbeta=100.0)
+"""The per-head defaults, chosen on the demo run (``plateauscope train --preset demo``) for estimates stable
+under doubled draws (:func:`calibrate_heads`) at a plateau and a post-drop checkpoint within the cost of
+the whole-model series: the same nbeta and the same ``lr x localization`` (the relaxation of the
+localised directions, and the step size's bias on them) as the whole-model defaults, with a third of
+the localisation, so that a head's LLC is less the trace of its Hessian over gamma and its minibatch
+noise smaller against it; one chain, each draw's loss paired with the checkpoint's (the numbers are in
+the bench JSON, ``bench/llc.py``)."""
 
 PARTS: dict[str, tuple[str, ...]] = {"head": HEAD_WEIGHTS["qk"] + HEAD_WEIGHTS["ov"], **HEAD_WEIGHTS}
 """Which of a head's weights are sampled: ``head`` (all: Q, K, V, O and the head's b_Q, b_K, b_V), ``qk``
 (where it looks) or ``ov`` (what it carries). Each is indexed by the head in its first dimension."""
 
-STABILITY_FLOOR = 0.5
-"""In the stability check, a head's change is taken relative to at least this LLC (half an effective weight:
-one regular weight's LLC), so a head whose LLC is near 0 is held to an absolute bound instead."""
+STABILITY_FLOOR = 1.0
+"""In the stability check, a head's change is taken relative to at least this LLC (one effective parameter,
+two regular weights' worth), so a head whose LLC is near 0 is held to an absolute bound instead
+(``max_rel_change`` x this), where a relative change says nothing."""
 
 FORWARDS: tuple[str, ...] = ("fused", "hooked")
 """The forward passes the per-head loss can run (:func:`training_loss`)."""
@@ -286,8 +291,8 @@ def calibrate_heads(run: Run, step: int, settings: LLCSettings, heads: list[tupl
     """The stability check at ``step``: every head's LLC with ``num_draws`` and with twice as many.
 
     A head's change is ``|LLC(2 draws) - LLC(draws)| / max(|LLC(2 draws)|, STABILITY_FLOOR)``: relative for
-    a head that counts at least half an effective weight, absolute (in units of half a weight) below that,
-    where a relative change of a value near 0 says nothing. ``rel_change`` is the plain relative change."""
+    a head that counts at least one effective parameter, absolute (in units of one) below that, where a
+    relative change of a value near 0 says nothing. ``rel_change`` is the plain relative change."""
     (base,), (doubled,) = (head_llc_at(run, [step], s, heads, part, paired, forward, device, progress)
                            for s in (settings, settings.with_draws(2 * settings.num_draws)))
     diff = [abs(d["llc"] - b["llc"]) for b, d in zip(base, doubled)]

@@ -75,7 +75,8 @@ class MarkovConfig(JsonConfig):
         if self.n_states < 2:
             raise ConfigError(f"n_states must be at least 2, got {self.n_states}")
         if self.length < 3:
-            raise ConfigError(f"length must be at least 3 (a transition to count before a prediction), got {self.length}")
+            raise ConfigError(f"length must be at least 3 (a transition to count before a prediction), "
+                              f"got {self.length}")
         if not (math.isfinite(self.alpha) and self.alpha > 0):
             raise ConfigError(f"alpha must be a positive finite number, got {self.alpha}")
         if self.n_sequences < 2:

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
+from plateauscope.analysis.head_llc import STABILITY_FLOOR
 from plateauscope.analysis.results import na
 from plateauscope.views.figures import (
     HEAD_COLORS,
@@ -52,7 +53,7 @@ def _calibration_text(summary: dict[str, Any]) -> str:
         return ""
     worst = max(calib, key=lambda c: c["max_change"])
     return (f" Doubling the draws changes a head's estimate by at most {100 * worst['max_change']:.1f}% "
-            f"(step {worst['step']}; relative to at least 0.5).")
+            f"(step {worst['step']}; relative to at least {STABILITY_FLOOR:g}).")
 
 
 def head_llc_heatmap(summary: dict[str, Any], step: int | None = None) -> Captioned:

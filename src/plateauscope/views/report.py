@@ -306,6 +306,24 @@ def build_overview(run_dir: str | Path) -> tuple[str, str]:
                         describe(machines[-1]) if machines else None)
 
 
+def report_figures(run: Run, analysis: dict[str, Any], sel: dict[str, Any]) -> list[tuple[str, str, Any, str]]:
+    """Every figure of the report in reading order: the run's figures, then the LLC's and the per-head
+    LLC's when computed, then what moved first when the run has tau and a plateau."""
+    tau = sel.get("tau")
+    metrics = run.metrics()
+    figures = all_figures(metrics, analysis, run.progress, tau, run.plateau(), (run.summary or {}).get("ladder"))
+    llc_path = analysis_dir(run.path) / LLC_SUMMARY_FILE
+    if llc_path.exists():  # written by plateauscope llc; landmarks from the current selector summary
+        llc = {**read_json(llc_path), "tau": tau, "t_form": sel.get("t_form")}
+        figures.append(("llc", "Local learning coefficient", *llc_figure(llc)))
+    head_llc_path = analysis_dir(run.path) / HEAD_LLC_SUMMARY_FILE
+    if head_llc_path.exists():  # written by plateauscope llc --per-head
+        figures.append(("head_llc", "Per-head LLC over training", *head_llc_curves(read_json(head_llc_path))))
+    if tau is not None and (run.summary or {}).get("plateau_span"):  # the one change-point rule on every signal
+        figures.append(("moved_first", "What moved first", *run_timeline(moved_first(run.path, write=False))))
+    return figures
+
+
 def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str:
     """The report of an analysed run as one HTML string."""
     run = Run(run_dir)
@@ -322,16 +340,7 @@ def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str
              "<h2>Summary</h2>", table_html(summary_rows(run, metrics, sel, snap))]
     svg, caption = build_overview(run.path)
     parts += ["<h2>At a glance</h2>", f'<div class="figure">{svg}</div>', f'<p class="caption">{html.escape(caption)}</p>']
-    figures = all_figures(metrics, analysis, run.progress, tau, run.plateau(), (run.summary or {}).get("ladder"))
-    llc_path = analysis_dir(run.path) / LLC_SUMMARY_FILE
-    if llc_path.exists():  # written by plateauscope llc; landmarks from the current selector summary
-        llc = {**read_json(llc_path), "tau": tau, "t_form": sel.get("t_form")}
-        figures.append(("llc", "Local learning coefficient", *llc_figure(llc)))
-    head_llc_path = analysis_dir(run.path) / HEAD_LLC_SUMMARY_FILE
-    if head_llc_path.exists():  # written by plateauscope llc --per-head
-        figures.append(("head_llc", "Per-head LLC over training", *head_llc_curves(read_json(head_llc_path))))
-    if tau is not None and (run.summary or {}).get("plateau_span"):  # the one change-point rule on every signal
-        figures.append(("moved_first", "What moved first", *run_timeline(moved_first(run.path, write=False))))
+    figures = report_figures(run, analysis, sel)
     for i, (key, heading, fig, caption) in enumerate(figures):
         parts += figure_section(key, heading, fig, caption, include_plotlyjs=(i == 0))
     parts += _attention_section(run, sel, n_examples, seed)
