@@ -349,7 +349,7 @@ def _summary() -> dict:
     llc = [[1.0, 2.0, 3.0, 4.0], [1.0, 2.5, 3.0, 6.0], [1.1, 3.0, 3.0, 12.0], [1.2, 3.5, 3.0, 20.0]]
     heads = ["L0H0", "L0H1", "L1H0", "L1H1"]
     return {"steps": steps, "heads": heads, "llc": llc, "n_layers": 2, "n_heads": 2, "tau": 250, "t_form": 150,
-            "settings": HL.HEAD_LLC_SETTINGS.to_dict(), "marked": {"routing": "L1H1"},
+            "settings": {**HL.HEAD_LLC_SETTINGS.to_dict(), "num_chains": 1}, "marked": {"routing": "L1H1"},
             "calibration": [{"step": 300, "max_change": 0.04, "change": [0.01, 0.02, 0.04, 0.03]}],
             "clusters": HL.cluster_heads(steps, np.asarray(llc).T, heads, {"routing": "L1H1"})}
 
@@ -362,7 +362,7 @@ def test_figures_show_the_data_and_say_it():
     z = np.array(fig.data[0].z, dtype=float)
     assert z.shape == (2, 2) and z[1, 1] == 20.0 and z[0, 1] == 3.0  # rows heads, columns layers
     assert "L1H1 has the largest per-head LLC (20.0)" in caption and "L0H0 the smallest (1.2)" in caption
-    assert "4.0%" in caption
+    assert "4.0%" in caption and "L1H1 (routing) 20.0" in caption and "1 chain x" in caption
     fig, caption = LF.head_llc_heatmap(s, step=100)
     assert "(6.0)" in caption
     with pytest.raises(ValueError, match="not analysed"):

@@ -397,6 +397,36 @@ def test_the_view_of_a_real_run_holds_its_analysis_files(ci_analysed, ci_view):
     assert data["markers"]["tau"] == cache["routing"]["tau"]
 
 
+def test_the_per_head_llc_heatmap_holds_its_file_at_its_steps(ci_analysed, tmp_path):
+    """A head_llc.json at two of the view's steps (one head left out) is the per-head LLC heatmap there,
+    cell by cell, and "not computed" (None) at every other step and for the head left out."""
+    from plateauscope.analysis.results import HEAD_LLC_SUMMARY_FILE, analysis_dir
+    from plateauscope.training.run import RunError
+    from plateauscope.views.time_data import time_view_data
+    from tests.conftest import copy_run
+
+    run = copy_run(ci_analysed, tmp_path / "run", with_analysis=True)
+    before = time_view_data(run)
+    assert "per-head LLC" not in [h["name"] for h in before["heatmaps"]]
+    steps = before["steps"]
+    n_layers, n_heads = before["n_layers"], before["n_heads"]
+    heads = [(layer, head) for layer in range(n_layers) for head in range(n_heads)][1:]
+    at = [steps[1], steps[-1]]
+    llc = [[10.0 * i + layer + head / 10 for layer, head in heads] for i in range(len(at))]
+    (analysis_dir(run) / HEAD_LLC_SUMMARY_FILE).write_text(json.dumps(
+        {"steps": at, "heads": [f"L{layer}H{head}" for layer, head in heads], "llc": llc}))
+    data = time_view_data(run)
+    grids = next(h for h in data["heatmaps"] if h["name"] == "per-head LLC")["values"]
+    assert [g is not None for g in grids] == [s in at for s in steps]
+    for i, step in enumerate(at):
+        grid = grids[steps.index(step)]
+        assert grid[0][0] is None
+        assert [grid[layer][head] for layer, head in heads] == llc[i]
+    (analysis_dir(run) / HEAD_LLC_SUMMARY_FILE).write_text(json.dumps({"steps": at, "heads": ["L9H0"], "llc": [[1.0]]}))
+    with pytest.raises(RunError, match=r"head_llc\.json: not a per-head LLC summary \(head L9H0 does not exist"):
+        time_view_data(run)
+
+
 @pytest.mark.slow
 def test_the_view_of_a_real_run_in_chromium(chromium_binary, ci_analysed, ci_view, tmp_path):
     """Open at the step nearest tau (``#step=TAU``), slide away and back: the edge scores, the attention-to-cue heatmap and the marker are

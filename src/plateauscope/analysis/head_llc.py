@@ -95,11 +95,12 @@ from plateauscope.training.metrics import compute_tau
 from plateauscope.training.run import Run, RunError
 from plateauscope.training.train import fused_loss
 
-HEAD_LLC_SETTINGS = LLCSettings(num_chains=1, num_draws=100, num_burnin_steps=10, batch_size=16, lr=1e-3,
+HEAD_LLC_SETTINGS = LLCSettings(num_chains=1, num_draws=150, num_burnin_steps=10, batch_size=16, lr=1e-3,
                                 localization=300.0, nbeta=100.0)
 """The per-head defaults, chosen on the demo run (``plateauscope train --preset demo``) for estimates stable
-under doubled draws (:func:`calibrate_heads`) at a plateau and a post-drop checkpoint within the cost of
-the whole-model series: the same nbeta and the same ``lr x localization`` (the relaxation of the
+under doubled draws (:func:`calibrate_heads`) from the late plateau on and after the drop, within the cost
+of the whole-model series (in the plateau's middle, where every head's LLC is below 1, 300 draws are
+needed for the 10% bound): the same nbeta and the same ``lr x localization`` (the relaxation of the
 localised directions, and the step size's bias on them) as the whole-model defaults, with a third of
 the localisation, so that a head's LLC is less the trace of its Hessian over gamma and its minibatch
 noise smaller against it; one chain, each draw's loss paired with the checkpoint's (the numbers are in

@@ -8,6 +8,8 @@ import dataclasses
 import sys
 from pathlib import Path
 
+import torch
+
 import plateauscope.analysis.llc as _module
 from plateauscope.analysis.head_llc import (
     HEAD_LLC_SETTINGS,
@@ -60,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the draws are doubled (default: the last chosen step; several with --per-head)")
     p.add_argument("--no-calibration", action="store_true", help="skip the doubled-draws check")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's; 1 is often faster on a "
+                                               "shared or busy machine)")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -77,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
     """``plateauscope llc``: the LLC over the series, or one ``skipped:`` line without the extra."""
     def body(args: argparse.Namespace) -> None:
         settings = settings_from(args)
+        if args.threads is not None:
+            if args.threads < 1:
+                raise CliError(f"--threads must be at least 1, got {args.threads}")
+            torch.set_num_threads(args.threads)
         if not args.per_head:
             if args.heads or args.part != "head":
                 raise CliError("--heads and --part need --per-head")

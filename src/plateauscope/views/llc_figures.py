@@ -43,7 +43,8 @@ def _tags(summary: dict[str, Any]) -> dict[str, list[str]]:
 
 def _settings_text(summary: dict[str, Any]) -> str:
     s = summary["settings"]
-    return (f"SGLD on the head's weights only: {s['num_chains']} chains x {s['num_draws']} draws, eps {s['lr']:g}, "
+    chains = f"{s['num_chains']} chain{'s' if s['num_chains'] != 1 else ''}"
+    return (f"SGLD on the head's weights only: {chains} x {s['num_draws']} draws, eps {s['lr']:g}, "
             f"gamma {s['localization']:g}, nbeta {s['nbeta']:g}")
 
 
@@ -79,8 +80,8 @@ def head_llc_heatmap(summary: dict[str, Any], step: int | None = None) -> Captio
     fig.update_yaxes(autorange="reversed", type="category")
     values = grid[i]
     top, low = int(np.nanargmax(values)), int(np.nanargmin(values))
-    marked = "; ".join(f"{name} head {lab} {values[summary['heads'].index(lab)]:.1f}"
-                       for lab, names in tags.items() for name in names)
+    marked = "; ".join(f"{lab} ({', '.join(names)}) {values[summary['heads'].index(lab)]:.1f}"
+                       for lab, names in tags.items())
     caption = (f"At step {step} {summary['heads'][top]} has the largest per-head LLC ({values[top]:.1f}) and "
                f"{summary['heads'][low]} the smallest ({values[low]:.1f}); median {np.nanmedian(values):.1f}"
                + (f"; marked (★): {marked}." if marked else ".") + f" {_settings_text(summary)}."

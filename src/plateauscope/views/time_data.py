@@ -9,7 +9,8 @@ ablation, patterns) and ``metrics.jsonl`` and returns the dict that
   normalised: during the plateau the clean-corrupted gap is near 0 and a share of it is noise;
   in logits the circuit visibly grows), and the faithful circuit at each step it was searched at;
 * heatmaps (layers x heads): attention to the cue, the attribution effect of head outputs in
-  logits, and the progress measure with the head mean-ablated (only at the exact steps);
+  logits, the progress measure with the head mean-ablated (only at the exact steps), and the
+  per-head LLC (``plateauscope llc --per-head``: only at the steps it was estimated at);
 * the attention patterns of a few examples, as cached (uint8, base64);
 * the loss curves: the progress measure, the set loss and the cue effect where the task logs them;
   t_form and tau from the run's summary (``routing.json``);
@@ -23,9 +24,10 @@ from typing import Any
 
 from plateauscope.analysis.analyze import AnalysisSettings, load_analysis
 from plateauscope.analysis.edges import edges_summary, graph_of_record, stability
-from plateauscope.analysis.results import analysis_dir, na
+from plateauscope.analysis.head_llc import parse_head_label
+from plateauscope.analysis.results import HEAD_LLC_SUMMARY_FILE, analysis_dir, na
 from plateauscope.training.references import kl_key
-from plateauscope.training.run import Run, RunError
+from plateauscope.training.run import Run, RunError, read_json
 
 CURVE_KEYS = ("set_loss", "loss")
 """Logged fields drawn next to the progress measure and the cue effect, when a run has them."""
@@ -63,6 +65,7 @@ def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None
         {"name": "head attribution effect (logits)", "values": _by_step(cache["attribution"], steps, head_effect)},
         {"name": f"{progress.label} with the head mean-ablated",
          "values": _by_step(cache["ablation"], steps, lambda r: r["mean"]["candidate_loss"])},
+        {"name": "per-head LLC", "values": head_llc_grids(run, steps, graph.n_layers, graph.n_heads)},
     ]
     patterns = cache["patterns"]
     records = run.metrics()
@@ -92,6 +95,29 @@ def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None
         **({"selected_head": sel["head"]} if sel.get("head") else {}),
         "score_unit": "attribution effect on the metric, logits",
     }
+
+
+def head_llc_grids(run: Run, steps: list[int], n_layers: int, n_heads: int) -> list[Any]:
+    """The per-head LLC (``head_llc.json``) as a layers x heads grid at each view step it was estimated at
+    (None elsewhere, and a head it was not estimated for is None); all None without the file."""
+    path = analysis_dir(run.path) / HEAD_LLC_SUMMARY_FILE
+    if not path.exists():
+        return [None] * len(steps)
+    summary = read_json(path)
+    try:
+        cells = [parse_head_label(label, n_layers, n_heads) for label in summary["heads"]]
+        at = dict(zip((int(s) for s in summary["steps"]), summary["llc"]))
+    except (KeyError, TypeError, ValueError) as e:
+        raise RunError(f"{path}: not a per-head LLC summary ({e}); run plateauscope llc --per-head again") from None
+    grids: list[Any] = []
+    for step in steps:
+        grid: list[list[float | None]] | None = None
+        if step in at:
+            grid = [[None] * n_heads for _ in range(n_layers)]
+            for (layer, head), value in zip(cells, at[step]):
+                grid[layer][head] = value
+        grids.append(grid)
+    return grids
 
 
 def ladder_curves(records: list[dict[str, Any]], ladder: dict[str, Any] | None) -> dict[str, Any] | None:
