@@ -142,7 +142,8 @@ ANALYSIS_SIDE = ("plateauscope.analysis", "plateauscope.dynamics", "plateauscope
 ANALYSES_AND_VIEWS = ("plateauscope.analysis", "plateauscope.dynamics", "plateauscope.views")
 VIEWS = ("plotly", "circuitsvis", "plateauscope.views")
 TASK_SPECIFIC = ("plateauscope.tasks.selector", "plateauscope.tasks.selector_layout",
-                 "plateauscope.tasks.selector_metrics", "plateauscope.tasks.induction")
+                 "plateauscope.tasks.selector_metrics", "plateauscope.tasks.induction",
+                 "plateauscope.tasks.markov")
 
 
 def _under(module: str, prefixes: tuple[str, ...]) -> bool:
