@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import logging
-import multiprocessing
-import os
 import subprocess
 import time
 from pathlib import Path
 from typing import Any
 import torch
 from tqdm.auto import tqdm
+from plateauscope.processes import available_cores, spawn_pool
 from plateauscope.training import run as rd
 from plateauscope.training.config import ConfigError
 from plateauscope.training.ensemble import train_ensemble
@@ -42,14 +41,6 @@ def run_job(job: Job) -> list[dict[str, Any]]:
 # ---- executors ----------------------------------------------------------------------------
 
 
-def available_cores() -> int:
-    """CPU cores this process may use."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
-
-
 def _run_serial(jobs: list[Job], bar: tqdm) -> list[dict]:
     threads = torch.get_num_threads()  # run_job sets this process's threads: give them back after
     outcomes = []
@@ -69,10 +60,10 @@ def _died(job: Job, e: BaseException) -> list[dict]:
 
 
 def _run_local(jobs: list[Job], workers: int, bar: tqdm) -> list[dict]:
-    # spawn, not fork: forking a process whose torch (OpenMP) thread pool is running can hang the child.
     outcomes = []
-    pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
-    try:
+    # Interrupted (Ctrl-C, or SIGTERM, which main() turns into the same), the pool stops its workers: a
+    # worker left running would go on writing its run directory while a second sweep resumes it.
+    with spawn_pool(workers) as pool:
         futures = {pool.submit(run_job, job): job for job in jobs}
         for future in cf.as_completed(futures):
             try:
@@ -80,14 +71,6 @@ def _run_local(jobs: list[Job], workers: int, bar: tqdm) -> list[dict]:
             except cf.process.BrokenProcessPool as e:
                 outcomes += _died(futures[future], e)
             bar.update(1)
-    except BaseException:
-        # Interrupted (Ctrl-C, or SIGTERM, which main() turns into the same): stop the workers too. A
-        # worker left running would go on writing its run directory while a second sweep resumes it.
-        for process in list(getattr(pool, "_processes", {}).values()):
-            process.terminate()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
     return outcomes
 
 

@@ -1,0 +1,39 @@
+"""Worker processes on this machine: its cores, and a pool of spawned processes that stops with its caller.
+
+Used by the local sweep executor (one training job per process) and by the per-head LLC (checkpoints and
+heads spread over processes); each caller writes its files in the parent, so a killed pool loses work
+in flight, never a file.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import multiprocessing
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+
+def available_cores() -> int:
+    """CPU cores this process may use."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
+
+
+@contextmanager
+def spawn_pool(workers: int) -> Iterator[cf.ProcessPoolExecutor]:
+    """A pool of ``workers`` spawned processes, shut down on leaving; on an exception (Ctrl-C, or SIGTERM
+    turned into one) its processes are terminated first, so none goes on computing, or writing, after its
+    caller stopped."""
+    # spawn, not fork: forking a process whose torch (OpenMP) thread pool is running can hang the child.
+    pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        yield pool
+    except BaseException:
+        for process in list(getattr(pool, "_processes", {}).values()):
+            process.terminate()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
