@@ -333,12 +333,46 @@ def test_series_cache_and_cli(tiny_run, tmp_path, monkeypatch, capsys, one_threa
     out = capsys.readouterr().out
     assert "L0H1" in out and "doubled draws" in out and "clusters" in out
     for bad, word in ((["--heads", "L3H0"], "does not exist"), (["--steps", "99999"], "99999"),
-                      (["--every", "0"], "--every"), (["--calib-step", "99999"], "99999")):
+                      (["--every", "0"], "--every"), (["--calib-step", "99999"], "99999"),
+                      (["--workers", "0"], "--workers")):
         assert llc_cli.main(["--run", str(run_dir), "--per-head", *bad]) == 2  # progress bar on: none drawn
         err = capsys.readouterr().err
         assert err.startswith("error:") and word in err and err.count("\n") == 1, err
-    assert llc_cli.main(["--run", str(run_dir), "--heads", "L0H0"]) == 2
-    assert "--per-head" in capsys.readouterr().err
+    for flags in (["--heads", "L0H0"], ["--workers", "2"]):
+        assert llc_cli.main(["--run", str(run_dir), *flags]) == 2
+        assert "--per-head" in capsys.readouterr().err
+
+
+def test_work_units_keep_a_checkpoint_together_and_split_one_step_between_workers():
+    h = [(0, 0), (0, 1), (1, 0), (1, 1)]
+    a, b = TINY, TINY.with_draws(2 * TINY.num_draws)
+    series = [(a, s, x) for s in (10, 20, 30, 40) for x in h]
+    assert HL.work_units(series, 2) == [(a, s, h) for s in (10, 20, 30, 40)]  # one unit per checkpoint
+    # the doubled draws at one step: its heads in runs, so that 2 workers finish together; largest units first
+    assert HL.work_units(series + [(b, 40, x) for x in h], 2) == (
+        [(a, s, h) for s in (10, 20, 30, 40)] + [(b, 40, [x]) for x in h])
+    assert HL.work_units([(a, 30, x) for x in h[:3]], 8) == [(a, 30, [x]) for x in h[:3]]  # never an empty unit
+    assert HL.work_units([(a, 10, h[0]), (a, 20, h[1])], 1) == [(a, 10, [h[0]]), (a, 20, [h[1]])]
+    assert HL.work_units([], 2) == []
+
+
+@needs_devinterp
+def test_workers_give_the_records_of_one_process(tiny_run, tmp_path, one_thread):
+    steps = Run(tiny_run).steps[-3:]
+    serial = HL.head_llc_series(copy_run(tiny_run, tmp_path / "serial"), steps=steps, settings=TINY, progress=False)
+    run_dir = copy_run(tiny_run, tmp_path / "pool")
+    pooled = HL.head_llc_series(run_dir, steps=steps, settings=TINY, progress=False, workers=2)
+    # each chain's seed is the settings' own, and each worker runs one torch thread, as here
+    assert np.asarray(pooled["llc"]) == pytest.approx(np.asarray(serial["llc"]), rel=1e-6, abs=1e-9)
+    assert pooled["calibration"][0]["llc_doubled"] == pytest.approx(serial["calibration"][0]["llc_doubled"],
+                                                                    rel=1e-6, abs=1e-9)
+    records = [json.loads(x) for x in HL.head_llc_path(run_dir).read_text().splitlines()]
+    n_heads = len(pooled["heads"])
+    assert len(records) == (len(steps) + 1) * n_heads  # the parent wrote each (step, head, settings) once
+    assert {(r["step"], r["label"]) for r in records if r["settings"]["num_draws"] == TINY.num_draws} == {
+        (s, lab) for s in steps for lab in pooled["heads"]}
+    with pytest.raises(ValueError, match="workers"):
+        HL.head_llc_series(run_dir, steps=steps, settings=TINY, progress=False, workers=0)
 
 
 # ---- the figures ----------------------------------------------------------------------------

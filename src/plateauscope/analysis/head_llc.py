@@ -54,8 +54,10 @@ summary goes to ``RUN/analysis/head_llc.json``.
 
 from __future__ import annotations
 
+import concurrent.futures as cf
 import copy
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -88,6 +90,7 @@ from plateauscope.analysis.results import (
     writes_cache,
 )
 from plateauscope.backend import Model, hooked_parameters
+from plateauscope.processes import available_cores, spawn_pool
 from plateauscope.tasks.base import Task
 from plateauscope.training.fused import unsupported_reason
 from plateauscope.training.interventions import HEAD_WEIGHTS, Interventions, has_interventions
@@ -95,16 +98,15 @@ from plateauscope.training.metrics import compute_tau
 from plateauscope.training.run import Run, RunError
 from plateauscope.training.train import fused_loss
 
-HEAD_LLC_SETTINGS = LLCSettings(num_chains=1, num_draws=150, num_burnin_steps=10, batch_size=16, lr=1e-3,
+HEAD_LLC_SETTINGS = LLCSettings(num_chains=1, num_draws=300, num_burnin_steps=10, batch_size=16, lr=1e-3,
                                 localization=300.0, nbeta=100.0)
 """The per-head defaults, chosen on the demo run (``plateauscope train --preset demo``) for estimates stable
-under doubled draws (:func:`calibrate_heads`) from the late plateau on and after the drop, within the cost
-of the whole-model series (in the plateau's middle, where every head's LLC is below 1, 300 draws are
-needed for the 10% bound): the same nbeta and the same ``lr x localization`` (the relaxation of the
-localised directions, and the step size's bias on them) as the whole-model defaults, with a third of
-the localisation, so that a head's LLC is less the trace of its Hessian over gamma and its minibatch
-noise smaller against it; one chain, each draw's loss paired with the checkpoint's (the numbers are in
-the bench JSON, ``bench/llc.py``)."""
+under doubled draws (:func:`calibrate_heads`) at every checkpoint, the plateau's middle included, where
+every head's LLC is below 1 and fewer draws (150, 250) move a head by more than the 10% bound: the same
+nbeta and the same ``lr x localization`` (the relaxation of the localised directions, and the step
+size's bias on them) as the whole-model defaults, with a third of the localisation, so that a head's
+LLC is less the trace of its Hessian over gamma and its minibatch noise smaller against it; one chain,
+each draw's loss paired with the checkpoint's (the numbers are in the bench JSON, ``bench/llc.py``)."""
 
 PARTS: dict[str, tuple[str, ...]] = {"head": HEAD_WEIGHTS["qk"] + HEAD_WEIGHTS["ov"], **HEAD_WEIGHTS}
 """Which of a head's weights are sampled: ``head`` (all: Q, K, V, O and the head's b_Q, b_K, b_V), ``qk``
@@ -251,51 +253,118 @@ def load_head_llc(run_dir: str | Path, settings: LLCSettings, heads: list[tuple[
             for h in heads}
 
 
-@writes_cache
-def head_llc_at(run: Run, steps: list[int], settings: LLCSettings, heads: list[tuple[int, int]], part: str = "head",
-                paired: bool = True, forward: str = "fused", device: str = "cpu",
-                progress: bool = True) -> list[list[dict[str, Any]]]:
-    """The per-head LLC record of each (step, head), ``[step][head]``: from the cache when one with these
-    settings (and the run's task) exists, else computed (each checkpoint loaded once, the checkpoint's
-    minibatch losses of a paired estimate computed once per checkpoint) and cached."""
-    settings.validate()
-    require_devinterp()
-    path = head_llc_path(run.path)
-    if forward not in FORWARDS:
-        raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
-    keys = {h: with_task(run.path, _key(settings, head_label(*h), part, paired, forward)) for h in heads}
-    have: dict[tuple[int, int], dict[int, dict[str, Any]]] = {}
-    for h, key in keys.items():
-        if task_changed(path, key):
-            raise RunError(f"{run.path}: the task changed since {path.name} was written; move it away to recompute")
-        have[h] = {r["step"]: r for r in load_records(path, key)}
-    todo = [(s, h) for s in steps for h in heads if s not in have[h]]
+def _head_records(run: Run, step: int, heads: list[tuple[int, int]], settings: LLCSettings, part: str,
+                  paired: bool, forward: str, device: str) -> Iterator[dict[str, Any]]:
+    """The per-head LLC records of ``heads`` at ``step``, one at a time, without their cache key: the
+    checkpoint is loaded once, and the checkpoint's minibatch losses of a paired estimate are computed
+    with the first head and shared by the others."""
     task, tc, mc = run.task(), run.config.train, run.config.model
     plan = Interventions.build(tc, task, mc.n_layers, mc.n_heads) if has_interventions(tc) else None
-    model, loaded, reference = None, None, None
-    for step, h in tqdm(todo, desc=f"per-head LLC {run.path.name}", disable=not progress, dynamic_ncols=True):
-        if loaded != step:
-            model, loaded, reference = run.model(step, device), step, None
+    model, reference = run.model(step, device), None
+    for h in heads:
         rec = estimate_head_llc(model, task, *h, settings=settings, part=part, paired=paired, reference=reference,
                                 forward=forward, interventions=plan.fused_options(step) if plan else None,
                                 device=device)
         reference = np.asarray(rec.pop("reference")) if paired else None
-        record = {"step": step, "settings": keys[h], "layer": h[0], "head": h[1], "label": head_label(*h), **rec}
-        append_records(path, [record])
-        have[h][step] = strict_json(record)
-    return [[have[h][s] for h in heads] for s in steps]
+        yield {"step": step, "layer": h[0], "head": h[1], "label": head_label(*h), **rec}
 
 
-def calibrate_heads(run: Run, step: int, settings: LLCSettings, heads: list[tuple[int, int]], part: str = "head",
-                    paired: bool = True, forward: str = "fused", device: str = "cpu",
-                    progress: bool = True) -> dict[str, Any]:
-    """The stability check at ``step``: every head's LLC with ``num_draws`` and with twice as many.
+def _head_records_in_worker(run_dir: str, step: int, heads: list[tuple[int, int]], settings: LLCSettings,
+                            part: str, paired: bool, forward: str, device: str,
+                            threads: int) -> list[dict[str, Any]]:
+    """:func:`_head_records` in a worker process with ``threads`` torch threads; the parent caches them."""
+    torch.set_num_threads(threads)
+    return list(_head_records(Run(run_dir), step, heads, settings, part, paired, forward, device))
+
+
+Unit = tuple[LLCSettings, int, list[tuple[int, int]]]
+"""A unit of per-head work: the settings, the step, the heads estimated there one after another."""
+
+
+def work_units(todo: list[tuple[LLCSettings, int, tuple[int, int]]], workers: int) -> list[Unit]:
+    """The (settings, step, head) estimates to run, as units of work for ``workers`` processes, largest first.
+
+    A unit is one checkpoint under one settings (loaded, and its minibatch losses computed, once); where
+    a settings has fewer than twice as many steps as there are workers (the doubled-draws check at one
+    step), its steps' heads are split into equal runs, so that the workers finish together. Largest
+    first (draws x heads), so the small ones fill in at the end."""
+    groups: dict[LLCSettings, dict[int, list[tuple[int, int]]]] = {}
+    for settings, step, h in todo:
+        groups.setdefault(settings, {}).setdefault(step, []).append(h)
+    units: list[Unit] = []
+    for settings, by_step in groups.items():
+        split = 1 if workers <= 1 else -(-2 * workers // len(by_step))
+        for step, hs in by_step.items():
+            parts = min(split, len(hs))
+            units += [(settings, step, hs[i * len(hs) // parts:(i + 1) * len(hs) // parts]) for i in range(parts)]
+    return sorted(units, key=lambda u: -(u[0].num_draws + u[0].num_burnin_steps) * u[0].num_chains * len(u[2]))
+
+
+@writes_cache
+def head_llc_records(run: Run, requests: list[tuple[LLCSettings, list[int]]], heads: list[tuple[int, int]],
+                     part: str = "head", paired: bool = True, forward: str = "fused", device: str = "cpu",
+                     progress: bool = True, workers: int = 1) -> list[list[list[dict[str, Any]]]]:
+    """For each request (settings, steps), the per-head LLC record of each (step, head), ``[request][step][head]``:
+    from the cache when one with these settings (and the run's task) exists, else computed
+    (:func:`_head_records`) and cached.
+
+    ``workers`` > 1 spreads the work of all the requests together (:func:`work_units`) over as many
+    spawned processes, each with an equal share of the cores' torch threads; the records are the same
+    (each chain's seed is the settings' own; the floats as far as the thread count leaves them). The
+    parent alone writes the cache, a unit's records as it finishes: a killed series keeps every
+    finished unit. A script that asks for workers needs ``if __name__ == "__main__":`` around it: each
+    spawned process imports the script's main module (``plateauscope llc`` and notebooks need nothing)."""
+    require_devinterp()
+    if forward not in FORWARDS:
+        raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
+    path = head_llc_path(run.path)
+    keys: dict[tuple[LLCSettings, tuple[int, int]], dict[str, Any]] = {}
+    have: dict[tuple[LLCSettings, tuple[int, int]], dict[int, dict[str, Any]]] = {}
+    for settings, _ in requests:
+        settings.validate()
+        for h in heads:
+            key = keys[(settings, h)] = with_task(run.path, _key(settings, head_label(*h), part, paired, forward))
+            if task_changed(path, key):
+                raise RunError(f"{run.path}: the task changed since {path.name} was written; move it away to recompute")
+            have[(settings, h)] = {r["step"]: r for r in load_records(path, key)}
+    todo = list(dict.fromkeys((settings, step, h) for settings, steps in requests for step in steps for h in heads
+                              if step not in have[(settings, h)]))
+    units = work_units(todo, workers)
+    workers = min(workers, len(units))
+
+    def keep(settings: LLCSettings, records: list[dict[str, Any]]) -> None:
+        records = [{**r, "settings": keys[(settings, (r["layer"], r["head"]))]} for r in records]
+        append_records(path, records)
+        for r in records:
+            have[(settings, (r["layer"], r["head"]))][r["step"]] = strict_json(r)
+        bar.update(len(records))
+
+    with tqdm(total=len(todo), desc=f"per-head LLC {run.path.name}", disable=not progress or not todo,
+              dynamic_ncols=True) as bar:
+        if workers <= 1:
+            for settings, step, hs in units:
+                for record in _head_records(run, step, hs, settings, part, paired, forward, device):
+                    keep(settings, [record])
+        else:
+            threads = max(1, available_cores() // workers)
+            with spawn_pool(workers) as pool:
+                futures = {pool.submit(_head_records_in_worker, str(run.path), step, hs, settings, part, paired,
+                                       forward, device, threads): settings for settings, step, hs in units}
+                for future in cf.as_completed(futures):
+                    keep(futures[future], future.result())
+    return [[[have[(settings, h)][s] for h in heads] for s in steps] for settings, steps in requests]
+
+
+def stability(step: int, settings: LLCSettings, base: list[dict[str, Any]],
+              doubled: list[dict[str, Any]]) -> dict[str, Any]:
+    """The doubled-draws check at ``step`` from every head's record with ``settings`` (``base``) and with twice
+    the draws (``doubled``).
 
     A head's change is ``|LLC(2 draws) - LLC(draws)| / max(|LLC(2 draws)|, STABILITY_FLOOR)``: relative for
     a head that counts at least one effective parameter, absolute (in units of one) below that, where a
     relative change of a value near 0 says nothing. ``rel_change`` is the plain relative change."""
-    (base,), (doubled,) = (head_llc_at(run, [step], s, heads, part, paired, forward, device, progress)
-                           for s in (settings, settings.with_draws(2 * settings.num_draws)))
     diff = [abs(d["llc"] - b["llc"]) for b, d in zip(base, doubled)]
     change = [x / max(abs(d["llc"]), STABILITY_FLOOR) for x, d in zip(diff, doubled)]
     return {"step": step, "num_draws": settings.num_draws, "llc": [b["llc"] for b in base],
@@ -303,6 +372,17 @@ def calibrate_heads(run: Run, step: int, settings: LLCSettings, heads: list[tupl
             "rel_change": [x / max(abs(d["llc"]), 1e-12) for x, d in zip(diff, doubled)],
             "change": change, "max_change": max(change), "stable": max(change) <= settings.max_rel_change,
             "stationary_doubled": [d["stationary"] for d in doubled]}
+
+
+def calibrate_heads(run: Run, step: int, settings: LLCSettings, heads: list[tuple[int, int]], part: str = "head",
+                    paired: bool = True, forward: str = "fused", device: str = "cpu",
+                    progress: bool = True, workers: int = 1) -> dict[str, Any]:
+    """The stability check (:func:`stability`) at ``step``: every head's LLC with ``num_draws`` and with twice
+    as many."""
+    doubled_settings = settings.with_draws(2 * settings.num_draws)
+    (base,), (doubled,) = head_llc_records(run, [(settings, [step]), (doubled_settings, [step])], heads, part, paired,
+                                           forward, device, progress, workers)
+    return stability(step, settings, base, doubled)
 
 
 def marked_heads(run_dir: str | Path) -> dict[str, str]:
@@ -398,12 +478,12 @@ def head_llc_series(run_dir: str | Path, steps: list[int] | None = None, every: 
                     settings: LLCSettings = HEAD_LLC_SETTINGS, heads: list[str] | list[tuple[int, int]] | None = None,
                     part: str = "head", calib_steps: list[int] | None = None, calibrate_check: bool = True,
                     paired: bool = True, forward: str = "fused", device: str = "cpu",
-                    progress: bool = True) -> dict[str, Any]:
+                    progress: bool = True, workers: int = 1) -> dict[str, Any]:
     """The per-head LLC at the chosen checkpoints, with the stability check at ``calib_steps`` (default: the
     last chosen step), stationarity and the clusters of the heads' curves; written to ``head_llc.json``.
 
     Everything the caller can get wrong (the run, the steps, the heads, the settings) is checked before
-    the first estimate.
+    the first estimate. ``workers``: processes (:func:`head_llc_records`).
     """
     settings.validate()
     require_devinterp()
@@ -419,9 +499,11 @@ def head_llc_series(run_dir: str | Path, steps: list[int] | None = None, every: 
     for s in calib:
         run.checkpoint_path(s)
     start = time.perf_counter()
-    records = head_llc_at(run, chosen, settings, chosen_heads, part, paired, forward, device, progress)
-    calibration = [calibrate_heads(run, s, settings, chosen_heads, part, paired, forward, device, progress)
-                   for s in calib]
+    # the series and the doubled draws at the calibration steps, in one pool of workers
+    doubled = settings.with_draws(2 * settings.num_draws)
+    records, base, twice = head_llc_records(run, [(settings, chosen), (settings, calib), (doubled, calib)],
+                                            chosen_heads, part, paired, forward, device, progress, workers)
+    calibration = [stability(s, settings, b, d) for s, b, d in zip(calib, base, twice)]
     labels = [head_label(*h) for h in chosen_heads]
     llc = [[r["llc"] for r in row] for row in records]
     drifts = [d for row in records for r in row for d in r["drift"]]

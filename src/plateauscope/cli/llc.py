@@ -25,6 +25,7 @@ from plateauscope.analysis.llc import (
 )
 from plateauscope.analysis.results import HEAD_LLC_SUMMARY_FILE, LLC_SUMMARY_FILE, analysis_dir
 from plateauscope.cli.common import CliError, run_cli
+from plateauscope.processes import available_cores
 from plateauscope.training.train import OneLineParser
 
 
@@ -62,8 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="where the draws are doubled (default: the last chosen step; several with --per-head)")
     p.add_argument("--no-calibration", action="store_true", help="skip the doubled-draws check")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's; 1 is often faster on a "
-                                               "shared or busy machine)")
+    p.add_argument("--threads", type=int, help="torch intra-op threads of this process (default: torch's; 1 is often "
+                                               "faster on a shared or busy machine); --per-head workers take an equal "
+                                               "share of the cores")
+    p.add_argument("--workers", type=int, help="processes for --per-head, each estimating whole checkpoints "
+                                               "(default: this machine's cores)")
     p.add_argument("--no-progress", action="store_true")
     return p
 
@@ -85,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
             if args.threads < 1:
                 raise CliError(f"--threads must be at least 1, got {args.threads}")
             torch.set_num_threads(args.threads)
+        if args.workers is not None and args.workers < 1:
+            raise CliError(f"--workers must be at least 1, got {args.workers}")
         if not args.per_head:
-            if args.heads or args.part != "head":
-                raise CliError("--heads and --part need --per-head")
+            if args.heads or args.part != "head" or args.workers is not None:
+                raise CliError("--heads, --part and --workers need --per-head")
             if args.calib_step and len(args.calib_step) > 1:
                 raise CliError("--calib-step takes one step without --per-head")
             calib = args.calib_step[0] if args.calib_step else None
@@ -98,7 +104,8 @@ def main(argv: list[str] | None = None) -> int:
             return
         result = head_llc_series(args.run, args.steps, args.every, settings, heads=args.heads, part=args.part,
                                  calib_steps=args.calib_step, calibrate_check=not args.no_calibration,
-                                 device=args.device, progress=not args.no_progress)
+                                 device=args.device, progress=not args.no_progress,
+                                 workers=args.workers or available_cores())
         print(format_head_summary(result))
         print(f"results in {analysis_dir(args.run) / HEAD_LLC_SUMMARY_FILE}")
 
