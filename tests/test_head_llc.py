@@ -375,6 +375,41 @@ def test_workers_give_the_records_of_one_process(tiny_run, tmp_path, one_thread)
         HL.head_llc_series(run_dir, steps=steps, settings=TINY, progress=False, workers=0)
 
 
+@needs_devinterp
+@pytest.mark.slow
+def test_a_killed_per_head_series_stops_its_workers_in_one_line(tiny_run, tmp_path):
+    """SIGTERM to `plateauscope llc --per-head` on 2 workers: one line, the workers gone, every finished record
+    whole in the cache (the parent alone writes it)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    run_dir = copy_run(tiny_run, tmp_path / "tiny")
+    steps = [str(s) for s in Run(run_dir).steps[-4:]]
+    proc = subprocess.Popen([sys.executable, "-m", "plateauscope", "llc", "--run", str(run_dir), "--per-head",
+                             "--steps", *steps, "--draws", "1000", "--workers", "2", "--no-progress"],
+                            cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    cache = HL.head_llc_path(run_dir)
+    deadline = time.monotonic() + 120
+    while not (cache.exists() and cache.stat().st_size > 0):  # a unit finished: the workers are at work
+        assert time.monotonic() < deadline and proc.poll() is None, "no estimate was ever cached"
+        time.sleep(0.2)
+    children = [c for c in Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+                if "spawn_main" in Path(f"/proc/{c}/cmdline").read_text()]  # the workers, not the resource tracker
+    assert len(children) == 2
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    lines = [x for x in err.splitlines() if x.strip()]
+    assert proc.returncode == 2 and lines[-1].startswith("error: interrupted") and "Traceback" not in err, err
+    time.sleep(1)
+    assert not [c for c in children if Path(f"/proc/{c}").exists()]  # every worker terminated
+    records = [json.loads(x) for x in cache.read_text().splitlines()]
+    assert records and len({(r["step"], r["label"]) for r in records}) == len(records)
+
+
 # ---- the figures ----------------------------------------------------------------------------
 
 

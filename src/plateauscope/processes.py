@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import multiprocessing
 import os
+import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -22,13 +23,31 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
+def _leave_interrupts_to_the_parent() -> None:
+    """A worker's initializer: Ctrl-C reaches the terminal's whole process group, and the parent, not each
+    worker, answers it (by terminating the workers)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """Within: a kill (SIGTERM) raises KeyboardInterrupt, as Ctrl-C does, so that a pool stops its workers and
+    the caller answers it in one line (call it in the main thread)."""
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextmanager
 def spawn_pool(workers: int) -> Iterator[cf.ProcessPoolExecutor]:
     """A pool of ``workers`` spawned processes, shut down on leaving; on an exception (Ctrl-C, or SIGTERM
     turned into one) its processes are terminated first, so none goes on computing, or writing, after its
     caller stopped."""
     # spawn, not fork: forking a process whose torch (OpenMP) thread pool is running can hang the child.
-    pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"))
+    pool = cf.ProcessPoolExecutor(max_workers=workers, mp_context=multiprocessing.get_context("spawn"),
+                                  initializer=_leave_interrupts_to_the_parent)
     try:
         yield pool
     except BaseException:

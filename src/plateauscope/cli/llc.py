@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,7 +27,7 @@ from plateauscope.analysis.llc import (
 )
 from plateauscope.analysis.results import HEAD_LLC_SUMMARY_FILE, LLC_SUMMARY_FILE, analysis_dir
 from plateauscope.cli.common import CliError, run_cli
-from plateauscope.processes import available_cores
+from plateauscope.processes import available_cores, sigterm_as_interrupt
 from plateauscope.training.train import OneLineParser
 
 
@@ -81,6 +83,17 @@ def settings_from(args: argparse.Namespace) -> LLCSettings:
     return dataclasses.replace(base, **{k: v for k, v in given.items() if v is not None})
 
 
+@contextmanager
+def interrupts_said(run: Path) -> Iterator[None]:
+    """Ctrl-C or a kill (SIGTERM) as one line: what is cached stays, and the same command resumes."""
+    with sigterm_as_interrupt():
+        try:
+            yield
+        except KeyboardInterrupt:
+            raise CliError(f"interrupted: every finished estimate is cached in {analysis_dir(run)}; run the same "
+                           "command again to go on") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     """``plateauscope llc``: the LLC over the series, or one ``skipped:`` line without the extra."""
     def body(args: argparse.Namespace) -> None:
@@ -97,15 +110,17 @@ def main(argv: list[str] | None = None) -> int:
             if args.calib_step and len(args.calib_step) > 1:
                 raise CliError("--calib-step takes one step without --per-head")
             calib = args.calib_step[0] if args.calib_step else None
-            result = llc_series(args.run, args.steps, args.every, settings, calib,
-                                not args.no_calibration, args.device, progress=not args.no_progress)
+            with interrupts_said(args.run):
+                result = llc_series(args.run, args.steps, args.every, settings, calib,
+                                    not args.no_calibration, args.device, progress=not args.no_progress)
             print(format_summary(result))
             print(f"results in {analysis_dir(args.run) / LLC_SUMMARY_FILE}")
             return
-        result = head_llc_series(args.run, args.steps, args.every, settings, heads=args.heads, part=args.part,
-                                 calib_steps=args.calib_step, calibrate_check=not args.no_calibration,
-                                 device=args.device, progress=not args.no_progress,
-                                 workers=args.workers or available_cores())
+        with interrupts_said(args.run):
+            result = head_llc_series(args.run, args.steps, args.every, settings, heads=args.heads, part=args.part,
+                                     calib_steps=args.calib_step, calibrate_check=not args.no_calibration,
+                                     device=args.device, progress=not args.no_progress,
+                                     workers=args.workers or available_cores())
         print(format_head_summary(result))
         print(f"results in {analysis_dir(args.run) / HEAD_LLC_SUMMARY_FILE}")
 

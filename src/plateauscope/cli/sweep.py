@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
-import signal
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import plateauscope.sweeps.spec as _module
+from plateauscope.processes import sigterm_as_interrupt
 from plateauscope.sweeps.catalogue import SWEEPS, get_sweep
 from plateauscope.sweeps.executors import run_sweep
 from plateauscope.sweeps.spec import EXECUTORS, SweepSpec, expand, is_complete
@@ -93,11 +93,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """``plateauscope sweep``: plan and train a sweep, one line per run; a kill (SIGTERM) stops the
     workers as Ctrl-C does, and the same command resumes."""
-    previous = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
+    with sigterm_as_interrupt():
         return _main(argv)
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 def _main(argv: list[str] | None) -> int:
