@@ -50,6 +50,7 @@ import torch
 
 from plateauscope.analysis.head_llc import (
     HEAD_LLC_SETTINGS,
+    FrozenPrefix,
     all_heads,
     calibrate_heads,
     estimate_head_llc,
@@ -120,10 +121,10 @@ def per_head(args: argparse.Namespace, whole_wall: float | None) -> list[dict]:
         model, where, load_s = build_model(hooked_config_dict(cfg.model, task), seed=0), "fresh paper model", 0.05
         heads = [(layer, h) for layer in range(cfg.model.n_layers) for h in range(cfg.model.n_heads)]
     w0, c0 = time.perf_counter(), time.process_time()
-    reference, first = None, 0.0
+    reference, first, prefix = None, 0.0, FrozenPrefix(model, task)  # as the series: one checkpoint's work
     for layer, head in heads:
         t = time.perf_counter()
-        rec = estimate_head_llc(model, task, layer, head, settings, reference=reference)
+        rec = estimate_head_llc(model, task, layer, head, settings, reference=reference, prefix=prefix)
         reference = np.asarray(rec.pop("reference"))
         first = first or time.perf_counter() - t
     wall, cpu = time.perf_counter() - w0, time.process_time() - c0
@@ -135,9 +136,10 @@ def per_head(args: argparse.Namespace, whole_wall: float | None) -> list[dict]:
             row("per-head LLC, one checkpoint (all heads), CPU", cpu, "s"),
             row("per-head LLC, one head, wall", wall / len(heads), "s"),
             row("per-head LLC, one head, CPU", cpu / len(heads), "s")]
-    # every checkpoint (and its load) on one of the workers, then the calibration (every head again with
-    # twice the draws) split between them; a worker's single thread costs what this process's CPU time says
-    rounds = math.ceil(args.head_checkpoints / args.workers)
+    # every checkpoint but the calibration's (and its load) on one of the workers, then the calibration's
+    # (every head with twice the draws; its series estimates are their first draws) split between them; a
+    # worker's single thread costs what this process's CPU time says
+    rounds = math.ceil((args.head_checkpoints - 1) / args.workers)
     projected = rounds * (cpu + load_s) + doubled * cpu / args.workers
     print(f"projected per-head series, {args.head_checkpoints} checkpoints x {len(heads)} heads + calibration at one, "
           f"{args.workers} worker(s) of one thread (from the CPU time): {projected:.0f} s = "

@@ -9,6 +9,7 @@ import json
 
 import pytest
 import torch
+from transformer_lens.utilities import get_act_name
 
 from plateauscope.backend import build_model, hooked_parameters
 from plateauscope.cli.train import main
@@ -86,6 +87,22 @@ def test_logits_and_gradients_equal_the_hooked_forward(model_cfg):
     assert grads.keys() == ref_grads.keys()
     for name in grads:
         torch.testing.assert_close(grads[name], ref_grads[name], atol=TOL, rtol=TOL, msg=name)
+
+
+def test_a_forward_stopped_at_a_block_is_its_resid_pre_and_resumes_from_it():
+    """``stop_at`` returns HookedTransformer's ``resid_pre`` of that block; ``start`` from it gives the whole
+    forward's logits, in full and trimmed to the loss positions."""
+    task, model, batch = _trained_a_little("paper")
+    params, inputs = hooked_parameters(model), batch[:, : task.input_len]
+    with torch.no_grad():
+        _, cache = model.run_with_cache(inputs)
+        for layer in range(model.cfg.n_layers):
+            stream = fused_logits(model.cfg, params, inputs, stop_at=layer)
+            torch.testing.assert_close(stream, cache[get_act_name("resid_pre", layer)], atol=TOL, rtol=TOL)
+            for positions in (None, task.loss_positions):
+                torch.testing.assert_close(fused_logits(model.cfg, params, inputs, positions=positions,
+                                                        start=(layer, stream)),
+                                           fused_logits(model.cfg, params, inputs, positions=positions))
 
 
 def test_induction_model_equals_the_hooked_forward():

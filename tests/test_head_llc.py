@@ -140,6 +140,9 @@ def test_fused_and_hooked_forwards_give_the_same_estimate(one_thread):
     shared = HL.estimate_head_llc(model, task, 1, 1, settings, reference=np.array(fused["reference"]))
     alone = HL.estimate_head_llc(model, task, 1, 1, settings)
     assert shared["llc"] == alone["llc"] and shared["init_loss"] == alone["init_loss"] == fused["init_loss"]
+    # a layer-1 head's chain started at its block, from the checkpoint's stream into it
+    started = HL.estimate_head_llc(model, task, 1, 1, settings, prefix=HL.FrozenPrefix(model, task))
+    assert started["llc"] == pytest.approx(alone["llc"], rel=1e-5, abs=1e-6)
 
 
 # ---- known answers --------------------------------------------------------------------------
@@ -309,7 +312,8 @@ def test_series_cache_and_cli(tiny_run, tmp_path, monkeypatch, capsys, one_threa
     n_heads = run.config.model.n_layers * run.config.model.n_heads
     assert s["steps"] == steps and s["heads"] == [f"L0H{h}" for h in range(n_heads)]
     assert np.asarray(s["llc"]).shape == (2, n_heads)
-    assert len(calls) == 2 * n_heads + n_heads  # every (step, head), then the doubled draws at the last step
+    # every head at the first step, then the doubled draws at the last: its series estimates are their first draws
+    assert len(calls) == 2 * n_heads
     assert s["frozen_max_change"] == 0.0
     c = s["calibration"][0]
     assert c["step"] == steps[-1] and c["rel_change"][0] == pytest.approx(
@@ -320,10 +324,10 @@ def test_series_cache_and_cli(tiny_run, tmp_path, monkeypatch, capsys, one_threa
     saved = json.loads((analysis_dir(run_dir) / HEAD_LLC_SUMMARY_FILE).read_text())
     assert saved["llc"] == s["llc"] and saved["heads"] == s["heads"]
     again = HL.head_llc_series(run_dir, steps=steps, settings=TINY, progress=False)
-    assert len(calls) == 3 * n_heads and again["llc"] == s["llc"]  # all from the cache
+    assert len(calls) == 2 * n_heads and again["llc"] == s["llc"]  # all from the cache
     HL.head_llc_series(run_dir, steps=steps, settings=TINY, heads=["L0H1"], calibrate_check=False, part="qk",
                        progress=False)
-    assert len(calls) == 3 * n_heads + 2  # another part is another key
+    assert len(calls) == 2 * n_heads + 2  # another part is another key
     lines = HL.head_llc_path(run_dir).read_text().splitlines()
     assert len(lines) == 3 * n_heads + 2 and {json.loads(x)["label"] for x in lines} == set(s["heads"])
 
@@ -354,6 +358,32 @@ def test_work_units_keep_a_checkpoint_together_and_split_one_step_between_worker
     assert HL.work_units([(a, 30, x) for x in h[:3]], 8) == [(a, 30, [x]) for x in h[:3]]  # never an empty unit
     assert HL.work_units([(a, 10, h[0]), (a, 20, h[1])], 1) == [(a, 10, [h[0]]), (a, 20, [h[1]])]
     assert HL.work_units([], 2) == []
+
+
+def test_chain_prefixes_read_fewer_draws_from_the_longest_chain():
+    a, b, c = TINY, TINY.with_draws(2 * TINY.num_draws), dataclasses.replace(TINY, lr=TINY.lr / 2)
+    todo = [(a, 10, (0, 0)), (a, 20, (0, 0)), (b, 20, (0, 0)), (c, 20, (0, 0)), (a, 20, (0, 1))]
+    chains, shorter = HL.chain_prefixes(todo)
+    # step 20, head L0H0: a is the start of b's chain; c differs in more than the draws; L0H1 has no b
+    assert chains == [(a, 10, (0, 0)), (b, 20, (0, 0)), (c, 20, (0, 0)), (a, 20, (0, 1))]
+    assert shorter == {(b, 20, (0, 0)): [a.num_draws]}
+
+
+@needs_devinterp
+def test_fewer_draws_read_from_a_longer_chain_equal_their_own_chain(tiny_run, tmp_path, one_thread):
+    """The doubled-draws check's base estimate, read from the first draws of the doubled chain, against the
+    same estimate sampled on a chain of its own."""
+    step = Run(tiny_run).steps[-1]
+    heads = [(0, 0), (0, 1)]
+    doubled = TINY.with_draws(2 * TINY.num_draws)
+    (own,), = HL.head_llc_records(Run(copy_run(tiny_run, tmp_path / "own")), [(TINY, [step])], heads, progress=False)
+    (read,), (long,) = HL.head_llc_records(Run(copy_run(tiny_run, tmp_path / "read")),
+                                           [(TINY, [step]), (doubled, [step])], heads, progress=False)
+    for o, r, d in zip(own, read, long):
+        assert r["first_draws_of"] == doubled.num_draws and "first_draws_of" not in o and r["seconds"] == 0.0
+        for field in ("llc", "init_loss", "mean_loss", "drift", "stationary", "llc_per_chain"):
+            assert r[field] == pytest.approx(o[field], rel=1e-9, abs=1e-12), field
+        assert d["llc"] != pytest.approx(o["llc"], rel=1e-9)  # the doubled estimate is not the base one
 
 
 @needs_devinterp
@@ -407,7 +437,7 @@ def test_a_killed_per_head_series_stops_its_workers_in_one_line(tiny_run, tmp_pa
     time.sleep(1)
     assert not [c for c in children if Path(f"/proc/{c}").exists()]  # every worker terminated
     records = [json.loads(x) for x in cache.read_text().splitlines()]
-    assert records and len({(r["step"], r["label"]) for r in records}) == len(records)
+    assert records and len({(r["step"], r["label"], r["settings"]["num_draws"]) for r in records}) == len(records)
 
 
 # ---- the figures ----------------------------------------------------------------------------

@@ -63,13 +63,14 @@ from typing import Any
 
 import numpy as np
 import torch
-from jaxtyping import Bool, Float
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
 from plateauscope.analysis.llc import (
     LLCSettings,
     estimate_llc,
+    first_draws,
     require_devinterp,
     target_loss,
 )
@@ -92,7 +93,7 @@ from plateauscope.analysis.results import (
 from plateauscope.backend import Model, hooked_parameters
 from plateauscope.processes import available_cores, spawn_pool
 from plateauscope.tasks.base import Task
-from plateauscope.training.fused import unsupported_reason
+from plateauscope.training.fused import fused_logits, unsupported_reason
 from plateauscope.training.interventions import HEAD_WEIGHTS, Interventions, has_interventions
 from plateauscope.training.metrics import compute_tau
 from plateauscope.training.run import Run, RunError
@@ -176,23 +177,63 @@ def head_masks(model: Model, layer: int, head: int, part: str | tuple[str, ...] 
     return masks
 
 
-def training_loss(model: Model, task: Task, forward: str = "fused",
-                  interventions: dict[str, Any] | None = None) -> tuple[Any, str]:
-    """The training loss as ``loss_fn(model, batch)`` for :func:`plateauscope.analysis.llc.estimate_llc`, and the
-    forward it runs: ``fused``, the training step's own (``plateauscope.training.train.fused_loss`` over the
-    backend's views of the parameters, trimmed to the loss positions where the task's loss is the default
-    one; ``interventions``: its keyword arguments for a run trained with interventions), where the model
-    allows it; else ``hooked``, the model's own forward (``target_loss``, with its permanent hooks). The
-    same function; the fused kernels round differently (about 1e-6 in the logits)."""
+class FrozenPrefix:
+    """The residual stream into each block at the checkpoint, per example of the task's data set, computed on
+    first use and kept: while SGLD moves one head's weights, every block below the head's holds its
+    weights, so the stream into the head's block depends on the example alone, and the chain's forward
+    can start there (``fused_logits``'s ``start``). Its floats differ from the whole forward's by the
+    rounding of a different batch (about 1e-7)."""
+
+    def __init__(self, model: Model, task: Task):
+        self.params = hooked_parameters(model)
+        self.cfg = model.cfg
+        self.inputs = task.tokens[:, : task.input_len].to(self.params["embed.W_E"].device)
+        self.streams: dict[int, Tensor] = {}
+        self.known: dict[int, Tensor] = {}
+
+    @torch.no_grad()
+    def into(self, layer: int, examples: Int[Tensor, " batch"]) -> Float[Tensor, "batch pos d_model"]:
+        """The residual stream into block ``layer`` of ``examples`` (indices into the data set)."""
+        if layer not in self.streams:
+            n, pos = self.inputs.shape
+            w_e = self.params["embed.W_E"]
+            self.streams[layer] = torch.empty(n, pos, self.cfg.d_model, dtype=w_e.dtype, device=w_e.device)
+            self.known[layer] = torch.zeros(n, dtype=torch.bool, device=w_e.device)
+        missing = examples[~self.known[layer][examples]].unique()
+        if len(missing):
+            # from the deepest block below whose stream is known for them all (the heads go layer by layer)
+            below = [j for j in self.streams if j < layer and bool(self.known[j][missing].all())]
+            start = (max(below), self.streams[max(below)][missing]) if below else None
+            self.streams[layer][missing] = fused_logits(self.cfg, self.params, self.inputs[missing], start=start,
+                                                        stop_at=layer)
+            self.known[layer][missing] = True
+        return self.streams[layer][examples]
+
+
+def training_loss(model: Model, task: Task, forward: str = "fused", interventions: dict[str, Any] | None = None,
+                  prefix: tuple[int, FrozenPrefix] | None = None) -> tuple[Any, str]:
+    """The training loss as ``loss_fn(model, examples)`` (indices into the task's data set) for
+    :func:`plateauscope.analysis.llc.estimate_llc`, and the forward it runs: ``fused``, the training step's own
+    (``plateauscope.training.train.fused_loss`` over the backend's views of the parameters, trimmed to the loss
+    positions where the task's loss is the default one; ``interventions``: its keyword arguments for a run
+    trained with interventions), where the model allows it; else ``hooked``, the model's own forward
+    (``target_loss``, with its permanent hooks). The same function; the fused kernels round differently
+    (about 1e-6 in the logits). ``prefix`` = (layer, :class:`FrozenPrefix`): the fused forward starts at
+    that block, from the checkpoint's stream into it (only where every weight below it is held and no
+    intervention acts)."""
     if forward not in FORWARDS:
         raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
+    tokens = task.tokens.to(next(model.parameters()).device)
     if forward == "hooked" or unsupported_reason(model.cfg) is not None:
-        return (lambda m, batch: target_loss(m, batch, task)), "hooked"
+        return (lambda m, examples: target_loss(m, tokens[examples], task)), "hooked"
     trimmed = type(task).loss is Task.loss
     options = interventions or {}
+    if prefix is not None and (options or prefix[0] == 0):
+        prefix = None
 
-    def loss(m: Model, batch: Tensor) -> Tensor:
-        return fused_loss(m.cfg, hooked_parameters(m), batch, task, trimmed, **options)
+    def loss(m: Model, examples: Int[Tensor, " batch"]) -> Tensor:
+        start = None if prefix is None else (prefix[0], prefix[1].into(prefix[0], examples))
+        return fused_loss(m.cfg, hooked_parameters(m), tokens[examples], task, trimmed, start=start, **options)
 
     return loss, "fused"
 
@@ -200,17 +241,20 @@ def training_loss(model: Model, task: Task, forward: str = "fused",
 def estimate_head_llc(model: Model, task: Task, layer: int, head: int, settings: LLCSettings = HEAD_LLC_SETTINGS,
                       part: str | tuple[str, ...] = "head", restriction: str = "devinterp", paired: bool = True,
                       reference: Float[np.ndarray, "chains draws"] | None = None, forward: str = "fused",
-                      interventions: dict[str, Any] | None = None, device: str = "cpu") -> dict[str, Any]:
+                      interventions: dict[str, Any] | None = None, device: str = "cpu",
+                      keep_trace: bool = False, prefix: FrozenPrefix | None = None) -> dict[str, Any]:
     """The LLC of ``model`` restricted to one head's weights (:func:`head_masks`), on the task's data set
     and training loss (:func:`training_loss`): :func:`plateauscope.analysis.llc.estimate_llc`'s record
-    without its trace, with the ``forward`` it ran (``paired``: each draw's loss minus the checkpoint's on
-    the same minibatch; ``reference``: those checkpoint losses from another head's estimate at the same
-    checkpoint and settings)."""
-    loss_fn, ran = training_loss(model, task, forward, interventions)
-    rec = estimate_llc(model, task.tokens.to(device), task, settings, loss_fn=loss_fn,
+    without its trace (``keep_trace``: with it), with the ``forward`` it ran (``paired``: each draw's loss minus
+    the checkpoint's on the same minibatch; ``reference``: those checkpoint losses from another head's
+    estimate at the same checkpoint and settings; ``prefix``: the checkpoint's streams, shared by its heads,
+    from which the chain's forward starts at the head's block)."""
+    loss_fn, ran = training_loss(model, task, forward, interventions, None if prefix is None else (layer, prefix))
+    rec = estimate_llc(model, torch.arange(len(task.tokens), device=device), task, settings, loss_fn=loss_fn,
                        masks=head_masks(model, layer, head, part), restriction=restriction, paired=paired,
                        reference=reference)
-    rec.pop("trace")
+    if not keep_trace:
+        rec.pop("trace")
     return {**rec, "forward": ran}
 
 
@@ -254,27 +298,56 @@ def load_head_llc(run_dir: str | Path, settings: LLCSettings, heads: list[tuple[
 
 
 def _head_records(run: Run, step: int, heads: list[tuple[int, int]], settings: LLCSettings, part: str,
-                  paired: bool, forward: str, device: str) -> Iterator[dict[str, Any]]:
-    """The per-head LLC records of ``heads`` at ``step``, one at a time, without their cache key: the
-    checkpoint is loaded once, and the checkpoint's minibatch losses of a paired estimate are computed
-    with the first head and shared by the others."""
+                  paired: bool, forward: str, device: str,
+                  shorter: dict[tuple[int, int], list[int]] | None = None) -> Iterator[tuple[LLCSettings, dict[str, Any]]]:
+    """The per-head LLC records of ``heads`` at ``step`` with their settings, one at a time, without their cache
+    key: the checkpoint is loaded once, and the checkpoint's minibatch losses of a paired estimate are
+    computed with the first head and shared by the others. ``shorter``: for a head, the fewer draws whose
+    records are read from the first draws of its chain (:func:`plateauscope.analysis.llc.first_draws`)."""
     task, tc, mc = run.task(), run.config.train, run.config.model
     plan = Interventions.build(tc, task, mc.n_layers, mc.n_heads) if has_interventions(tc) else None
     model, reference = run.model(step, device), None
+    prefix = FrozenPrefix(model, task)
     for h in heads:
         rec = estimate_head_llc(model, task, *h, settings=settings, part=part, paired=paired, reference=reference,
                                 forward=forward, interventions=plan.fused_options(step) if plan else None,
-                                device=device)
+                                device=device, keep_trace=True, prefix=prefix)
+        head = {"step": step, "layer": h[0], "head": h[1], "label": head_label(*h)}
+        for draws in (shorter or {}).get(h, []):
+            short = first_draws(rec, settings, draws)
+            short.pop("trace"), short.pop("reference", None)
+            yield settings.with_draws(draws), {**head, **short, "forward": rec["forward"]}
+        rec.pop("trace")
         reference = np.asarray(rec.pop("reference")) if paired else None
-        yield {"step": step, "layer": h[0], "head": h[1], "label": head_label(*h), **rec}
+        yield settings, {**head, **rec}
 
 
 def _head_records_in_worker(run_dir: str, step: int, heads: list[tuple[int, int]], settings: LLCSettings,
-                            part: str, paired: bool, forward: str, device: str,
-                            threads: int) -> list[dict[str, Any]]:
+                            part: str, paired: bool, forward: str, device: str, threads: int,
+                            shorter: dict[tuple[int, int], list[int]]) -> list[tuple[LLCSettings, dict[str, Any]]]:
     """:func:`_head_records` in a worker process with ``threads`` torch threads; the parent caches them."""
     torch.set_num_threads(threads)
-    return list(_head_records(Run(run_dir), step, heads, settings, part, paired, forward, device))
+    return list(_head_records(Run(run_dir), step, heads, settings, part, paired, forward, device, shorter))
+
+
+def chain_prefixes(todo: list[tuple[LLCSettings, int, tuple[int, int]]]) -> tuple[
+        list[tuple[LLCSettings, int, tuple[int, int]]], dict[tuple[LLCSettings, int, tuple[int, int]], list[int]]]:
+    """The estimates of ``todo`` that need a chain of their own, and for each of them, the fewer draws read
+    from its first draws: an estimate whose settings differ from another's at the same (step, head) in
+    fewer draws alone (the doubled-draws check's base) is the start of the longest such chain."""
+    longest: dict[tuple[LLCSettings, int, tuple[int, int]], LLCSettings] = {}
+    for settings, step, h in todo:
+        base = (settings.with_draws(1), step, h)
+        if base not in longest or settings.num_draws > longest[base].num_draws:
+            longest[base] = settings
+    run, shorter = [], {}
+    for settings, step, h in todo:
+        top = longest[(settings.with_draws(1), step, h)]
+        if top == settings:
+            run.append((settings, step, h))
+        else:
+            shorter.setdefault((top, step, h), []).append(settings.num_draws)
+    return run, shorter
 
 
 Unit = tuple[LLCSettings, int, list[tuple[int, int]]]
@@ -310,7 +383,9 @@ def head_llc_records(run: Run, requests: list[tuple[LLCSettings, list[int]]], he
 
     ``workers`` > 1 spreads the work of all the requests together (:func:`work_units`) over as many
     spawned processes, each with an equal share of the cores' torch threads; the records are the same
-    (each chain's seed is the settings' own; the floats as far as the thread count leaves them). The
+    (each chain's seed is the settings' own; the floats as far as the thread count leaves them). A request
+    that differs from another at the same (step, head) in fewer draws alone (the doubled-draws check's
+    base) is read from the start of the longer chain (:func:`chain_prefixes`), not sampled again. The
     parent alone writes the cache, a unit's records as it finishes: a killed series keeps every
     finished unit. A script that asks for workers needs ``if __name__ == "__main__":`` around it: each
     spawned process imports the script's main module (``plateauscope llc`` and notebooks need nothing)."""
@@ -331,29 +406,35 @@ def head_llc_records(run: Run, requests: list[tuple[LLCSettings, list[int]]], he
             have[(settings, h)] = {r["step"]: r for r in load_records(path, key)}
     todo = list(dict.fromkeys((settings, step, h) for settings, steps in requests for step in steps for h in heads
                               if step not in have[(settings, h)]))
-    units = work_units(todo, workers)
+    chains, shorter = chain_prefixes(todo)
+    units = work_units(chains, workers)
     workers = min(workers, len(units))
 
-    def keep(settings: LLCSettings, records: list[dict[str, Any]]) -> None:
-        records = [{**r, "settings": keys[(settings, (r["layer"], r["head"]))]} for r in records]
-        append_records(path, records)
-        for r in records:
+    def keep(records: list[tuple[LLCSettings, dict[str, Any]]]) -> None:
+        records = [(settings, {**r, "settings": keys[(settings, (r["layer"], r["head"]))]}) for settings, r in records]
+        append_records(path, [r for _, r in records])
+        for settings, r in records:
             have[(settings, (r["layer"], r["head"]))][r["step"]] = strict_json(r)
         bar.update(len(records))
+
+    def prefixes(settings: LLCSettings, step: int, hs: list[tuple[int, int]]) -> dict[tuple[int, int], list[int]]:
+        return {h: shorter[(settings, step, h)] for h in hs if (settings, step, h) in shorter}
 
     with tqdm(total=len(todo), desc=f"per-head LLC {run.path.name}", disable=not progress or not todo,
               dynamic_ncols=True) as bar:
         if workers <= 1:
             for settings, step, hs in units:
-                for record in _head_records(run, step, hs, settings, part, paired, forward, device):
-                    keep(settings, [record])
+                for record in _head_records(run, step, hs, settings, part, paired, forward, device,
+                                            prefixes(settings, step, hs)):
+                    keep([record])
         else:
             threads = max(1, available_cores() // workers)
             with spawn_pool(workers) as pool:
-                futures = {pool.submit(_head_records_in_worker, str(run.path), step, hs, settings, part, paired,
-                                       forward, device, threads): settings for settings, step, hs in units}
+                futures = [pool.submit(_head_records_in_worker, str(run.path), step, hs, settings, part, paired,
+                                       forward, device, threads, prefixes(settings, step, hs))
+                           for settings, step, hs in units]
                 for future in cf.as_completed(futures):
-                    keep(futures[future], future.result())
+                    keep(future.result())
     return [[[have[(settings, h)][s] for h in heads] for s in steps] for settings, steps in requests]
 
 

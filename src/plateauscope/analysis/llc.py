@@ -240,6 +240,7 @@ def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: 
     if reference is not None and (not paired or np.shape(reference) != traces.shape):
         raise ValueError("estimate_llc: reference losses need paired=True and one per chain and draw")
     refs = np.array(reference, dtype=float) if reference is not None else np.full(traces.shape, np.nan)
+    init_loss = float("nan")  # paired: the mean of the checkpoint's minibatch losses, known at the end
     if not paired:
         with torch.no_grad():
             init_loss = float(sum(loss_fn(model, part).item() * len(part) for part in subset.split(2048)) / len(subset))
@@ -292,7 +293,19 @@ def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: 
         del sampler_model, optimizer
     release_graphs(model)
     model.train(was_training)
-    if paired:
+    return {
+        **summarise_draws(traces, refs if paired else None, init_loss, settings),
+        "seconds": time.perf_counter() - start,
+        **({} if masks is None else {"n_sampled": int(sum(int(m.sum()) for m in masks)),
+                                     "frozen_max_change": frozen_change}),
+    }
+
+
+def summarise_draws(traces: Float[np.ndarray, "chains draws"], refs: Float[np.ndarray, "chains draws"] | None,
+                    init_loss: float, settings: LLCSettings) -> dict[str, Any]:
+    """:func:`estimate_llc`'s estimate from its chains' minibatch losses (``refs``: the checkpoint's losses on
+    the same minibatches, for a paired estimate; ``init_loss`` is then their mean)."""
+    if refs is not None:
         init_loss = float(refs.mean())
         per_chain = settings.nbeta * (traces - refs).mean(axis=1)
         drifts = drift(traces - refs)
@@ -307,12 +320,23 @@ def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: 
         "mean_loss": float(traces.mean()),
         "drift": drifts.tolist(),
         "stationary": bool(np.all(np.abs(drifts) <= settings.max_drift)),
-        "trace": np.round(traces, 6).tolist(),
-        "seconds": time.perf_counter() - start,
-        **({} if masks is None else {"n_sampled": int(sum(int(m.sum()) for m in masks)),
-                                     "frozen_max_change": frozen_change}),
-        **({"reference": refs.tolist()} if paired else {}),
+        "trace": traces.tolist(),
+        **({"reference": refs.tolist()} if refs is not None else {}),
     }
+
+
+def first_draws(record: dict[str, Any], settings: LLCSettings, num_draws: int) -> dict[str, Any]:
+    """The estimate with ``num_draws`` draws, read from the first draws of ``record`` (an :func:`estimate_llc`
+    record with ``settings`` and its ``trace``): each chain's seed fixes its minibatches and its noise step by
+    step, so a chain of fewer draws is the start of a longer one, and its estimate is the one this
+    returns. ``seconds`` is 0.0 (no sampling of its own) and ``first_draws_of`` the chain's length."""
+    if not 0 < num_draws <= settings.num_draws:
+        raise ValueError(f"first_draws: {num_draws} draws of a chain of {settings.num_draws}")
+    traces = np.asarray(record["trace"], dtype=float)[:, :num_draws]
+    refs = np.asarray(record["reference"], dtype=float)[:, :num_draws] if "reference" in record else None
+    kept = {k: record[k] for k in ("n_sampled", "frozen_max_change") if k in record}
+    return {**summarise_draws(traces, refs, record["init_loss"], settings.with_draws(num_draws)),
+            "seconds": 0.0, "first_draws_of": settings.num_draws, **kept}
 
 
 # ---- the cache and the series -------------------------------------------------------------

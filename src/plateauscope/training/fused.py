@@ -102,7 +102,9 @@ def by_layer(heads: Sequence[tuple[int, int]]) -> dict[int, list[int]]:
 def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, "batch pos"],
                  hidden_keys: Sequence[int] = (), zeroed_heads: Sequence[tuple[int, int]] = (),
                  positions: Sequence[int] | None = None, clamp: PatternClamp | None = None,
-                 mean_value_heads: Sequence[tuple[int, int]] = ()) -> Float[Tensor, "batch out_pos d_vocab_out"]:
+                 mean_value_heads: Sequence[tuple[int, int]] = (),
+                 start: tuple[int, Float[Tensor, "batch pos d_model"]] | None = None,
+                 stop_at: int | None = None) -> Float[Tensor, "batch out_pos d_vocab_out"]:
     """The logits of a HookedTransformer with config ``cfg`` (``model.cfg``) and parameters ``params``
     (``plateauscope.backend.hooked_parameters(model)``, or a seed ensemble member's slices), with fused kernels.
 
@@ -115,6 +117,9 @@ def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, 
     position). Nothing after the last block's keys and values reaches another position, so that block's
     queries, attention output and MLP, and the unembedding, run only there: the same logits for less
     work, the ``trimmed`` training forward's (its keys and values still cover every position).
+    ``start`` = (layer, residual stream into that block, computed elsewhere for ``tokens``): the forward
+    runs from that block on (the interventions then act from it on). ``stop_at``: the residual stream
+    into that block is returned instead of the logits (``[batch, pos, d_model]``).
     No hook runs: use the hooked forward for anything that reads or edits activations.
     """
     n_heads, d_head, d_model, kind, eps = cfg.n_heads, cfg.d_head, cfg.d_model, cfg.normalization_type, cfg.eps
@@ -126,8 +131,11 @@ def fused_logits(cfg: object, params: Mapping[str, Tensor], tokens: Int[Tensor, 
         keep.setdefault(layer, torch.ones(n_heads, 1, 1, dtype=params["embed.W_E"].dtype, device=tokens.device))
         keep[layer][head] = 0
     mean_by_layer = by_layer(mean_value_heads)
-    x = (params["embed.W_E"][tokens] + params["pos_embed.W_pos"][:n_pos]).view(-1, d_model)  # [batch * pos, d]
-    for layer in range(cfg.n_layers):
+    first, x = start if start is not None else (0, params["embed.W_E"][tokens] + params["pos_embed.W_pos"][:n_pos])
+    x = x.reshape(-1, d_model)  # [batch * pos, d]
+    for layer in range(first, cfg.n_layers):
+        if layer == stop_at:
+            return x.view(batch, n_pos, d_model)
         p = f"blocks.{layer}."
         h = layer_norm(x, params, p + "ln1", kind, eps)
         mask = allowed if hidden_keys else None  # None: the causal kernel
