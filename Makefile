@@ -51,8 +51,11 @@ demo:
 	$(VENV)/bin/plateauscope demo --out $(DEMO); t2=$$(now); \
 	awk -v a=$$t0 -v b=$$t1 -v c=$$t2 'BEGIN { printf "install %.0f s, demo %.0f s\n", b - a, c - b }'
 
+# The suite on pytest-xdist workers, a test module to each (tests/conftest.py shares the session's runs
+# between them and gives each worker its share of the cores' threads).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	PLATEAUSCOPE_OTHER_PYTHON=$(OTHER_OF_MAIN) $(PY) -m pytest
+	PLATEAUSCOPE_OTHER_PYTHON=$(OTHER_OF_MAIN) $(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile
 
 install-tl3: $(STAMP_TL3)
 
@@ -66,7 +69,7 @@ $(STAMP_TL3): Makefile pyproject.toml
 	touch $(STAMP_TL3)
 
 test-tl3: $(STAMP_TL3)
-	PLATEAUSCOPE_OTHER_PYTHON=$(OTHER_OF_TL3) $(PY_TL3) -m pytest $(TL3_TESTS)
+	PLATEAUSCOPE_OTHER_PYTHON=$(OTHER_OF_TL3) $(PY_TL3) -m pytest -n $(TEST_WORKERS) --dist loadfile $(TL3_TESTS)
 
 test-wheel: $(STAMP)
 	$(PY) -m pytest tests/test_wheel.py

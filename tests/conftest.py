@@ -4,23 +4,63 @@
 The session runs are read-only for the tests: a test that writes into a run directory (an
 analysis cache, a report) works on its own copy (:func:`copy_run`), so no test sees what another
 one wrote, whatever the order.
+
+``make test`` runs the suite on pytest-xdist workers (``-n 2 --dist loadfile``: a module's tests on one
+worker, so its module fixtures are built once). Each worker gets an equal share of the cores' torch
+threads, and the session's runs are built once for all of them (:func:`built_once`).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import shutil
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 import torch
+from filelock import FileLock
 
 from plateauscope.analysis.results import ANALYSIS_DIR
 from plateauscope.training import run as rd
 from plateauscope.training.presets import get_preset
 from plateauscope.training.train import train
+
+
+def pytest_configure(config):
+    """On a pytest-xdist worker: the cores' torch threads shared between the workers, in this process and in
+    the processes its tests start."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        from plateauscope.processes import available_cores
+
+        threads = max(1, available_cores() // int(workers))
+        os.environ["OMP_NUM_THREADS"] = str(threads)
+        torch.set_num_threads(threads)
+
+
+def built_once(tmp_path_factory, name: str, build: Callable[[Path], Any]) -> tuple[Path, Any]:
+    """A session run or sweep, ``build(out)`` (its return value: JSON data), made once per test session.
+
+    Under pytest-xdist the first worker that needs it builds it into the session's shared folder while
+    the others wait on a file lock, then every worker reads it there (the session's runs are read-only)."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        out = tmp_path_factory.mktemp("runs") / name
+        return out, build(out)
+    shared = tmp_path_factory.getbasetemp().parent / "session-runs"
+    shared.mkdir(exist_ok=True)
+    out, done = shared / name, shared / f"{name}.json"
+    with FileLock(str(shared / f"{name}.lock")):
+        if not done.exists():
+            shutil.rmtree(out, ignore_errors=True)
+            data = build(out)
+            done.with_suffix(".part").write_text(json.dumps(data))
+            done.with_suffix(".part").replace(done)
+    return out, json.loads(done.read_text())
 
 
 def pytest_collection_modifyitems(config, items):
@@ -83,20 +123,23 @@ def copy_run(src: Path, dst: Path, steps: list[int] | None = None, with_analysis
     return dst
 
 
+def trained(preset: str) -> Callable[[Path], None]:
+    """A builder for :func:`built_once`: the preset trained into its folder."""
+    def build(out: Path) -> None:
+        train(get_preset(preset), out, device="cpu", progress=False)
+    return build
+
+
 @pytest.fixture(scope="session")
 def ci_run(tmp_path_factory):
     """The `ci` preset trained once for the whole session (about a minute on 2 cores)."""
-    out = tmp_path_factory.mktemp("runs") / "ci"
-    train(get_preset("ci"), out, device="cpu", progress=False)
-    return out
+    return built_once(tmp_path_factory, "ci", trained("ci"))[0]
 
 
 @pytest.fixture(scope="session")
 def tiny_run(tmp_path_factory):
     """The `tiny` preset trained once for the whole session (a second)."""
-    out = tmp_path_factory.mktemp("runs") / "tiny"
-    train(get_preset("tiny"), out, device="cpu", progress=False)
-    return out
+    return built_once(tmp_path_factory, "tiny", trained("tiny"))[0]
 
 
 @pytest.fixture(scope="session")
@@ -104,9 +147,10 @@ def ci_analysed(ci_run, tmp_path_factory):
     """A copy of the session's `ci` run with its analysis cache (every 10th checkpoint, 6 exact steps)."""
     from plateauscope.analysis.analyze import analyze_run
 
-    out = copy_run(ci_run, tmp_path_factory.mktemp("runs") / "ci_analysed")
-    analyze_run(out, every=10, n_exact=6, progress=False)
-    return out
+    def build(out: Path) -> None:
+        analyze_run(copy_run(ci_run, out), every=10, n_exact=6, progress=False)
+
+    return built_once(tmp_path_factory, "ci_analysed", build)[0]
 
 
 @pytest.fixture(scope="session")
@@ -116,9 +160,8 @@ def interventions_sweep(tmp_path_factory):
     from plateauscope.sweeps.catalogue import get_sweep
     from plateauscope.sweeps.executors import run_sweep
 
-    out = tmp_path_factory.mktemp("sweeps") / "plateau-interventions-tiny"
-    outcomes = run_sweep(get_sweep("plateau-interventions-tiny"), out, executor="serial", threads=1, progress=False)
-    return out, outcomes
+    return built_once(tmp_path_factory, "plateau-interventions-tiny", lambda out: run_sweep(
+        get_sweep("plateau-interventions-tiny"), out, executor="serial", threads=1, progress=False))
 
 
 @pytest.fixture(scope="session")
@@ -128,7 +171,7 @@ def tiny_sweep(tmp_path_factory):
     from plateauscope.sweeps.catalogue import get_sweep
     from plateauscope.sweeps.executors import run_sweep
 
-    out = tmp_path_factory.mktemp("sweeps") / "tiny"
-    outcomes = run_sweep(get_sweep("tiny"), out, executor="serial", threads=1, progress=False)
+    out, outcomes = built_once(tmp_path_factory, "tiny-sweep", lambda out: run_sweep(
+        get_sweep("tiny"), out, executor="serial", threads=1, progress=False))
     assert all(o["status"] == "done" for o in outcomes), outcomes
     return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -20,6 +21,7 @@ from plateauscope.training.config import ConfigError
 from plateauscope.training.presets import get_preset
 from plateauscope.training.run import Run
 from plateauscope.training.train import train
+from tests.conftest import built_once
 from tests.handbuilt_induction import (
     INDUCTION_HEAD,
     PREVIOUS_TOKEN_HEAD,
@@ -146,12 +148,13 @@ def test_attention_rules_equal_the_head_detector_on_the_handbuilt_model(handbuil
 @pytest.fixture(scope="session")
 def induction_run(tmp_path_factory):
     """The `induction` preset trained and analysed once for the session (about 40 s on 2 cores)."""
-    out = tmp_path_factory.mktemp("runs") / "induction"
-    train(get_preset("induction"), out, device="cpu", progress=False)
-    # the edges of induction are tested in tests/test_edges.py (hand-built) and test_edges_autocircuit.py;
-    # here they would add minutes (49-token prompts)
-    summary = analyze_run(out, every=6, n_exact=4, progress=False, edges=False)
-    return out, summary
+    def build(out: Path) -> dict:
+        train(get_preset("induction"), out, device="cpu", progress=False)
+        # the edges of induction are tested in tests/test_edges.py (hand-built) and test_edges_autocircuit.py;
+        # here they would add minutes (49-token prompts)
+        return analyze_run(out, every=6, n_exact=4, progress=False, edges=False)
+
+    return built_once(tmp_path_factory, "induction", build)
 
 
 @pytest.mark.slow
