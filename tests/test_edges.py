@@ -211,7 +211,8 @@ def test_stable_from():
 def test_the_circuit_search_finds_the_fewest_edges_below_a_non_monotone_curve(monkeypatch):
     """Faithfulness by hand, non-monotone in k: the top 3 edges reach the target, 4 to 7 fall back,
     8 and more reach it again. Doubling then bisecting would stop at 8; the scan below the first
-    hit finds 3, and the record says the curve was not monotone."""
+    hit finds 3, and the record says the curve was not monotone. The scan stops at its first batch
+    with a hit."""
     from plateauscope.analysis import edges as E
 
     runs = EdgeRuns.of(random_model(), random_pairs())
@@ -225,6 +226,12 @@ def test_the_circuit_search_finds_the_fewest_edges_below_a_non_monotone_curve(mo
     circuit = E.faithful_circuit(runs, scores, target=0.8)
     assert circuit.edges == order[:3] and circuit.faithfulness == pytest.approx(0.9) and not circuit.monotone
     assert set(range(1, 9)) <= set(circuit.evaluated)  # every k below the grid's first hit is measured
+    # the scan goes upwards in batches and stops at the first batch with a hit: k = 5 here, found in
+    # the batch (3, 5) below the grid's first hit at 16; 6 and 7, above it, are never measured
+    monkeypatch.setattr(E, "SCAN_BATCH", 2)
+    monkeypatch.setattr(E, "faithfulness", by_size(lambda k: 0.9 if k == 5 or k >= 16 else 0.1))
+    circuit = E.faithful_circuit(runs, scores, target=0.8)
+    assert circuit.edges == order[:5] and {3, 5} <= set(circuit.evaluated) and not {6, 7} & set(circuit.evaluated)
     monkeypatch.setattr(E, "faithfulness", by_size(lambda k: min(1.0, k / 10)))
     circuit = E.faithful_circuit(runs, scores, target=0.8)
     assert circuit.edges == order[:8] and circuit.monotone

@@ -39,14 +39,14 @@ def _landmarks(budget: int, **kw) -> dict[int, list[str]]:
 
 
 def test_the_landmarks_of_a_known_transition():
-    """Always: plateau start and middle, tau, tau/2 (75: the nearer of 70 and 80 is taken, the earlier
-    on a tie), the last step, and each rule's t_form: the attention rule at the rise of attention,
+    """Always: plateau start and middle, tau, the last step, and each rule's t_form (not tau/2:
+    the adaptive analysis runs head ablation alone there): the attention rule at the rise of attention,
     the patch-share rule at the rise of attribution, the cue-effect rule at the cue effect's jump.
     Within the budget, then: the step before each t_form, in the rules' order, and the evaluation
     before tau."""
     got = _landmarks(budget=0)
     assert sorted(got) == [10, 70, 110, 130, 150, 200]
-    assert got[70] == ["plateau middle", "tau/2"]
+    assert got[70] == ["plateau middle"]
     assert "t_form by attention (cheap)" in got[110] and "t_form by cue_effect (cheap)" in got[110]
     assert got[130] == ["t_form by patch_share (cheap)"]
     one_more = _landmarks(budget=7)  # the first bracket (before t_form by attention) and no other new step

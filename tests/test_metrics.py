@@ -142,8 +142,11 @@ def _brute_force_evaluate(model, task, evalset):
 
 
 @pytest.mark.parametrize("kind", ["trained", "random_2layer"])
-def test_shared_prefix_evaluation_equals_scoring_every_sequence(tiny_run, kind):
-    """evaluate scores each shared prefix once; it must give the numbers of the plain computation."""
+@pytest.mark.parametrize("batch_size", [7, 3])
+def test_shared_prefix_evaluation_equals_scoring_every_sequence(tiny_run, kind, batch_size):
+    """evaluate scores each shared prefix once; it must give the numbers of the plain computation.
+    Batches of 7 rows hold whole families of K = 4 children (their parent's keys read once, shared);
+    batches of 3 split a family (its keys copied out per child)."""
     from plateauscope.backend import build_model
     from plateauscope.training.run import Run
 
@@ -153,7 +156,7 @@ def test_shared_prefix_evaluation_equals_scoring_every_sequence(tiny_run, kind):
         build_model({**run.hooked_config, "n_layers": 2}, seed=3).eval()
     evalset = EvalSet.build(task, n_eval_groups=6, n_tracked_groups=5, seed=1)
     ref = _brute_force_evaluate(model, task, evalset)
-    got = evaluate(model, task, evalset, batch_size=7)  # small batches: several chunks per level
+    got = evaluate(model, task, evalset, batch_size=batch_size)  # small batches: several chunks per level
     assert got.keys() >= ref.keys()
     for key, value in ref.items():
         if key == "group_acc":

@@ -310,6 +310,13 @@ def load_hooked_state_dict(model: Model, state: dict[str, torch.Tensor]) -> Mode
     if backend_of(model) == "hooked":  # the attention buffers are rebuilt from the config, whatever their saved shape
         model.load_state_dict({k: v for k, v in state.items() if not k.endswith(_HT_BUFFERS)}, strict=False)
         return model
+    params = hooked_parameters(model)  # views of the bridge's own parameters, in this layout
+    weights = {k: v for k, v in state.items() if not k.endswith(_HT_BUFFERS)}
+    if weights.keys() == params.keys() and all(params[k].shape == v.shape for k, v in weights.items()):
+        with torch.no_grad():  # copied through the views: a tenth of the time of converting the whole dict
+            for k, v in weights.items():
+                params[k].copy_(v)
+        return model
     from transformer_lens.utilities.tl_checkpoint_conversion import (
         convert_tl_checkpoint,
     )

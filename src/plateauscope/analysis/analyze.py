@@ -10,9 +10,9 @@ task itself. Each checkpoint is loaded lazily, one model in memory at a time. Tw
   view, ``plateauscope.views.view``);
 * the *expensive* pass, at the landmarks that ``plateauscope.analysis.landmarks`` finds from the cheap
   pass (plateau start and middle, each rule's t_form, tau, the last step, then steps where the cheap
-  signals change fastest, up to ``n_exact`` steps in all; then, by bisection and with exact patching
-  only, the steps that narrow t_form by patch share, which reads the exact records, to neighbouring
-  analysed steps): exact activation patching (``plateauscope.analysis.patch``),
+  signals change fastest, up to ``n_exact`` steps in all; head ablation alone at tau/2, where the
+  summary reads it; then, by bisection and with exact patching only, the steps that narrow t_form
+  by patch share, which reads the exact records, to neighbouring analysed steps): exact activation patching (``plateauscope.analysis.patch``),
   zero / mean head ablation (``plateauscope.analysis.ablate``), the concentration of the routing
   (``plateauscope.analysis.circuit``: each head's share of the head-patching effect, ablation of sets
   of heads, patching at the cue positions and the prediction position), exact patching of the
@@ -65,7 +65,7 @@ from plateauscope.analysis.edges import (
     exact_edge_record,
 )
 from plateauscope.analysis.inputs import prompt_pairs
-from plateauscope.analysis.landmarks import DEFAULT_BUDGET, landmark_steps
+from plateauscope.analysis.landmarks import DEFAULT_BUDGET, landmark_steps, nearest
 from plateauscope.analysis.patch import patch
 from plateauscope.analysis.results import (
     ABLATION_FILE,
@@ -276,8 +276,9 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
             wanted = {name: set() if name in EDGE_ANALYSES else todo for name, todo in wanted.items()}
         done = {name: set(cached(name)) for name in wanted}
         todo = sorted({s for name in wanted for s in wanted[name] - done[name]})
+        model = None
         for step in tqdm(todo, desc=desc, disable=not progress, dynamic_ncols=True):
-            model = run.model(step, device, backend)
+            model = run.model(step, device, backend, reuse=model)
             fresh: dict[str, Any] = {}
             for name in CACHE_FILES:
                 if step in wanted.get(name, ()) and step not in done[name]:
@@ -301,7 +302,14 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
         picked = landmark_steps(chosen, cache["attention"], cache["attribution"], records, run.progress.key,
                                 run.progress.cue_effect_key, run.progress.height, tau, tau_lo, plateau_span,
                                 rules_start, n_exact)
-        run_pass({name: set(picked) for name in EXPENSIVE}, f"analyse {run.path.name} (landmarks)")
+        # The summary also reads head ablation at tau/2 (with the plateau start and the end): that
+        # analysis alone runs there, a sixth of the expensive pass.
+        half = nearest(chosen, tau // 2) if tau else None
+        ablated = set(picked) | ({half} if half is not None else set())
+        run_pass({**{name: set(picked) for name in EXPENSIVE}, "ablation": ablated},
+                 f"analyse {run.path.name} (landmarks)")
+        if half is not None:
+            picked.setdefault(half, []).append("tau/2 (head ablation only)")
         # The patch-share rule reads the exact records, which exist at the landmarks only: bisect its
         # bracket over the analysed steps until they are neighbours, so that t_form by that rule has the
         # checkpoints' resolution (the cheap stand-in can be far off). A bisection step needs exact

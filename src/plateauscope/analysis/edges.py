@@ -35,8 +35,8 @@ attention and the MLP), so the strongest edges are also patched exactly and the 
 The circuit at a checkpoint (:func:`faithful_circuit`): the k edges of largest |attribution|, with
 k the smallest whose faithfulness reaches the target (0.8 by default). Faithfulness is not monotone
 in k (edges ranked by |attribution| include edges that push the wrong way), so no bisection: the
-search doubles k until the target is met, then measures every k below that first hit, side by side
-in batches, and takes the smallest that reaches the target. The record says whether the measured
+search doubles k until the target is met, then measures the k below that first hit from 1 upwards,
+side by side in batches, until a batch holds a hit: the smallest k that reaches the target. The record says whether the measured
 curve was monotone (``monotone``: it never falls by more than :data:`MONOTONE_TOL` as k grows).
 
 Both backends (``use_split_qkv_input`` gives each head its own query, key and value
@@ -66,6 +66,7 @@ from plateauscope.analysis.prefix import (
     cached_run,
     first_difference,
     forward_from,
+    savers,
 )
 from plateauscope.analysis.results import median, na
 from plateauscope.backend import Model, hooked_parameters, shares_prefixes
@@ -282,29 +283,41 @@ class EdgeRuns:
     corrupt_out: Float[Tensor, "S N new_pos d_model"]
     clean: float
     corrupt: float
+    corrupt_base: RunCache | None = None
+    """The corrupted run as a prefix-sharing base (its residual stream before each layer; the keys
+    and values before ``start``, the clean run's, are the same): where a patched run of the corrupted
+    prompts starts above layer 0. None on a model that does not share prefixes."""
 
     @classmethod
     def of(cls, model: Model, pairs: PromptPairs) -> EdgeRuns:
         """Two forwards (clean, with its cache, and corrupted) of the pairs."""
         graph = EdgeGraph.of(model)
         pairs = replace(pairs, clean=pairs.clean.to(model.cfg.device), corrupt=pairs.corrupt.to(model.cfg.device))
-        start = min(first_difference(pairs.clean, pairs.corrupt), pairs.pred_pos) if shares_prefixes(model) else 0
+        sharing = shares_prefixes(model)
+        start = min(first_difference(pairs.clean, pairs.corrupt), pairs.pred_pos) if sharing else 0
         clean: dict[int, Tensor] = {}
         corrupt: dict[int, Tensor] = {}  # no receiver is hooked in these two: plain forwards
+        resid: dict[str, Tensor] = {}
+        names = [get_act_name("resid_pre", layer) for layer in range(graph.n_layers)] if sharing else []
         with torch.no_grad():
             base = cached_run(model, pairs.clean, pairs.pred_pos, hooks=_sender_hooks(model, graph, clean))
-            last = forward_from(model, pairs.corrupt, base, pairs.pred_pos, _sender_hooks(model, graph, corrupt), start)
+            last = forward_from(model, pairs.corrupt, base, pairs.pred_pos,
+                                _sender_hooks(model, graph, corrupt) + savers(names, resid), start)
         clean_out, corrupt_out = (torch.stack([outs[i] for i in range(len(graph.senders))]) for outs in (clean, corrupt))
+        corrupt_base = replace(base, resid_pre=[torch.cat([before[:, :start], resid[n]], 1)
+                                                for before, n in zip(base.resid_pre, names)]) if sharing else None
         return cls(model, pairs, graph, start, base, clean_out[:, :, start:], corrupt_out,
-                   last_logit_diff(base.last_logits, pairs).item(), last_logit_diff(last, pairs).item())
+                   last_logit_diff(base.last_logits, pairs).item(), last_logit_diff(last, pairs).item(), corrupt_base)
 
-    def forward(self, tokens: Int[Tensor, "N pos"], hooks: list[tuple[str, Callable]], repeat: int = 1
-                ) -> Float[Tensor, "R vocab"]:
+    def forward(self, tokens: Int[Tensor, "N pos"], hooks: list[tuple[str, Callable]], repeat: int = 1,
+                layer: int = 0) -> Float[Tensor, "R vocab"]:
         """Logits at the prediction position of ``tokens`` (repeated) with ``hooks``, each head and
-        MLP with its own input hooks; the hooks see the positions from ``start``."""
+        MLP with its own input hooks; the hooks see the positions from ``start``. ``layer`` > 0:
+        ``tokens`` are the corrupted prompts, and the blocks below ``layer`` are the corrupted run's."""
         with split_inputs(self.model) as native:
             hooks = hooks if native else emulated_head_inputs(self.model, hooks)
-            return forward_from(self.model, tokens, self.base, self.pairs.pred_pos, hooks, self.start, repeat=repeat)
+            return forward_from(self.model, tokens, self.corrupt_base if layer else self.base, self.pairs.pred_pos,
+                                hooks, self.start, layer=layer, repeat=repeat)
 
     def metric(self, last: Float[Tensor, "MN vocab"]) -> Float[Tensor, " M"]:
         """The logit difference of each copy of the pairs in ``last`` (copy-major)."""
@@ -317,19 +330,46 @@ class EdgeRuns:
         return effect / gap if abs(gap) >= 1e-6 else torch.full_like(effect, math.nan)
 
 
+def first_layers(graph: EdgeGraph, patched: Bool[Tensor, "M E"]) -> Int[Tensor, " M"]:
+    """The first block each set of patched edges changes: the layer of its lowest receiver (the
+    logits: the last block; no edge: the last block)."""
+    last = graph.n_layers - 1
+    layer = torch.tensor([min(graph.receivers[r][2] // 2, last) for _, r in graph.edges])
+    return torch.where(patched, layer, last).min(1).values
+
+
 def patch_edges(runs: EdgeRuns, tokens: Int[Tensor, "N pos"], source: Float[Tensor, "S N new_pos d_model"],
-                patched: Bool[Tensor, "M E"]) -> Float[Tensor, " M"]:
+                patched: Bool[Tensor, "M E"], from_corrupt: bool = False) -> Float[Tensor, " M"]:
     """The metric of ``M`` runs of ``tokens``, each with its own set of patched edges: at every
     receiver, the patched senders are read from ``source`` instead of this run. The M runs go side
-    by side as copies of the prompt set (at most ``MAX_BATCH`` sequences a pass)."""
+    by side as copies of the prompt set (at most ``MAX_BATCH`` sequences a pass).
+
+    ``from_corrupt``: ``tokens`` are the corrupted prompts. Every block below a run's first patched
+    receiver is then the corrupted run's, so the run starts at that block (prefix sharing), its
+    lower senders read from the corrupted run: runs grouped by that block."""
+    if from_corrupt and runs.corrupt_base is not None:
+        first = first_layers(runs.graph, patched)
+        out = torch.empty(patched.shape[0], dtype=source.dtype, device=source.device)
+        for layer in first.unique().tolist():
+            rows = first == layer
+            out[rows] = _patch_edges_from(runs, tokens, source, patched[rows], layer)
+        return out
+    return _patch_edges_from(runs, tokens, source, patched, 0)
+
+
+def _patch_edges_from(runs: EdgeRuns, tokens: Int[Tensor, "N pos"], source: Float[Tensor, "S N new_pos d_model"],
+                      patched: Bool[Tensor, "M E"], layer: int) -> Float[Tensor, " M"]:
+    """:func:`patch_edges` of runs that change nothing below ``layer`` (> 0: of the corrupted prompts)."""
     graph = runs.graph
     n = tokens.shape[0]
     per_pass = max(1, MAX_BATCH // n)
     if patched.shape[0] > per_pass:
-        return torch.cat([patch_edges(runs, tokens, source, chunk) for chunk in patched.split(per_pass)])
+        return torch.cat([_patch_edges_from(runs, tokens, source, chunk, layer) for chunk in patched.split(per_pass)])
     m = patched.shape[0]
     mask = graph.dense(patched).to(source.device, source.dtype)  # [M, S, R]
-    current: dict[int, Tensor] = {}
+    # the senders below ``layer`` do not run: their outputs are the corrupted run's, in every copy
+    current: dict[int, Tensor] = {s: runs.corrupt_out[s].repeat(m, 1, 1)
+                                  for s, (_, rank) in enumerate(graph.senders) if rank < 2 * layer}
 
     def receiver(indices: list[int], rank: int) -> Callable:
         up = graph.upstream(rank)
@@ -350,7 +390,7 @@ def patch_edges(runs: EdgeRuns, tokens: Int[Tensor, "N pos"], source: Float[Tens
     hooks = _sender_hooks(runs.model, graph, current)
     hooks += [(name, receiver(indices, graph.receivers[indices[0]][2])) for name, indices in _receiver_hook_names(graph)]
     with torch.no_grad():
-        return runs.metric(runs.forward(tokens, hooks, repeat=m))
+        return runs.metric(runs.forward(tokens, hooks, repeat=m, layer=layer))
 
 
 @dataclass
@@ -416,7 +456,8 @@ def patch_each_edge(runs: EdgeRuns, edges: list[int]) -> EdgeScores:
     if edges:
         patched = torch.zeros(len(edges), len(runs.graph.edges), dtype=torch.bool)
         patched[torch.arange(len(edges)), torch.tensor(edges)] = True
-        effect[edges] = (patch_edges(runs, runs.pairs.corrupt, runs.clean_out, patched) - runs.corrupt).float().cpu()
+        effect[edges] = (patch_edges(runs, runs.pairs.corrupt, runs.clean_out, patched, from_corrupt=True)
+                         - runs.corrupt).float().cpu()
     return EdgeScores(effect, runs.normalise(effect), "exact")
 
 
@@ -482,7 +523,9 @@ def faithful_circuit(runs: EdgeRuns, scores: EdgeScores, target: float = FAITHFU
     measure(grid)
     hi = next((k for k in grid if seen[k] >= target), n_edges)
     below = [k for k in range(1, hi) if k not in seen]  # every k below the first hit, not only a bisection's
-    for i in range(0, len(below), SCAN_BATCH):
+    for i in range(0, len(below), SCAN_BATCH):  # upwards, in batches
+        if min((k for k, f in seen.items() if f >= target), default=hi) < below[i]:
+            break  # a hit with every k below it measured: the smallest
         measure(below[i: i + SCAN_BATCH])
     k = min((k for k, f in seen.items() if f >= target), default=n_edges)
     curve = [seen[k] for k in sorted(seen)]

@@ -8,8 +8,8 @@ the plateau these carry almost no signal (the clean-corrupted gap is under 0.01 
 patching and the faithful circuit search) run only at the steps this module picks from the cheap
 records:
 
-* always: the plateau's start and middle (``summary.json``'s plateau span), tau, tau/2 and the last
-  step; t_form by each rule, each from a cheap stand-in: the attention rule on the routing head
+* always: the plateau's start and middle (``summary.json``'s plateau span), tau and the last step;
+  t_form by each rule, each from a cheap stand-in: the attention rule on the routing head
   (chosen as :func:`plateauscope.analysis.formation.pick_routing_head` chooses it, with attribution
   in place of exact patching), the patch-share rule on that head's share of the positive head
   attribution, the cue-effect rule on ``metrics.jsonl`` (already exact); and the t_form of the head
@@ -25,8 +25,9 @@ No finding reads the bracket steps' expensive records (t_form by patch share is 
 patching afterwards, ``plateauscope.analysis.analyze``), so the default budget,
 :data:`DEFAULT_BUDGET`, leaves them out on a series with one t_form per rule.
 
-Each landmark snaps to the nearest analysed step. The result maps each step to the reasons it
-was picked, which ``routing.json`` keeps.
+Each landmark snaps to the nearest analysed step (:func:`nearest`). The result maps each step to the
+reasons it was picked, which ``routing.json`` keeps. (The summary also reads head ablation at tau/2:
+``plateauscope.analysis.analyze`` runs that one analysis there, not the whole expensive pass.)
 """
 
 from __future__ import annotations
@@ -38,11 +39,12 @@ import numpy as np
 from plateauscope.analysis import formation
 
 
-DEFAULT_BUDGET = 8
+DEFAULT_BUDGET = 7
 """Steps of the expensive pass by default: the landmarks that are always picked, on the selector task."""
 
 
-def _nearest(steps: list[int], target: int) -> int:
+def nearest(steps: list[int], target: int) -> int:
+    """The step of ``steps`` nearest ``target`` (the earlier on a tie)."""
     return min(steps, key=lambda s: (abs(s - target), s))
 
 
@@ -101,14 +103,13 @@ def landmark_steps(steps: list[int], attention: list[dict[str, Any]], attributio
 
     def add(target: int | None, why: str) -> None:
         if target is not None:
-            picked.setdefault(_nearest(steps, int(target)), []).append(why)
+            picked.setdefault(nearest(steps, int(target)), []).append(why)
 
     start = plateau_span[0] if plateau_span else steps[0]
     add(start, "plateau start")
     if plateau_span:
         add((plateau_span[0] + plateau_span[1]) // 2, "plateau middle")
     add(tau, "tau")
-    add(tau // 2 if tau else None, "tau/2")
     add(steps[-1], "last step")
     brackets: list[tuple[int | None, str]] = []  # picked after the landmarks, within the budget
 
@@ -127,7 +128,7 @@ def landmark_steps(steps: list[int], attention: list[dict[str, Any]], attributio
             add(form["t_form"], f"t_form of the {name} head")
             brackets.append((form["t_form_bracket"][0], f"before t_form of the {name} head"))
     for target, why in [*brackets, (tau_lo, "evaluation before tau")]:
-        if target is not None and (len(picked) < budget or _nearest(steps, int(target)) in picked):
+        if target is not None and (len(picked) < budget or nearest(steps, int(target)) in picked):
             add(target, why)
 
     measured = [(r["step"], r[progress_key]) for r in records if r.get(progress_key) is not None]

@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 import torch
 from jaxtyping import Float, Int
 from torch import Tensor
+from transformer_lens.cache.key_value_cache_entry import (
+    TransformerLensKeyValueCacheEntry,
+)
 
 from plateauscope.backend import Model, backend_of, hook_point, hooked_parameters
 from plateauscope.training.fused import ACTIVATIONS, layer_norm
@@ -55,20 +59,90 @@ def embed_at(model: Model, tokens: Int[Tensor, "batch pos"], offset: int = 0) ->
     return _fire(model, "hook_embed", params["embed.W_E"][tokens]) + _fire(model, "hook_pos_embed", pos)
 
 
+@dataclass(frozen=True)
+class SharedPast:
+    """Keys and values of the earlier positions, shared by rows of a batch without a copy per row:
+    row ``b`` reads ``keys[(b // children) % len(keys)]``, then its own ``row_keys[b]`` (if any).
+
+    ``children`` > 1: each run of that many consecutive rows continues one prefix (a tree of
+    candidates); ``children`` = 1 with a batch of several times ``len(keys)`` rows: copies of one
+    prompt set side by side (replica-major). Attention computes the scores against the shared keys
+    per prefix, and is otherwise the same arithmetic as on the keys copied out per row, which
+    :meth:`per_row` does (HookedTransformer's forward takes only that)."""
+
+    keys: Float[Tensor, "prefix past_pos head d_head"]
+    values: Float[Tensor, "prefix past_pos head d_head"]
+    children: int = 1
+    row_keys: Float[Tensor, "batch own_pos head d_head"] | None = None
+    row_values: Float[Tensor, "batch own_pos head d_head"] | None = None
+
+    def rows(self, batch: int) -> Int[Tensor, " batch"]:
+        """The shared row each of ``batch`` rows reads."""
+        return torch.arange(batch, device=self.keys.device) // self.children % len(self.keys)
+
+    def per_row(self, batch: int) -> TransformerLensKeyValueCacheEntry:
+        """The same keys and values copied out for each of ``batch`` rows (a frozen TransformerLens entry)."""
+        at = self.rows(batch)
+        keys, values = self.keys[at], self.values[at]
+        if self.row_keys is not None:
+            keys, values = torch.cat([keys, self.row_keys], 1), torch.cat([values, self.row_values], 1)
+        return TransformerLensKeyValueCacheEntry(keys, values, frozen=True)
+
+    def then(self, keys: Float[Tensor, "batch pos head d_head"], values: Float[Tensor, "batch pos head d_head"]
+             ) -> SharedPast:
+        """These keys and values with each row's ``keys`` / ``values`` after them."""
+        if self.row_keys is not None:
+            keys, values = torch.cat([self.row_keys, keys], 1), torch.cat([self.row_values, values], 1)
+        return replace(self, row_keys=keys, row_values=values)
+
+
 def run_blocks(model: Model, resid: Float[Tensor, "batch pos d_model"], start_layer: int, stop_layer: int,
                past_kv_cache: Sequence | None = None) -> Float[Tensor, "batch pos d_model"]:
     """The residual stream after blocks ``start_layer`` .. ``stop_layer - 1`` of the positions in
     ``resid``, whose attention also reads the keys and values of the earlier positions in
-    ``past_kv_cache`` (one frozen TransformerLens cache entry per layer, or None)."""
+    ``past_kv_cache`` (per layer: a frozen TransformerLens cache entry, a :class:`SharedPast`, or None)."""
     if backend_of(model) == "hooked":
+        if past_kv_cache is not None:
+            past_kv_cache = [e.per_row(len(resid)) if isinstance(e, SharedPast) else e for e in past_kv_cache]
         return model(resid, start_at_layer=start_layer, stop_at_layer=stop_layer, past_kv_cache=past_kv_cache)
     params = hooked_parameters(model)
     x = resid
     for layer in range(start_layer, stop_layer):
         entry = past_kv_cache[layer] if past_kv_cache is not None else None
-        past = None if entry is None else (entry.past_keys, entry.past_values)
+        past = entry if entry is None or isinstance(entry, SharedPast) else SharedPast(
+            entry.past_keys[:, :0], entry.past_values[:, :0], 1, entry.past_keys, entry.past_values)
         x = _block(model, params, layer, x, past)
     return x
+
+
+def _attention(q: Float[Tensor, "batch q_pos head d_head"], k: Float[Tensor, "batch pos head d_head"],
+               v: Float[Tensor, "batch pos head d_head"], past: SharedPast | None, fire
+               ) -> Float[Tensor, "batch q_pos head d_head"]:
+    """Causal attention of the new positions over the shared past, each row's own past and the new
+    positions, with the scores, pattern and z through the hook points (``fire``)."""
+    batch, n_q, n_heads, d_head = q.shape
+    shared = 0
+    if past is not None:
+        if past.row_keys is not None:
+            k, v = torch.cat([past.row_keys, k], dim=1), torch.cat([past.row_values, v], dim=1)
+        shared = past.keys.shape[1] if batch and n_q else 0  # (no row or no query: nothing to attend)
+        groups = (batch // max(1, len(past.keys) * past.children), len(past.keys), past.children)
+    scores = torch.einsum("bqhd,bkhd->bhqk", q, k)
+    if shared:  # [tile, prefix, child] rows: each prefix's children against its keys in one product
+        on_shared = torch.einsum("tpcqhd,pkhd->tpchqk", q.reshape(*groups, n_q, n_heads, d_head), past.keys)
+        scores = torch.cat([on_shared.reshape(batch, n_heads, n_q, shared), scores], dim=-1)
+    scores = scores / math.sqrt(d_head)
+    offset = scores.shape[-1] - n_q
+    query_pos = torch.arange(n_q, device=q.device)[:, None] + offset
+    causal = torch.arange(scores.shape[-1], device=q.device)[None, :] <= query_pos
+    scores = fire("attn.hook_attn_scores", scores.masked_fill(~causal, float("-inf")))
+    pattern = scores.softmax(-1)
+    pattern = fire("attn.hook_pattern", torch.where(torch.isnan(pattern), 0, pattern))
+    z = torch.einsum("bhqk,bkhd->bqhd", pattern[..., shared:], v)
+    if shared:
+        z = z + torch.einsum("tpchqk,pkhd->tpcqhd", pattern[..., :shared].reshape(*groups, n_heads, n_q, shared),
+                             past.values).reshape(batch, n_q, n_heads, d_head)
+    return fire("attn.hook_z", z)
 
 
 def block_keys_values(model: Model, resid: Float[Tensor, "batch pos d_model"], layer: int
@@ -87,7 +161,7 @@ def block_keys_values(model: Model, resid: Float[Tensor, "batch pos d_model"], l
 
 
 def _block(model: Model, params: dict[str, Tensor], layer: int, x: Float[Tensor, "batch pos d_model"],
-           past: tuple[Tensor, Tensor] | None) -> Float[Tensor, "batch pos d_model"]:
+           past: SharedPast | None) -> Float[Tensor, "batch pos d_model"]:
     """One pre-norm block, as HookedTransformer computes it, through the model's hook points."""
     cfg = model.cfg
     p = f"blocks.{layer}."
@@ -96,17 +170,7 @@ def _block(model: Model, params: dict[str, Tensor], layer: int, x: Float[Tensor,
     h = layer_norm(x, params, p + "ln1", cfg.normalization_type, cfg.eps)
     q, k, v = (fire(f"attn.hook_{n.lower()}", torch.einsum("bpm,hmd->bphd", h, params[f"{p}attn.W_{n}"])
                     + params[f"{p}attn.b_{n}"]) for n in "QKV")
-    offset = 0
-    if past is not None:
-        offset = past[0].shape[1]
-        k, v = torch.cat([past[0], k], dim=1), torch.cat([past[1], v], dim=1)
-    scores = torch.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(cfg.d_head)
-    query_pos = torch.arange(q.shape[1], device=x.device)[:, None] + offset
-    causal = torch.arange(k.shape[1], device=x.device)[None, :] <= query_pos
-    scores = fire("attn.hook_attn_scores", scores.masked_fill(~causal, float("-inf")))
-    pattern = scores.softmax(-1)
-    pattern = fire("attn.hook_pattern", torch.where(torch.isnan(pattern), 0, pattern))
-    z = fire("attn.hook_z", torch.einsum("bhqk,bkhd->bqhd", pattern, v))
+    z = _attention(q, k, v, past, fire)
     attn_out = fire("hook_attn_out", torch.einsum("bqhd,hdm->bqm", z, params[p + "attn.W_O"]) + params[p + "attn.b_O"])
     if cfg.attn_only:
         return fire("hook_resid_post", x + attn_out)

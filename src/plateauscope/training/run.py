@@ -17,7 +17,13 @@ from typing import Any
 
 import torch
 
-from plateauscope.backend import Model, model_from_hooked_state
+from plateauscope.backend import (
+    Model,
+    backend_of,
+    load_hooked_state_dict,
+    model_from_hooked_state,
+    resolve_backend,
+)
 from plateauscope.tasks.base import ProgressMeasure, Task
 from plateauscope.tasks.loading import task_class
 from plateauscope.training.config import ConfigError, RunConfig
@@ -160,17 +166,28 @@ class Run:
             raise RunError(f"{self.path}: no checkpoint at step {step} (steps: {span})")
         return path
 
-    def model(self, step: int, device: str | torch.device = "cpu", backend: str | None = None) -> Model:
+    def model(self, step: int, device: str | torch.device = "cpu", backend: str | None = None,
+              reuse: Model | None = None) -> Model:
         """The model at ``step``, in eval mode, on ``backend`` (``hooked``: TransformerLens 3.x
         HookedTransformer, ``bridge``: 4.x TransformerBridge; None: the installed one). An
         uninstalled backend raises ``plateauscope.backend.BackendError`` (one line).
+
+        ``reuse``: a model this method returned before for this run, on the same backend and device.
+        It gets the step's weights in place, its hooks removed, and is returned: a series read one
+        checkpoint at a time skips building a model per step (most of a load's time on a small
+        model). A run trained with interventions always gets a fresh model.
 
         A run trained with interventions (``plateauscope.training.interventions``) gets them as permanent hooks,
         as they were at ``step`` (zeroed heads; the cue hidden before its release), so that every
         analysis sees the model that was trained."""
         state, _ = load_checkpoint(self.checkpoint_path(step))
-        model = model_from_hooked_state(self.hooked_config, state, backend=backend, device=device).eval()
         tc = self.config.train
+        if reuse is not None and not has_interventions(tc) and backend_of(reuse) == resolve_backend(backend) \
+                and str(next(reuse.parameters()).device) == str(torch.device(device)):
+            reuse.reset_hooks(including_permanent=True)
+            load_hooked_state_dict(reuse, state)
+            return reuse.eval() if reuse.training else reuse  # eval() walks the bridge's whole module tree
+        model = model_from_hooked_state(self.hooked_config, state, backend=backend, device=device).eval()
         if has_interventions(tc):
             Interventions.build(tc, self.task(), self.config.model.n_layers, self.config.model.n_heads).attach(model, step)
         return model

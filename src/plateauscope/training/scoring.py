@@ -15,14 +15,16 @@ from collections.abc import Callable
 import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
-from transformer_lens.cache.key_value_cache_entry import (
-    TransformerLensKeyValueCacheEntry,
-)
 from transformer_lens.utilities import get_act_name
 
 from plateauscope.backend import Model, hooks_added, shares_prefixes
 from plateauscope.tasks.base import Task
-from plateauscope.training.hooked_forward import block_keys_values, embed_at, run_blocks
+from plateauscope.training.hooked_forward import (
+    SharedPast,
+    block_keys_values,
+    embed_at,
+    run_blocks,
+)
 
 
 @torch.inference_mode()
@@ -125,7 +127,8 @@ def shared_prefix_logprobs(
         alive = exact.reshape(len(tokens), -1).any(-1).nonzero()[:, 0] if prune else torch.arange(len(tokens))
         new_kv, level_logits = [], []
         level_resid: dict[str, list[Tensor]] = {n: [] for at, n in resid_names if at == lvl}
-        for rows in alive.split(batch_size):
+        # batches of whole prefixes of the level above (their children share its keys: SharedPast)
+        for rows in alive.split(batch_size // dims[lvl] * dims[lvl] or batch_size):
             saved: dict[str, Tensor] = {}
 
             def saver(name: str) -> Callable:  # by the name asked for: a bridge's hook.name may be an alias
@@ -140,8 +143,12 @@ def shared_prefix_logprobs(
             cache = None
             if past is not None:
                 kv, row_of = past
-                at = row_of[rows // dims[lvl]]  # each row's parent prefix
-                cache = [None] * start_layer + [TransformerLensKeyValueCacheEntry(k[at], v[at], frozen=True)
+                children = dims[lvl]
+                if _whole_families(rows, children):  # the parents' keys once, not once per child
+                    at = row_of[rows[::children] // children]
+                else:  # pruned: a parent's surviving children only
+                    at, children = row_of[rows // children], 1
+                cache = [None] * start_layer + [SharedPast(k[at], v[at], children)
                                                 for k, v in zip(kv[: len(layers)], kv[len(layers):])]
             hooks = ([] if last_level else [(n, saver(n)) for n in names]) + [(n, saver(n)) for n in level_resid]
             if hooks_for is not None:
@@ -180,6 +187,14 @@ def shared_prefix_logprobs(
     return torch.cat(logps, -1), exact
 
 
+def _whole_families(rows: Int[Tensor, " n"], children: int) -> bool:
+    """Whether ``rows`` are every child, in order, of consecutive parents with ``children`` each."""
+    if len(rows) % children:
+        return False
+    family = rows.view(-1, children)
+    return bool((family[:, 0] % children == 0).all()) and bool((family == family[:, :1] + torch.arange(children)).all())
+
+
 def _row_of(indices: Int[Tensor, " n"], total: int) -> Int[Tensor, " total"]:
     """For each of ``total`` prefixes, its position in ``indices`` (-1: not there)."""
     rows = torch.full((total,), -1, dtype=torch.long)
@@ -209,10 +224,8 @@ def _top_block_on_suffix(model: Model, resid: Float[Tensor, "N pos d_model"], st
     if n_out:
         first = resid.shape[1] - n_out
         past_k, past_v = keys[:, :first], values[:, :first]
-        if cache is not None:
-            past_k = torch.cat([cache[top].past_keys, past_k], dim=1)
-            past_v = torch.cat([cache[top].past_values, past_v], dim=1)
-        entry = TransformerLensKeyValueCacheEntry(past_k, past_v, frozen=True)
+        entry = (SharedPast(past_k[:, :0], past_v[:, :0], 1, past_k, past_v) if cache is None
+                 else cache[top].then(past_k, past_v))
         out = run_blocks(model, resid[:, first:], top, top + 1, [None] * top + [entry])
     # after the top block's run, whose key / value hooks saw the last positions only
     saved[get_act_name("k", top)], saved[get_act_name("v", top)] = keys, values
