@@ -40,12 +40,14 @@ from plateauscope.backend import (
     available_backends,
     default_backend,
     hook_point,
+    hooks_added,
     hooked_parameters,
     hooked_state_dict,
     load_hooked_state_dict,
     shares_prefixes,
 )
 from plateauscope.training.fused import fused_logits
+from plateauscope.training.hooked_forward import SharedPast, run_blocks
 from plateauscope.training.presets import get_preset
 from plateauscope.training.run import Run, load_checkpoint
 from plateauscope.training.train import train
@@ -209,6 +211,43 @@ def test_models_of_one_config_are_independent_and_follow_their_weights(tiny_run)
     assert fired == []
     torch.testing.assert_close(a(tokens), b(tokens), rtol=0, atol=0)
     assert len(fired) == 1
+    # a model handed back to Run.model gets that step's weights in place, its hooks removed
+    reused = run.model(first, backend=INSTALLED, reuse=a)
+    assert reused is a and holds(a, states[first]) and not a.training
+    a(tokens)
+    assert len(fired) == 1
+
+
+@pytest.mark.parametrize("children, tiles", [(4, 1), (1, 3), (2, 2)])
+def test_a_shared_past_equals_its_keys_copied_per_row(tiny_run, children, tiles):
+    """Attention over a SharedPast (each prefix's keys read by its ``children`` consecutive rows,
+    ``tiles`` copies side by side), then each row's own earlier keys, equals the same keys copied
+    out per row: the blocks' output and what the score and pattern hooks see."""
+    run = Run(tiny_run)
+    model = run.model(run.steps[-1], backend=INSTALLED)
+    cfg, gen = model.cfg, torch.Generator().manual_seed(0)
+    prefixes, n_past, n_own, n_new = 3, 5, 2, 3
+    rows = tiles * prefixes * children
+
+    def draw(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen)
+
+    shared = [SharedPast(draw(prefixes, n_past, cfg.n_heads, cfg.d_head), draw(prefixes, n_past, cfg.n_heads, cfg.d_head),
+                         children).then(draw(rows, n_own, cfg.n_heads, cfg.d_head), draw(rows, n_own, cfg.n_heads, cfg.d_head))
+              for _ in range(cfg.n_layers)]
+    resid = draw(rows, n_new, cfg.d_model)
+    seen: dict[str, list[torch.Tensor]] = {"shared": [], "per_row": []}
+    outs = {}
+    for how, past in (("shared", shared), ("per_row", [e.per_row(rows) for e in shared])):
+        hooks = [(f"blocks.{layer}.attn.hook_{kind}", lambda t, hook, how=how: seen[how].append(t.clone()))
+                 for layer in range(cfg.n_layers) for kind in ("attn_scores", "pattern")]
+        with torch.no_grad(), hooks_added(model, hooks):
+            outs[how] = run_blocks(model, resid, 0, cfg.n_layers, past)
+    torch.testing.assert_close(outs["shared"], outs["per_row"], atol=1e-5, rtol=1e-5)
+    assert len(seen["shared"]) == len(seen["per_row"]) == 2 * cfg.n_layers
+    for a, b in zip(seen["shared"], seen["per_row"]):
+        assert a.shape == (rows, cfg.n_heads, n_new, n_past + n_own + n_new)
+        torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
 
 
 def test_checkpoints_have_hookedtransformer_layout(tiny_run):

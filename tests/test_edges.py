@@ -256,3 +256,27 @@ def test_exact_edge_agreement_covers_a_random_sample_outside_the_top():
     late, early = {"step": 60, **record}, {"step": 20, **record}
     summary = edges_summary(edges, [{"step": 10, "circuit": None}], [early, late], tau=100)
     assert summary["sample_agreement"]["steps"] == 1 and summary["sample_agreement"]["from_step"] == 50
+
+
+@pytest.mark.parametrize("attn_only", [False, True])
+def test_edges_and_attribution_from_one_backward_equal_the_two_apart(attn_only):
+    """The cheap pass takes edge attribution and attribution patching of heads and the residual
+    stream from one clean forward and one corrupted forward and backward: the numbers of each computed
+    on its own (``attribute_all``: its own runs, without the per-head input copies)."""
+    from plateauscope.analysis.attribution import attribute_all
+    from plateauscope.analysis.edges import edge_and_attribution_records, edge_record
+
+    model, pairs = random_model(torch.float64, attn_only=attn_only), random_pairs()
+    edges, attribution = edge_and_attribution_records(model, pairs, ("heads", "resid"))
+    alone = edge_record(model, pairs)
+    assert edges["graph"] == alone["graph"] and edges["effect"] == pytest.approx(alone["effect"], abs=2e-6)
+    assert edges["clean"] == pytest.approx(alone["clean"], abs=1e-12)
+    for target, result in attribute_all(model, pairs, ("heads", "resid")).items():
+        got, want = attribution[target], result.to_dict()
+        assert got.keys() == want.keys()
+        raw = torch.tensor(want["raw"])  # float32, as cached
+        torch.testing.assert_close(torch.tensor(got["raw"]), raw, atol=1e-5, rtol=1e-6, msg=target)
+        assert got["clean_metric"] == pytest.approx(want["clean_metric"], abs=1e-12)
+        assert {k: v for k, v in got.items() if k not in ("raw", "normalised", "clean_metric", "corrupt_metric")} == \
+            {k: v for k, v in want.items() if k not in ("raw", "normalised", "clean_metric", "corrupt_metric")}
+        assert raw.abs().max() > 0.1  # not vacuous

@@ -5,9 +5,9 @@ task itself. Each checkpoint is loaded lazily, one model in memory at a time. Tw
 
 * the *cheap* pass, at every chosen step, a fixed few forwards and backwards each: attention to the
   cue (``plateauscope.analysis.attention``), attribution patching of head outputs and the residual
-  stream (``plateauscope.analysis.attribution``), attribution of every edge of the residual-stream
-  graph (``plateauscope.analysis.edges``) and the attention patterns of a few examples (for the time
-  view, ``plateauscope.views.view``);
+  stream (``plateauscope.analysis.attribution``) and of every edge of the residual-stream graph
+  (``plateauscope.analysis.edges``; the two from the same passes) and the attention patterns of a
+  few examples (for the time view, ``plateauscope.views.view``);
 * the *expensive* pass, at the landmarks that ``plateauscope.analysis.landmarks`` finds from the cheap
   pass (plateau start and middle, each rule's t_form, tau, the last step, then steps where the cheap
   signals change fastest, up to ``n_exact`` steps in all; head ablation alone at tau/2, where the
@@ -59,6 +59,7 @@ from plateauscope.analysis.edges import (
     CIRCUIT_PAIRS,
     EDGE_RECORD_VERSION,
     FAITHFULNESS_TARGET,
+    edge_and_attribution_records,
     edge_circuit_record,
     edge_record,
     edges_summary,
@@ -246,6 +247,8 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
         def earlier(source: str) -> dict[str, Any] | None:  # this step's record of an analysis computed before
             return fresh.get(source) or cached(source).get(step)
 
+        if name in fresh:  # made with another analysis, from the same passes
+            return fresh[name]
         if name == "attention":
             return attention_to_z(model, task, settings.n_examples, settings.seed).to_dict()
         if name == "attribution":
@@ -270,16 +273,20 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
                     ablate_each_head(model, task, k, settings.ablation_groups, settings.seed)).to_dict()
                 for k in ABLATION_KINDS}
 
+    held: dict[str, torch.nn.Module] = {}  # one model for every pass, each checkpoint's weights loaded into it
+
     def run_pass(wanted: dict[str, set[int]], desc: str) -> None:
         # each step's missing analyses, in CACHE_FILES order, with its model loaded once
         if not edges:
             wanted = {name: set() if name in EDGE_ANALYSES else todo for name, todo in wanted.items()}
         done = {name: set(cached(name)) for name in wanted}
         todo = sorted({s for name in wanted for s in wanted[name] - done[name]})
-        model = None
         for step in tqdm(todo, desc=desc, disable=not progress, dynamic_ncols=True):
-            model = run.model(step, device, backend, reuse=model)
+            model = held["model"] = run.model(step, device, backend, reuse=held.get("model"))
             fresh: dict[str, Any] = {}
+            if all(step in wanted.get(n, ()) and step not in done[n] for n in ("attribution", "edges")):
+                # one clean forward and one corrupted forward and backward give both
+                fresh["edges"], fresh["attribution"] = edge_and_attribution_records(model, pairs, targets)
             for name in CACHE_FILES:
                 if step in wanted.get(name, ()) and step not in done[name]:
                     fresh[name] = compute(name, step, model, fresh)

@@ -84,20 +84,29 @@ def site_contributions(
         last = forward_from(model, pairs.corrupt.to(device), clean, pairs.pred_pos, savers(names, saved), start)
         metric = last_logit_diff(last, pairs)
         grads = torch.autograd.grad(metric, [saved[n] for n in names], allow_unused=True)
+    return clean_metric, metric.item(), contributions(act_names, L, clean.acts, saved, dict(zip(names, grads)))
+
+
+def contributions(act_names: list[str], n_layers: int, clean: dict[str, Tensor], corrupt: dict[str, Tensor],
+                  grads: dict[str, Tensor | None]) -> dict[str, Float[Tensor, "layer ..."]]:
+    """Per hook kind, ``(clean - corrupt) * grad`` summed over pairs and features, ``[layer, *site]``,
+    from the clean run's activations (every position) and the corrupted run's, with the gradient of
+    the metric there (from ``start``, or every position: the clean and corrupted activations are
+    equal before ``start``, so the contribution is 0 there)."""
     out: dict[str, Tensor] = {}
     for a in act_names:
         per_layer = []
-        for layer in range(L):
+        for layer in range(n_layers):
             name = get_act_name(a, layer)
-            g = grads[names.index(name)]
-            c = torch.zeros(clean.acts[name].shape[1:-1], device=device)  # [pos, *site]
-            if g is not None:  # the saved positions: from ``start``, or all (equal before ``start``: 0 there)
-                k = saved[name].shape[1]
-                delta = clean.acts[name][:, -k:] - saved[name].detach()
+            g = grads.get(name)
+            c = torch.zeros(clean[name].shape[1:-1], device=clean[name].device)  # [pos, *site]
+            if g is not None:
+                k = corrupt[name].shape[1]
+                delta = clean[name][:, -k:] - corrupt[name].detach()
                 c[-k:] = (delta * g).sum(dim=(0, -1))  # over pairs and features
             per_layer.append(c)
         out[a] = torch.stack(per_layer).float()
-    return clean_metric, metric.item(), out
+    return out
 
 
 def _contract(masks: Bool[Tensor, "P layer ..."], contrib: Float[Tensor, "layer ..."]) -> Float[Tensor, " P"]:
@@ -110,7 +119,12 @@ def attribution_sweep(
 ) -> dict[str, PatchResult]:
     """Attribution patching of several component sets from one forward/backward; keyed by target."""
     specs = list(specs)
-    clean, corrupt, contrib = site_contributions(model, pairs, [s.act_name for s in specs])
+    return attribution_results(pairs, specs, *site_contributions(model, pairs, [s.act_name for s in specs]))
+
+
+def attribution_results(pairs: PromptPairs, specs: list[PatchSpec], clean: float, corrupt: float,
+                        contrib: dict[str, Float[Tensor, "layer ..."]]) -> dict[str, PatchResult]:
+    """Each component set's attribution from the site contributions (:func:`contributions`)."""
     out = {}
     for s in specs:
         effect = _contract(s.masks.to(contrib[s.act_name].device), contrib[s.act_name]).reshape(s.shape).cpu()
@@ -120,10 +134,14 @@ def attribution_sweep(
     return out
 
 
+def target_specs(model: Model, pairs: PromptPairs, targets: Iterable[str]) -> list[PatchSpec]:
+    """The patch specs of the named component sets on these pairs."""
+    return [patch_spec(model, t, pairs.corrupt.shape[1]) for t in targets]
+
+
 def attribute_all(model: Model, pairs: PromptPairs, targets: Iterable[str]) -> dict[str, PatchResult]:
     """Attribution patching of the named component sets (see ``plateauscope.analysis.components.TARGETS``), one backward."""
-    n_pos = pairs.corrupt.shape[1]
-    return attribution_sweep(model, pairs, [patch_spec(model, t, n_pos) for t in targets])
+    return attribution_sweep(model, pairs, target_specs(model, pairs, targets))
 
 
 def attribute(model: Model, pairs: PromptPairs, target: str) -> PatchResult:

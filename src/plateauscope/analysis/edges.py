@@ -59,7 +59,12 @@ from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens.utilities import get_act_name
 
-from plateauscope.analysis.attribution import _spearman
+from plateauscope.analysis.attribution import (
+    _spearman,
+    attribution_results,
+    contributions,
+    target_specs,
+)
 from plateauscope.analysis.inputs import PromptPairs, last_logit_diff
 from plateauscope.analysis.prefix import (
     RunCache,
@@ -289,8 +294,9 @@ class EdgeRuns:
     prompts starts above layer 0. None on a model that does not share prefixes."""
 
     @classmethod
-    def of(cls, model: Model, pairs: PromptPairs) -> EdgeRuns:
-        """Two forwards (clean, with its cache, and corrupted) of the pairs."""
+    def of(cls, model: Model, pairs: PromptPairs, act_names: tuple[str, ...] | list[str] = ()) -> EdgeRuns:
+        """Two forwards (clean, with its cache, and corrupted) of the pairs; the clean cache also
+        holds the ``act_names`` activations of every layer."""
         graph = EdgeGraph.of(model)
         pairs = replace(pairs, clean=pairs.clean.to(model.cfg.device), corrupt=pairs.corrupt.to(model.cfg.device))
         sharing = shares_prefixes(model)
@@ -300,7 +306,7 @@ class EdgeRuns:
         resid: dict[str, Tensor] = {}
         names = [get_act_name("resid_pre", layer) for layer in range(graph.n_layers)] if sharing else []
         with torch.no_grad():
-            base = cached_run(model, pairs.clean, pairs.pred_pos, hooks=_sender_hooks(model, graph, clean))
+            base = cached_run(model, pairs.clean, pairs.pred_pos, act_names, hooks=_sender_hooks(model, graph, clean))
             last = forward_from(model, pairs.corrupt, base, pairs.pred_pos,
                                 _sender_hooks(model, graph, corrupt) + savers(names, resid), start)
         clean_out, corrupt_out = (torch.stack([outs[i] for i in range(len(graph.senders))]) for outs in (clean, corrupt))
@@ -371,20 +377,30 @@ def _patch_edges_from(runs: EdgeRuns, tokens: Int[Tensor, "N pos"], source: Floa
     current: dict[int, Tensor] = {s: runs.corrupt_out[s].repeat(m, 1, 1)
                                   for s, (_, rank) in enumerate(graph.senders) if rank < 2 * layer}
 
+    # source minus this run, [M, S, N * pos * d], each sender's filled in once, when a receiver
+    # first reads it; a receiver reads the senders before it, the first ones (in forward order)
+    diff = torch.empty(m, len(graph.senders), source[0].numel(), dtype=source.dtype, device=source.device)
+    filled: set[int] = set()
+
+    def difference(upto: int) -> Tensor:
+        for s in range(upto):
+            if s not in filled:
+                torch.sub(source[s].flatten(), current[s].reshape(m, -1), out=diff[:, s])
+                filled.add(s)
+        return diff[:, :upto]
+
     def receiver(indices: list[int], rank: int) -> Callable:
         up = graph.upstream(rank)
-        sub = mask[:, up][:, :, indices]  # [M, S_up, R_here]
-        active = sub.any(2).any(0).nonzero()[:, 0].tolist()  # senders patched into these receivers somewhere
-        if not active:
+        weights = mask[:, up][:, :, indices].transpose(1, 2).contiguous()  # [M, R_here, S_up]
+        if not weights.any():  # no sender patched into these receivers
             return lambda act, hook: None
-        sub = sub[:, active]
-        senders = [up[i] for i in active]
-        src = source[senders][:, None]  # [S_act, 1, N, pos, d]
 
         def patch(act: Tensor, hook) -> Tensor:
-            diff = src - torch.stack([current[s] for s in senders]).unflatten(1, (m, n))
-            corr = torch.einsum("smnpd,msr->mnprd", diff, sub).flatten(0, 1)  # [M*N, pos, R_here, d]
-            return act + (corr if act.ndim == 4 else corr[:, :, 0])
+            corr = torch.bmm(weights, difference(len(up)))  # [M, R_here, N * pos * d]
+            corr = corr.view(m, weights.shape[1], n, *source.shape[2:]).permute(0, 2, 3, 1, 4)  # [M, N, pos, R_here, d]
+            if act.ndim == 3:
+                return (act.reshape(m, n, *act.shape[1:]) + corr[:, :, :, 0]).flatten(0, 1)
+            return (act.reshape(m, n, *act.shape[1:]) + corr).flatten(0, 1)
         return patch
 
     hooks = _sender_hooks(runs.model, graph, current)
@@ -417,11 +433,23 @@ def edge_attribution(runs: EdgeRuns, on: str = "corrupt") -> EdgeScores:
     first-order term of corrupting the edge alone, negated (the convention of ``auto-circuit``'s
     mask-gradient scores). Both are exact for a linear metric; where they differ, the exact patch
     of :func:`patch_each_edge` is the one the default approximates."""
+    return edge_and_site_attribution(runs, (), on)[0]
+
+
+def edge_and_site_attribution(runs: EdgeRuns, act_names: tuple[str, ...] | list[str], on: str = "corrupt"
+                              ) -> tuple[EdgeScores, dict[str, Float[Tensor, "layer ..."]]]:
+    """:func:`edge_attribution`, and from the same backward the site contributions of attribution
+    patching (:func:`plateauscope.analysis.attribution.contributions`) of the hook kinds ``act_names``,
+    whose clean activations ``runs`` holds (:meth:`EdgeRuns.of`)."""
     if on not in ("corrupt", "clean"):
         raise ValueError(f"on must be 'corrupt' or 'clean', got {on!r}")
+    if act_names and on != "corrupt":
+        raise ValueError("site contributions are taken on the corrupted run")
     graph, pairs = runs.graph, runs.pairs
     inputs: dict[str, Tensor] = {}
     names = _receiver_hook_names(graph)
+    sites = [get_act_name(a, layer) for a in act_names for layer in range(graph.n_layers)]
+    saved: dict[str, Tensor] = {}
 
     def keep(name: str) -> Callable:
         def save(act: Tensor, hook) -> Tensor:
@@ -432,9 +460,12 @@ def edge_attribution(runs: EdgeRuns, on: str = "corrupt") -> EdgeScores:
         return save
 
     with torch.enable_grad():
-        last = runs.forward(pairs.corrupt if on == "corrupt" else pairs.clean, [(name, keep(name)) for name, _ in names])
-        grads = torch.autograd.grad(last_logit_diff(last, pairs), [inputs[name] for name, _ in names],
-                                    allow_unused=True)
+        last = runs.forward(pairs.corrupt if on == "corrupt" else pairs.clean,
+                            [(name, keep(name)) for name, _ in names] + savers(sites, saved))
+        grads = torch.autograd.grad(last_logit_diff(last, pairs), [inputs[name] for name, _ in names] +
+                                    [saved[name] for name in sites], allow_unused=True)
+    grads, site_grads = grads[: len(names)], grads[len(names):]
+    contrib = contributions(list(act_names), graph.n_layers, runs.base.acts, saved, dict(zip(sites, site_grads)))
     delta = runs.clean_out - runs.corrupt_out
     score = torch.zeros(len(graph.senders), len(graph.receivers))
     for (name, indices), g in zip(names, grads):
@@ -446,7 +477,7 @@ def edge_attribution(runs: EdgeRuns, on: str = "corrupt") -> EdgeScores:
             "snpd,nprd->sr", delta[up], g).float().cpu()
     s, r = torch.tensor(graph.edges).T
     effect = score[s, r]
-    return EdgeScores(effect, runs.normalise(effect), "attribution")
+    return EdgeScores(effect, runs.normalise(effect), "attribution"), contrib
 
 
 def patch_each_edge(runs: EdgeRuns, edges: list[int]) -> EdgeScores:
@@ -582,10 +613,26 @@ def edge_record(model: Model, pairs: PromptPairs) -> dict[str, Any]:
     and every edge's attribution effect (logits) on ``pairs``. One clean forward and one corrupted
     forward and backward: the cheap pass runs it at every analysed step."""
     runs = EdgeRuns.of(model, pairs)
-    scores = edge_attribution(runs)
+    return _edge_record(runs, edge_attribution(runs))
+
+
+def _edge_record(runs: EdgeRuns, scores: EdgeScores) -> dict[str, Any]:
     g = runs.graph
     return {"graph": {"n_layers": g.n_layers, "n_heads": g.n_heads, "has_mlp": g.has_mlp},
             "clean": runs.clean, "corrupt": runs.corrupt, "effect": [round(x, 6) for x in scores.effect.tolist()]}
+
+
+def edge_and_attribution_records(model: Model, pairs: PromptPairs, targets: tuple[str, ...] | list[str]
+                                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """:func:`edge_record` and the attribution patching of the component sets ``targets``
+    (:func:`plateauscope.analysis.attribution.attribute_all`, as its cached record) from the same
+    clean forward and corrupted forward and backward: the numbers of the two apart, up to float rounding."""
+    specs = target_specs(model, pairs, targets)
+    sites = sorted({s.act_name for s in specs})
+    runs = EdgeRuns.of(model, pairs, sites)
+    scores, contrib = edge_and_site_attribution(runs, sites)
+    found = attribution_results(pairs, specs, runs.clean, runs.corrupt, contrib)
+    return _edge_record(runs, scores), {t: found[t].to_dict() for t in targets}
 
 
 def _scores(runs: EdgeRuns, effect: list[float] | None) -> EdgeScores:

@@ -14,6 +14,10 @@ hook points, under HookedTransformer's names and in its order: ``hook_resid_pre`
 model (``plateauscope.backend.hooks_added``, or an intervention's permanent hook) sees and changes
 what it would on HookedTransformer, and gradients flow as there.
 
+The earlier positions' keys and values come per row (a frozen TransformerLens cache entry) or as a
+:class:`SharedPast`, read once by every row that continues the same prefix: a tree of candidates
+(evaluation, head ablation) attends to its parent prefix's keys without a copy per candidate.
+
 Supported: the models :func:`plateauscope.training.fused.unsupported_reason` accepts (the ones this
 toolkit builds). Tested against each backend's full forward in float64 (``tests/test_backend.py``).
 """
