@@ -159,7 +159,14 @@ def group_mean_head_outputs(
     j, the diagonal of its candidate tree), at each input position: what ``cue_mean`` puts in."""
     G, K = trees.shape[:2]
     true = trees[:, torch.arange(K), torch.arange(K)].reshape(G * K, -1)
-    return torch.stack([mean_head_outputs(model, true[g * K: (g + 1) * K], input_len) for g in range(G)])
+    names = [get_act_name("z", layer) for layer in range(model.cfg.n_layers)]
+    wanted = set(names)
+    device = next(model.parameters()).device
+    sums = []
+    for chunk in true.view(G, K, -1).split(max(1, 2048 // K)):  # whole groups, one forward for many
+        _, cache = model.run_with_cache(chunk.flatten(0, 1)[:, :input_len].to(device), names_filter=lambda n: n in wanted)
+        sums.append(torch.stack([cache[n].float().unflatten(0, (len(chunk), K)).sum(1) for n in names], 1))
+    return torch.cat(sums) / K
 
 
 def _ablation_hooks(
