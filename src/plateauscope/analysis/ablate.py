@@ -37,6 +37,7 @@ from torch import Tensor
 from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
+from plateauscope.analysis.prefix import activations
 from plateauscope.backend import Model, hooks_added, shares_prefixes
 from plateauscope.tasks.base import Task
 from plateauscope.training.scoring import shared_prefix_logprobs
@@ -140,11 +141,10 @@ def mean_head_outputs(
 ) -> Float[Tensor, "n_layers pos n_heads d_head"]:
     """Mean of every head's ``hook_z`` over the sequences, at each input position."""
     names = [get_act_name("z", layer) for layer in range(model.cfg.n_layers)]
-    wanted = set(names)
     device = next(model.parameters()).device
     total: Tensor | None = None
     for chunk in seqs.split(batch_size):
-        _, cache = model.run_with_cache(chunk[:, :input_len].to(device), names_filter=lambda n: n in wanted)
+        cache = activations(model, chunk[:, :input_len].to(device), names)
         part = torch.stack([cache[n].float().sum(0) for n in names])
         total = part if total is None else total + part
     assert total is not None
@@ -160,11 +160,10 @@ def group_mean_head_outputs(
     G, K = trees.shape[:2]
     true = trees[:, torch.arange(K), torch.arange(K)].reshape(G * K, -1)
     names = [get_act_name("z", layer) for layer in range(model.cfg.n_layers)]
-    wanted = set(names)
     device = next(model.parameters()).device
     sums = []
     for chunk in true.view(G, K, -1).split(max(1, 2048 // K)):  # whole groups, one forward for many
-        _, cache = model.run_with_cache(chunk.flatten(0, 1)[:, :input_len].to(device), names_filter=lambda n: n in wanted)
+        cache = activations(model, chunk.flatten(0, 1)[:, :input_len].to(device), names)
         sums.append(torch.stack([cache[n].float().unflatten(0, (len(chunk), K)).sum(1) for n in names], 1))
     return torch.cat(sums) / K
 

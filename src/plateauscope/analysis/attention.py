@@ -36,6 +36,7 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from transformer_lens.utilities import get_act_name
 
+from plateauscope.analysis.prefix import activations
 from plateauscope.backend import Model
 from plateauscope.tasks.base import Task
 
@@ -89,9 +90,7 @@ def attention_patterns(
 ) -> Float[Tensor, "N n_layers n_heads q k"]:
     """Attention patterns of every layer and head on the model's inputs (cached, nothing else)."""
     names = [get_act_name("pattern", layer) for layer in range(model.cfg.n_layers)]
-    wanted = set(names)
-    device = next(model.parameters()).device
-    _, cache = model.run_with_cache(tokens[:, :input_len].to(device), names_filter=lambda n: n in wanted)
+    cache = activations(model, tokens[:, :input_len].to(next(model.parameters()).device), names)
     return torch.stack([cache[n] for n in names], dim=1).float().cpu()
 
 

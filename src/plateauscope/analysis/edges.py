@@ -471,10 +471,9 @@ def edge_and_site_attribution(runs: EdgeRuns, act_names: tuple[str, ...] | list[
     for (name, indices), g in zip(names, grads):
         if g is None:
             continue
-        up = graph.upstream(graph.receivers[indices[0]][2])
+        up = len(graph.upstream(graph.receivers[indices[0]][2]))  # the first senders, in forward order
         g = g if g.ndim == 4 else g[:, :, None]  # [N, pos, R_here, d]
-        score[torch.tensor(up)[:, None], torch.tensor(indices)[None]] = torch.einsum(
-            "snpd,nprd->sr", delta[up], g).float().cpu()
+        score[:up, indices] = torch.einsum("snpd,nprd->sr", delta[:up], g).float().cpu()
     s, r = torch.tensor(graph.edges).T
     effect = score[s, r]
     return EdgeScores(effect, runs.normalise(effect), "attribution"), contrib

@@ -131,6 +131,20 @@ def cached_run(model: Model, tokens: Int[Tensor, "N pos"], pred_pos: int,
     return _as_run_cache(model, cache, last, act_names)
 
 
+def activations(model: Model, tokens: Int[Tensor, "N pos"], names: Iterable[str]) -> dict[str, Tensor]:
+    """The activations ``names`` of a forward of ``tokens`` at every position: through the blocks'
+    fast path where the model shares prefixes and its ``forward`` is its own (an intervention that
+    watches the tokens wraps it), else ``run_with_cache``."""
+    names = sorted(set(names))
+    if shares_prefixes(model) and "forward" not in vars(model):
+        cache: dict[str, Tensor] = {}
+        with hooks_added(model, savers(names, cache)):
+            run_blocks(model, embed_at(model, tokens), 0, model.cfg.n_layers)
+        return cache
+    wanted = set(names)
+    return dict(model.run_with_cache(tokens, names_filter=lambda n: n in wanted)[1])
+
+
 def savers(names: Iterable[str], cache: dict[str, Tensor]) -> list[Hook]:
     """Hooks that record each activation under the name asked for (on the bridge ``hook.name`` is
     the canonical name of an aliased hook) and return it (on the bridge, ``hook_z`` is a reshaped

@@ -39,14 +39,20 @@ from plateauscope.backend import Model, backend_of, hook_point, hooked_parameter
 from plateauscope.training.fused import ACTIVATIONS, layer_norm
 
 
+def _hooked(model: Model, name: str) -> bool:
+    """Whether any hook is on the model's hook point ``name``."""
+    point = hook_point(model, name)
+    return bool(point._forward_hooks or point._forward_pre_hooks or point._backward_hooks or point._backward_pre_hooks)
+
+
 def _fire(model: Model, name: str, act: Tensor) -> Tensor:
     """``act`` through the model's hook point ``name`` (its hooks may replace it). A bridge's hook
     point holds its module's own layout (``hook_q``: [batch, pos, head * d_head]) and converts to
     HookedTransformer's for the hooks and back: ``act`` goes in and comes out in HookedTransformer's.
     A point with no hook is the identity, and is skipped with its two conversions."""
-    point = hook_point(model, name)
-    if not (point._forward_hooks or point._forward_pre_hooks or point._backward_hooks or point._backward_pre_hooks):
+    if not _hooked(model, name):
         return act
+    point = hook_point(model, name)
     conversion = getattr(point, "hook_conversion", None)
     if conversion is None:
         return point(act)
@@ -79,6 +85,12 @@ class SharedPast:
     children: int = 1
     row_keys: Float[Tensor, "batch own_pos head d_head"] | None = None
     row_values: Float[Tensor, "batch own_pos head d_head"] | None = None
+
+    @classmethod
+    def own(cls, keys: Float[Tensor, "batch pos head d_head"], values: Float[Tensor, "batch pos head d_head"]
+            ) -> SharedPast:
+        """Each row's own keys and values, nothing shared."""
+        return cls(keys[:, :0], values[:, :0], 1, keys, values)
 
     def rows(self, batch: int) -> Int[Tensor, " batch"]:
         """The shared row each of ``batch`` rows reads."""
@@ -113,17 +125,19 @@ def run_blocks(model: Model, resid: Float[Tensor, "batch pos d_model"], start_la
     x = resid
     for layer in range(start_layer, stop_layer):
         entry = past_kv_cache[layer] if past_kv_cache is not None else None
-        past = entry if entry is None or isinstance(entry, SharedPast) else SharedPast(
-            entry.past_keys[:, :0], entry.past_values[:, :0], 1, entry.past_keys, entry.past_values)
+        past = entry if entry is None or isinstance(entry, SharedPast) else SharedPast.own(entry.past_keys,
+                                                                                            entry.past_values)
         x = _block(model, params, layer, x, past)
     return x
 
 
 def _attention(q: Float[Tensor, "batch q_pos head d_head"], k: Float[Tensor, "batch pos head d_head"],
-               v: Float[Tensor, "batch pos head d_head"], past: SharedPast | None, fire
+               v: Float[Tensor, "batch pos head d_head"], past: SharedPast | None, fire, plain: bool
                ) -> Float[Tensor, "batch q_pos head d_head"]:
     """Causal attention of the new positions over the shared past, each row's own past and the new
-    positions, with the scores, pattern and z through the hook points (``fire``)."""
+    positions, with the scores, pattern and z through the hook points (``fire``). ``plain``: no hook
+    reads or changes the scores or the pattern, so where nothing is shared torch's fused attention
+    computes z (the same numbers, up to float rounding)."""
     batch, n_q, n_heads, d_head = q.shape
     shared = 0
     if past is not None:
@@ -131,6 +145,12 @@ def _attention(q: Float[Tensor, "batch q_pos head d_head"], k: Float[Tensor, "ba
             k, v = torch.cat([past.row_keys, k], dim=1), torch.cat([past.row_values, v], dim=1)
         shared = past.keys.shape[1] if batch and n_q else 0  # (no row or no query: nothing to attend)
         groups = (batch // max(1, len(past.keys) * past.children), len(past.keys), past.children)
+    if plain and not shared:
+        causal = torch.arange(k.shape[1], device=q.device)[None, :] <= torch.arange(n_q, device=q.device)[:, None] + (
+            k.shape[1] - n_q)
+        z = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
+                                                             attn_mask=causal)
+        return fire("attn.hook_z", z.transpose(1, 2))
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k)
     if shared:  # [tile, prefix, child] rows: each prefix's children against its keys in one product
         on_shared = torch.einsum("tpcqhd,pkhd->tpchqk", q.reshape(*groups, n_q, n_heads, d_head), past.keys)
@@ -160,8 +180,14 @@ def block_keys_values(model: Model, resid: Float[Tensor, "batch pos d_model"], l
     params = hooked_parameters(model)
     p = f"blocks.{layer}."
     h = layer_norm(resid, params, p + "ln1", model.cfg.normalization_type, model.cfg.eps)
-    return tuple(torch.einsum("bpm,hmd->bphd", h, params[f"{p}attn.W_{x}"]) + params[f"{p}attn.b_{x}"]
-                 for x in "KV")
+    return tuple(_linear(h, params[f"{p}attn.W_{x}"].permute(1, 0, 2).flatten(1), params[f"{p}attn.b_{x}"].flatten())
+                 .unflatten(-1, (model.cfg.n_heads, model.cfg.d_head)) for x in "KV")
+
+
+def _linear(x: Float[Tensor, "... d_in"], weight: Float[Tensor, "d_in d_out"], bias: Float[Tensor, " d_out"]
+            ) -> Float[Tensor, "... d_out"]:
+    """``x @ weight + bias`` as one matrix product with the bias added in it."""
+    return torch.addmm(bias, x.flatten(0, -2), weight).view(*x.shape[:-1], weight.shape[-1])
 
 
 def _block(model: Model, params: dict[str, Tensor], layer: int, x: Float[Tensor, "batch pos d_model"],
@@ -172,16 +198,20 @@ def _block(model: Model, params: dict[str, Tensor], layer: int, x: Float[Tensor,
     fire = lambda name, act: _fire(model, p + name, act)  # noqa: E731
     x = fire("hook_resid_pre", x)
     h = layer_norm(x, params, p + "ln1", cfg.normalization_type, cfg.eps)
-    q, k, v = (fire(f"attn.hook_{n.lower()}", torch.einsum("bpm,hmd->bphd", h, params[f"{p}attn.W_{n}"])
-                    + params[f"{p}attn.b_{n}"]) for n in "QKV")
-    z = _attention(q, k, v, past, fire)
-    attn_out = fire("hook_attn_out", torch.einsum("bqhd,hdm->bqm", z, params[p + "attn.W_O"]) + params[p + "attn.b_O"])
+    # queries, keys and values from one matrix product ([d_model, 3 * heads * d_head])
+    weights = torch.cat([params[f"{p}attn.W_{n}"].permute(1, 0, 2).flatten(1) for n in "QKV"], 1)
+    bias = torch.cat([params[f"{p}attn.b_{n}"].flatten() for n in "QKV"])
+    qkv = _linear(h, weights, bias).view(*h.shape[:-1], 3, cfg.n_heads, cfg.d_head)
+    q, k, v = (fire(f"attn.hook_{n}", t) for n, t in zip("qkv", qkv.unbind(-3)))
+    plain = not (_hooked(model, p + "attn.hook_attn_scores") or _hooked(model, p + "attn.hook_pattern"))
+    z = _attention(q, k, v, past, fire, plain)
+    attn_out = fire("hook_attn_out", _linear(z.flatten(-2), params[p + "attn.W_O"].flatten(0, 1), params[p + "attn.b_O"]))
     if cfg.attn_only:
         return fire("hook_resid_post", x + attn_out)
     mid = fire("hook_resid_mid", x + attn_out)
     mlp_in = fire("hook_mlp_in", mid.clone()) if cfg.use_hook_mlp_in else mid
-    pre = fire("mlp.hook_pre", layer_norm(mlp_in, params, p + "ln2", cfg.normalization_type, cfg.eps)
-               @ params[p + "mlp.W_in"] + params[p + "mlp.b_in"])
+    pre = fire("mlp.hook_pre", _linear(layer_norm(mlp_in, params, p + "ln2", cfg.normalization_type, cfg.eps),
+                                       params[p + "mlp.W_in"], params[p + "mlp.b_in"]))
     post = fire("mlp.hook_post", ACTIVATIONS[cfg.act_fn](pre))
-    mlp_out = fire("hook_mlp_out", post @ params[p + "mlp.W_out"] + params[p + "mlp.b_out"])
+    mlp_out = fire("hook_mlp_out", _linear(post, params[p + "mlp.W_out"], params[p + "mlp.b_out"]))
     return fire("hook_resid_post", mid + mlp_out)

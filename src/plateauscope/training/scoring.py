@@ -144,12 +144,13 @@ def shared_prefix_logprobs(
             if past is not None:
                 kv, row_of = past
                 children = dims[lvl]
-                if _whole_families(rows, children):  # the parents' keys once, not once per child
+                if children > 1 and _whole_families(rows, children):  # the parents' keys once, not once per child
                     at = row_of[rows[::children] // children]
-                else:  # pruned: a parent's surviving children only
-                    at, children = row_of[rows // children], 1
-                cache = [None] * start_layer + [SharedPast(k[at], v[at], children)
-                                                for k, v in zip(kv[: len(layers)], kv[len(layers):])]
+                    cache = [SharedPast(k[at], v[at], children) for k, v in zip(kv[: len(layers)], kv[len(layers):])]
+                else:  # one child each, or (pruned) a parent's surviving children only: copied per row
+                    at = row_of[rows // children]
+                    cache = [SharedPast.own(k[at], v[at]) for k, v in zip(kv[: len(layers)], kv[len(layers):])]
+                cache = [None] * start_layer + cache
             hooks = ([] if last_level else [(n, saver(n)) for n in names]) + [(n, saver(n)) for n in level_resid]
             if hooks_for is not None:
                 hooks += hooks_for(rows // math.prod(dims[1: lvl + 1]), bounds[lvl])
@@ -224,8 +225,7 @@ def _top_block_on_suffix(model: Model, resid: Float[Tensor, "N pos d_model"], st
     if n_out:
         first = resid.shape[1] - n_out
         past_k, past_v = keys[:, :first], values[:, :first]
-        entry = (SharedPast(past_k[:, :0], past_v[:, :0], 1, past_k, past_v) if cache is None
-                 else cache[top].then(past_k, past_v))
+        entry = SharedPast.own(past_k, past_v) if cache is None else cache[top].then(past_k, past_v)
         out = run_blocks(model, resid[:, first:], top, top + 1, [None] * top + [entry])
     # after the top block's run, whose key / value hooks saw the last positions only
     saved[get_act_name("k", top)], saved[get_act_name("v", top)] = keys, values
