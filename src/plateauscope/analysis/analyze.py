@@ -12,7 +12,8 @@ task itself. Each checkpoint is loaded lazily, one model in memory at a time. Tw
   pass (plateau start and middle, each rule's t_form, tau, the last step, then steps where the cheap
   signals change fastest, up to ``n_exact`` steps in all; head ablation alone at tau/2, where the
   summary reads it; then, by bisection and with exact patching only, the steps that narrow t_form
-  by patch share, which reads the exact records, to neighbouring analysed steps): exact activation patching (``plateauscope.analysis.patch``),
+  by patch share, which reads the exact records, to neighbouring analysed steps): exact activation
+  patching (``plateauscope.analysis.patch``),
   zero / mean head ablation (``plateauscope.analysis.ablate``), the concentration of the routing
   (``plateauscope.analysis.circuit``: each head's share of the head-patching effect, ablation of sets
   of heads, patching at the cue positions and the prediction position), exact patching of the
