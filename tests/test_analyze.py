@@ -283,3 +283,32 @@ def test_an_older_analysis_summary_is_read_and_then_replaced(tiny_run, tmp_path)
     assert write_report(path).exists()  # the report finds the older summary
     analyze_run(path, n_exact=1, settings=settings, progress=False, edges=False)
     assert (folder / ROUTING_FILE).exists() and not (folder / LEGACY_ROUTING_FILE).exists()
+
+
+def test_workers_write_the_records_of_one(tiny_run, tmp_path):
+    """Checkpoints analysed side by side on two threads write the same cache files, byte for byte and in
+    step order, as one checkpoint at a time (torch on one thread in both, so the arithmetic is the same);
+    a worker's error reaches the caller after the steps before it are written."""
+    import torch
+
+    run = Run(tiny_run)
+    settings = AnalysisSettings(n_examples=16, ablation_groups=2)
+    files = {}
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        for workers in (1, 2):
+            path = copy_run(tiny_run, tmp_path / f"w{workers}", steps=run.steps)
+            analyze_run(path, n_exact=2, settings=settings, progress=False, workers=workers)
+            files[workers] = {f.name: f.read_bytes() for f in analysis_dir(path).iterdir() if f.suffix == ".jsonl"}
+        assert torch.get_num_threads() == 1  # the pool gave the threads back
+    finally:
+        torch.set_num_threads(threads)
+    assert files[1] == files[2] and len(files[1]) >= 8
+    broken = copy_run(tiny_run, tmp_path / "broken", steps=run.steps)
+    last = Run(broken).checkpoint_path(run.steps[-1])
+    last.unlink()  # a hard link to the session's run: replaced, not written through
+    last.write_bytes(b"not a checkpoint")
+    with pytest.raises(RunError):
+        analyze_run(broken, settings=settings, progress=False, workers=2, expensive=False)
+    assert [r["step"] for r in load_analysis(broken, settings)["attention"]] == run.steps[:-1]

@@ -222,7 +222,8 @@ def test_models_of_one_config_are_independent_and_follow_their_weights(tiny_run)
 def test_a_shared_past_equals_its_keys_copied_per_row(tiny_run, children, tiles):
     """Attention over a SharedPast (each prefix's keys read by its ``children`` consecutive rows,
     ``tiles`` copies side by side), then each row's own earlier keys, equals the same keys copied
-    out per row: the blocks' output and what the score and pattern hooks see."""
+    out per row: the blocks' output and what the score and pattern hooks see, and the output with no
+    hook on the scores or the pattern (the softmax taken over the shared and the own keys apart)."""
     run = Run(tiny_run)
     model = run.model(run.steps[-1], backend=INSTALLED)
     cfg, gen = model.cfg, torch.Generator().manual_seed(0)
@@ -243,7 +244,10 @@ def test_a_shared_past_equals_its_keys_copied_per_row(tiny_run, children, tiles)
                  for layer in range(cfg.n_layers) for kind in ("attn_scores", "pattern")]
         with torch.no_grad(), hooks_added(model, hooks):
             outs[how] = run_blocks(model, resid, 0, cfg.n_layers, past)
+    with torch.no_grad():
+        outs["plain"] = run_blocks(model, resid, 0, cfg.n_layers, shared)
     torch.testing.assert_close(outs["shared"], outs["per_row"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(outs["plain"], outs["per_row"], atol=1e-5, rtol=1e-5)
     assert len(seen["shared"]) == len(seen["per_row"]) == 2 * cfg.n_layers
     for a, b in zip(seen["shared"], seen["per_row"]):
         assert a.shape == (rows, cfg.n_heads, n_new, n_past + n_own + n_new)

@@ -73,14 +73,15 @@ def train_seeds(config: str | RunConfig, out: str | Path, seeds: list[int], *, p
 
 def analyze(run: str | Path | Run, *, every: int = 1, steps: list[int] | None = None, n_exact: int = DEFAULT_BUDGET,
             progress: bool = True, backend: str | None = None, edges: bool = True, full: bool = False,
-            **settings: Any) -> dict[str, Any]:
+            workers: int | None = None, **settings: Any) -> dict[str, Any]:
     """Analyse a run's checkpoints into its cache (what the cache lacks) and return the run's summary
     of the analyses (the routing head, t_form by each rule, the lead, the circuit and edges). The
     expensive analyses run at the landmarks the cheap pass finds, then at the steps where it changes
-    fastest, up to ``n_exact`` steps in all; ``full``: the exhaustive plan (``plateauscope.analysis.analyze``)."""
+    fastest, up to ``n_exact`` steps in all; ``full``: the exhaustive plan (``plateauscope.analysis.analyze``);
+    ``workers``: checkpoints of the cheap pass analysed side by side (None: ``default_workers`` there)."""
     path = run.path if isinstance(run, run_directory.Run) else Path(run)
     return analyze_run(path, steps=steps, every=every, n_exact=n_exact, progress=progress, backend=backend,
-                       edges=edges, full=full, settings=AnalysisSettings(**settings) if settings else None)
+                       edges=edges, full=full, workers=workers, settings=AnalysisSettings(**settings) if settings else None)
 
 
 def load_task(spec: str, **options: Any) -> Task:

@@ -1,8 +1,9 @@
-"""Worker processes on this machine: its cores, and a pool of spawned processes that stops with its caller.
+"""Workers on this machine: its cores, a pool of spawned processes that stops with its caller, and
+worker threads for small models.
 
-Used by the local sweep executor (one training job per process) and by the per-head LLC (checkpoints and
-heads spread over processes); each caller writes its files in the parent, so a killed pool loses work
-in flight, never a file.
+Used by the local sweep executor (one training job per process), by the per-head LLC (checkpoints and
+heads spread over processes) and by the analysis (checkpoints spread over threads); each caller writes its
+files in the parent, so a killed pool loses work in flight, never a file.
 """
 
 from __future__ import annotations
@@ -11,8 +12,14 @@ import concurrent.futures as cf
 import multiprocessing
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import TypeVar
+
+import torch
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 
 def available_cores() -> int:
@@ -56,3 +63,26 @@ def spawn_pool(workers: int) -> Iterator[cf.ProcessPoolExecutor]:
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
+
+
+def thread_map(fn: Callable[[T], R], items: Sequence[T], workers: int) -> Iterator[R]:
+    """``fn`` over ``items`` on ``workers`` threads, the results in the order of ``items``.
+
+    Meanwhile torch runs each operation on ``torch.get_num_threads() // workers`` threads (at least one):
+    a small model's operations are too short to split well over the cores, so whole tasks side by side
+    keep them busier. ``fn`` must not share a model (or its hooks) between calls that may overlap. One
+    worker: a plain loop in this thread. When the caller stops early (an exception, Ctrl-C), the tasks not
+    yet started are cancelled and the running ones finish first."""
+    if workers <= 1 or len(items) <= 1:
+        yield from map(fn, items)
+        return
+    threads = torch.get_num_threads()
+    torch.set_num_threads(max(1, threads // workers))  # threads started from here on take it too
+    pool = cf.ThreadPoolExecutor(max_workers=workers)
+    try:
+        futures = [pool.submit(fn, item) for item in items]
+        for future in futures:
+            yield future.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+        torch.set_num_threads(threads)

@@ -1,7 +1,8 @@
 """Run the analyses over a run's checkpoint series, with a cache, and summarise the routing head.
 
 The driver: it asks the run's task (``plateauscope.tasks``) for its cue and prompt pairs and knows no
-task itself. Each checkpoint is loaded lazily, one model in memory at a time. Two passes:
+task itself. Each checkpoint is loaded lazily into a model already built: one model in memory per
+worker (the cheap pass analyses ``workers`` checkpoints side by side). Two passes:
 
 * the *cheap* pass, at every chosen step, a fixed few forwards and backwards each: attention to the
   cue (``plateauscope.analysis.attention``), attribution patching of head outputs and the residual
@@ -40,6 +41,7 @@ pass, and why).
 from __future__ import annotations
 
 import logging
+import queue
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -93,6 +95,7 @@ from plateauscope.analysis.results import (
 )
 from plateauscope.analysis.summary import summarize
 from plateauscope.backend import resolve_backend
+from plateauscope.processes import thread_map
 from plateauscope.training.interventions import has_interventions
 from plateauscope.training.metrics import compute_tau
 from plateauscope.training.run import Run, RunError
@@ -201,19 +204,36 @@ def exact_steps(steps: list[int], n: int, landmarks: list[int]) -> list[int]:
     return sorted(steps[i] for i in idx)
 
 
+MAX_WORKERS = 4
+"""Most checkpoints the analysis runs side by side by default (each on a model of its own)."""
+
+
+def default_workers(device: str | torch.device = "cpu") -> int:
+    """Checkpoints analysed side by side by default: on the CPU one per torch thread, at most
+    :data:`MAX_WORKERS` (a small model's operations split badly over cores; whole checkpoints side by
+    side do not); on an accelerator one."""
+    return min(torch.get_num_threads(), MAX_WORKERS) if torch.device(device).type == "cpu" else 1
+
+
 @writes_cache
 def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int = 1, n_exact: int = DEFAULT_BUDGET,
                 settings: AnalysisSettings | None = None, device: str = "cpu",
                 progress: bool = True, backend: str | None = None, edges: bool = True,
-                full: bool = False, expensive: bool = True) -> dict[str, Any]:
+                full: bool = False, expensive: bool = True, workers: int | None = None) -> dict[str, Any]:
     """Analyse the chosen checkpoints (only what the cache lacks for these settings); return the summary.
     ``backend``: hooked or bridge (None: the installed TransformerLens); not a setting (both give the
     same numbers, so the cache is shared). ``edges``: also the edge analyses. ``n_exact``: the budget of the expensive
     pass (adaptive: the landmarks, then fast-change steps up to ``n_exact`` in all; ``full``: ``n_exact``
     evenly spaced steps, plus the landmarks; module docstring). ``expensive=False``: the cheap pass
-    only (a run still training: ``plateauscope.views.live``). ``wait=False``: exit with one line,
-    rather than wait, when another process is writing the run's analysis cache."""
+    only (a run still training: ``plateauscope.views.live``). ``workers``: checkpoints of the cheap pass
+    analysed side by side, each on its own model and thread (None: :func:`default_workers`; the records
+    are the same, up to the float rounding of the torch threads each one gets); the expensive pass's
+    large batches run faster one checkpoint at a time on every thread. ``wait=False``: exit with one
+    line, rather than wait, when another process is writing the run's analysis cache."""
     settings = settings or AnalysisSettings()
+    workers = default_workers(device) if workers is None else workers
+    if workers < 1:
+        raise ValueError(f"workers must be at least 1, got {workers}")
     resolve_backend(backend)  # an uninstalled one: one line, before anything runs
     run = Run(run_dir)
     task = run.task()
@@ -244,9 +264,10 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     def cached(name: str) -> dict[int, dict[str, Any]]:
         return {r["step"]: r for r in load_records(folder / CACHE_FILES[name], settings.for_cache(name, fingerprint))}
 
-    def compute(name: str, step: int, model: torch.nn.Module, fresh: dict[str, Any]) -> dict[str, Any]:
+    def compute(name: str, step: int, model: torch.nn.Module, fresh: dict[str, Any],
+                before: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
         def earlier(source: str) -> dict[str, Any] | None:  # this step's record of an analysis computed before
-            return fresh.get(source) or cached(source).get(step)
+            return fresh.get(source) or before[source].get(step)
 
         if name in fresh:  # made with another analysis, from the same passes
             return fresh[name]
@@ -274,37 +295,53 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
                     ablate_each_head(model, task, k, settings.ablation_groups, settings.seed)).to_dict()
                 for k in ABLATION_KINDS}
 
-    held: dict[str, torch.nn.Module] = {}  # one model for every pass, each checkpoint's weights loaded into it
+    # One model per worker for every pass, each checkpoint's weights loaded into a free one.
+    held: queue.SimpleQueue[torch.nn.Module | None] = queue.SimpleQueue()
+    for _ in range(workers):
+        held.put(None)
 
-    def run_pass(wanted: dict[str, set[int]], desc: str) -> None:
-        # each step's missing analyses, in CACHE_FILES order, with its model loaded once
+    def run_pass(wanted: dict[str, set[int]], desc: str, side_by_side: int = 1) -> None:
+        # each step's missing analyses, in CACHE_FILES order, with its model loaded once; the steps
+        # side_by_side on worker threads, their records written here in step order
         if not edges:
             wanted = {name: set() if name in EDGE_ANALYSES else todo for name, todo in wanted.items()}
-        done = {name: set(cached(name)) for name in wanted}
-        todo = sorted({s for name in wanted for s in wanted[name] - done[name]})
-        for step in tqdm(todo, desc=desc, disable=not progress, dynamic_ncols=True):
-            model = held["model"] = run.model(step, device, backend, reuse=held.get("model"))
-            fresh: dict[str, Any] = {}
-            if all(step in wanted.get(n, ()) and step not in done[n] for n in ("attribution", "edges")):
-                # one clean forward and one corrupted forward and backward give both
-                fresh["edges"], fresh["attribution"] = edge_and_attribution_records(model, pairs, targets)
-            for name in CACHE_FILES:
-                if step in wanted.get(name, ()) and step not in done[name]:
-                    fresh[name] = compute(name, step, model, fresh)
-                    append_records(folder / CACHE_FILES[name],
-                                   [{"step": step, "settings": settings.for_cache(name, fingerprint), **fresh[name]}])
+        before = {name: cached(name) for name in CACHE_FILES}
+        todo = sorted({s for name in wanted for s in wanted[name] - set(before[name])})
+
+        def missing(step: int) -> list[str]:
+            return [name for name in CACHE_FILES if step in wanted.get(name, ()) and step not in before[name]]
+
+        def analyse(step: int) -> dict[str, Any]:
+            model = held.get()
+            try:
+                model = run.model(step, device, backend, reuse=model)
+                fresh: dict[str, Any] = {}
+                if {"attribution", "edges"} <= set(missing(step)):
+                    # one clean forward and one corrupted forward and backward give both
+                    fresh["edges"], fresh["attribution"] = edge_and_attribution_records(model, pairs, targets)
+                for name in missing(step):
+                    fresh[name] = compute(name, step, model, fresh, before)
+                return fresh
+            finally:
+                held.put(model)
+
+        for step, fresh in zip(todo, tqdm(thread_map(analyse, todo, side_by_side), total=len(todo), desc=desc,
+                                          disable=not progress, dynamic_ncols=True)):
+            for name in missing(step):
+                append_records(folder / CACHE_FILES[name],
+                               [{"step": step, "settings": settings.for_cache(name, fingerprint), **fresh[name]}])
 
     if full:
         landmarks = [plateau_start] + ([tau // 2, tau] if tau else [])
         exact = set(exact_steps(chosen, n_exact, landmarks))
         plan = {"mode": "full", "steps": {str(s): ["exact step"] for s in sorted(exact)}}
-        run_pass({**{name: set(chosen) for name in CHEAP}, **{name: exact for name in EXPENSIVE},
-                  "edge_circuit": set(chosen)}, f"analyse {run.path.name}")
+        run_pass({name: set(chosen) for name in CHEAP}, f"analyse {run.path.name} (cheap pass)", workers)
+        run_pass({**{name: exact for name in EXPENSIVE}, "edge_circuit": set(chosen)}, f"analyse {run.path.name}")
     elif not expensive:
-        run_pass({name: set(chosen) for name in CHEAP}, f"analyse {run.path.name} (cheap pass)")
+        run_pass({name: set(chosen) for name in CHEAP}, f"analyse {run.path.name} (cheap pass)", workers)
         plan = {"mode": "cheap", "steps": {}, "stand_in": "attribution patching stands in for exact patching"}
     else:
-        run_pass({name: set(chosen) for name in CHEAP}, f"analyse {run.path.name} (cheap pass)")
+        run_pass({name: set(chosen) for name in CHEAP}, f"analyse {run.path.name} (cheap pass)", workers)
         cache = load_analysis(run.path, settings)
         rules_start = max(plateau_start, run.config.train.hide_cue_until or 0)
         picked = landmark_steps(chosen, cache["attention"], cache["attribution"], records, run.progress.key,

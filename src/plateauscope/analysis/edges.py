@@ -563,10 +563,11 @@ def faithful_circuit(runs: EdgeRuns, scores: EdgeScores, target: float = FAITHFU
     return Circuit(order[:k], seen[k], target, seen, len(runs.pairs.clean), monotone)
 
 
-def agreement_on(runs: EdgeRuns, scores: EdgeScores, edges: list[int]) -> dict[str, Any]:
-    """Exact patching of ``edges`` and how well attribution agrees there: rank correlation of the
-    effects and the largest error (logits and normalised)."""
-    exact = patch_each_edge(runs, edges)
+def agreement_on(runs: EdgeRuns, scores: EdgeScores, edges: list[int], exact: EdgeScores | None = None
+                 ) -> dict[str, Any]:
+    """Exact patching of ``edges`` (``exact``: already patched, each alone) and how well attribution
+    agrees there: rank correlation of the effects and the largest error (logits and normalised)."""
+    exact = patch_each_edge(runs, edges) if exact is None else exact
     a, e = scores.effect[edges].double().numpy(), exact.effect[edges].double().numpy()
     gap = runs.clean - runs.corrupt
     err = float(np.abs(a - e).max()) if edges else 0.0
@@ -581,7 +582,9 @@ def agreement_top(runs: EdgeRuns, scores: EdgeScores, n: int, seed: int = 0) -> 
     order = scores.ranking()
     rest = order[n:]
     pick = torch.randperm(len(rest), generator=torch.Generator().manual_seed(seed))[:n].sort().values
-    return {**agreement_on(runs, scores, order[:n]), "sample": agreement_on(runs, scores, [rest[i] for i in pick])}
+    sample = [rest[i] for i in pick]
+    exact = patch_each_edge(runs, order[:n] + sample)  # both sets' patched runs side by side
+    return {**agreement_on(runs, scores, order[:n], exact), "sample": agreement_on(runs, scores, sample, exact)}
 
 
 STABLE_JACCARD = 0.8

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import plateauscope.analysis.analyze as _module
 from plateauscope.analysis.ablate import KINDS
-from plateauscope.analysis.analyze import AnalysisSettings, analyze_run
+from plateauscope.analysis.analyze import MAX_WORKERS, AnalysisSettings, analyze_run
 from plateauscope.analysis.edges import CIRCUIT_PAIRS, FAITHFULNESS_TARGET
 from plateauscope.analysis.landmarks import DEFAULT_BUDGET
 from plateauscope.analysis.results import analysis_dir
@@ -46,6 +46,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="strongest edges patched exactly at each exact step (default 32)")
     p.add_argument("--no-edges", action="store_true", help="skip the edge analyses (plateauscope.analysis.edges)")
     p.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    p.add_argument("--workers", type=int,
+                   help="checkpoints of the cheap pass analysed side by side, each on its own thread and model "
+                        f"(default: one per torch thread on the CPU, at most {MAX_WORKERS}; one on a GPU)")
     add_backend_arg(p)
     p.add_argument("--follow", action="store_true",
                    help="analyse the run while it trains: each new checkpoint's cheap pass, the report and the view "
@@ -73,6 +76,8 @@ def main(argv: list[str] | None = None) -> int:
             raise CliError(f"--circuit-pairs must be at least 1, got {args.circuit_pairs}")
         if args.n_exact_edges < 0:
             raise CliError(f"--n-exact-edges must be at least 0, got {args.n_exact_edges}")
+        if args.workers is not None and args.workers < 1:
+            raise CliError(f"--workers must be at least 1, got {args.workers}")
         settings = AnalysisSettings(args.n_examples, args.seed, args.ablation_groups,
                                     circuit_ablation=args.circuit_ablation, smooth=args.smooth,
                                     edge_target=args.edge_target, circuit_pairs=args.circuit_pairs,
@@ -95,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         else:
             result = analyze_run(args.run, args.steps, args.every, args.n_exact, settings, args.device,
                                  progress=not args.no_progress, backend=args.backend, edges=not args.no_edges,
-                                 full=args.full, wait=not args.no_wait)
+                                 full=args.full, wait=not args.no_wait, workers=args.workers)
         print(format_summary(result, Run(args.run).progress))
         print(f"results in {analysis_dir(args.run)}")
 

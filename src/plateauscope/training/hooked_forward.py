@@ -151,6 +151,8 @@ def _attention(q: Float[Tensor, "batch q_pos head d_head"], k: Float[Tensor, "ba
         z = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                              attn_mask=causal)
         return fire("attn.hook_z", z.transpose(1, 2))
+    if plain:
+        return fire("attn.hook_z", _attention_over_shared(q, k, v, past, groups))
     scores = torch.einsum("bqhd,bkhd->bhqk", q, k)
     if shared:  # [tile, prefix, child] rows: each prefix's children against its keys in one product
         on_shared = torch.einsum("tpcqhd,pkhd->tpchqk", q.reshape(*groups, n_q, n_heads, d_head), past.keys)
@@ -167,6 +169,40 @@ def _attention(q: Float[Tensor, "batch q_pos head d_head"], k: Float[Tensor, "ba
         z = z + torch.einsum("tpchqk,pkhd->tpcqhd", pattern[..., :shared].reshape(*groups, n_heads, n_q, shared),
                              past.values).reshape(batch, n_q, n_heads, d_head)
     return fire("attn.hook_z", z)
+
+
+def _attention_over_shared(q: Float[Tensor, "batch q_pos head d_head"], k: Float[Tensor, "batch pos head d_head"],
+                           v: Float[Tensor, "batch pos head d_head"], past: SharedPast, groups: tuple[int, int, int]
+                           ) -> Float[Tensor, "batch q_pos head d_head"]:
+    """Causal attention over a shared past then each row's own keys ``k`` (its own past and the new
+    positions), with nothing to hook: the softmax over the two blocks of scores with one maximum per
+    query, so that neither the scores nor the pattern of the shared block is ever copied out per row.
+    ``groups``: the rows as ``[tile, prefix, child]``."""
+    tiles, prefixes, children = groups
+    batch, n_q, n_heads, d_head = q.shape
+    scale = 1 / math.sqrt(d_head)
+    # each prefix's children's queries against its keys, in one product: [tile, prefix, head, child * q, shared]
+    grouped = q.reshape(tiles, prefixes, children, n_q, n_heads, d_head)
+    grouped = grouped.permute(0, 1, 4, 2, 3, 5).reshape(tiles, prefixes, n_heads, children * n_q, d_head)
+    on_shared = torch.matmul(grouped, past.keys.permute(0, 2, 3, 1)).mul_(scale)
+    own = torch.matmul(q.transpose(1, 2), k.permute(0, 2, 3, 1)).mul_(scale)  # [batch, head, q, own keys]
+    causal = torch.arange(k.shape[1], device=q.device)[None, :] <= torch.arange(n_q, device=q.device)[:, None] + (
+        k.shape[1] - n_q)
+    own.masked_fill_(~causal, float("-inf"))
+
+    def by_row(t: Tensor) -> Tensor:  # [tile, prefix, head, child * q, x] -> [batch, head, q, x]
+        return t.unflatten(3, (children, n_q)).permute(0, 1, 3, 2, 4, 5).reshape(batch, n_heads, n_q, t.shape[-1])
+
+    def by_prefix(t: Tensor) -> Tensor:  # the inverse of by_row
+        return t.view(tiles, prefixes, children, n_heads, n_q, t.shape[-1]).permute(0, 1, 3, 2, 4, 5).reshape(
+            tiles, prefixes, n_heads, children * n_q, t.shape[-1])
+
+    top = torch.maximum(by_row(on_shared.amax(-1, keepdim=True)), own.amax(-1, keepdim=True))  # [batch, head, q, 1]
+    on_shared = on_shared.sub_(by_prefix(top)).exp_()
+    own = own.sub_(top).exp_()
+    total = by_row(on_shared.sum(-1, keepdim=True)) + own.sum(-1, keepdim=True)
+    z = by_row(torch.matmul(on_shared, past.values.permute(0, 2, 1, 3))) + torch.matmul(own, v.transpose(1, 2))
+    return z.div_(total).transpose(1, 2)
 
 
 def block_keys_values(model: Model, resid: Float[Tensor, "batch pos d_model"], layer: int
