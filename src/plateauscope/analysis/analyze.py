@@ -113,9 +113,9 @@ CHEAP = ("attention", "attribution", "edges", "patterns")
 EXPENSIVE = ("patch", "circuit", "ablation", "edge_circuit", "edge_exact")
 """The expensive pass: at the landmarks (adaptive) or at the exact steps (``full``)."""
 EDGE_ANALYSES = ("edges", "edge_circuit", "edge_exact")
+"""The analyses ``--no-edges`` skips."""
 MAX_BISECTIONS = 10
 """Most expensive steps the adaptive plan adds to narrow t_form by patch share (2^10 analysed steps apart)."""
-"""The analyses ``--no-edges`` skips (they need the TransformerLens 3.x backend)."""
 ABLATION_KINDS = ("zero", "mean")
 
 

@@ -466,14 +466,14 @@ def edge_and_site_attribution(runs: EdgeRuns, act_names: tuple[str, ...] | list[
                                     [saved[name] for name in sites], allow_unused=True)
     grads, site_grads = grads[: len(names)], grads[len(names):]
     contrib = contributions(list(act_names), graph.n_layers, runs.base.acts, saved, dict(zip(sites, site_grads)))
-    delta = runs.clean_out - runs.corrupt_out
+    delta = (runs.clean_out - runs.corrupt_out).flatten(1)  # [S, N * pos * d], read by every receiver in place
     score = torch.zeros(len(graph.senders), len(graph.receivers))
     for (name, indices), g in zip(names, grads):
         if g is None:
             continue
         up = len(graph.upstream(graph.receivers[indices[0]][2]))  # the first senders, in forward order
         g = g if g.ndim == 4 else g[:, :, None]  # [N, pos, R_here, d]
-        score[:up, indices] = torch.einsum("snpd,nprd->sr", delta[:up], g).float().cpu()
+        score[:up, indices] = torch.mm(delta[:up], g.transpose(2, 3).reshape(-1, g.shape[2])).float().cpu()
     s, r = torch.tensor(graph.edges).T
     effect = score[s, r]
     return EdgeScores(effect, runs.normalise(effect), "attribution"), contrib
