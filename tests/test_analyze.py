@@ -287,21 +287,22 @@ def test_an_older_analysis_summary_is_read_and_then_replaced(tiny_run, tmp_path)
 
 def test_workers_write_the_records_of_one(tiny_run, tmp_path):
     """Checkpoints analysed side by side on two threads write the same cache files, byte for byte and in
-    step order, as one checkpoint at a time (torch on one thread in both, so the arithmetic is the same);
-    a worker's error reaches the caller after the steps before it are written."""
+    step order, as one checkpoint at a time (torch on one thread in each worker, and in the serial run,
+    so the arithmetic is the same); the pool gives torch its threads back; a worker's error reaches the
+    caller after the steps before it are written."""
     import torch
 
     run = Run(tiny_run)
     settings = AnalysisSettings(n_examples=16, ablation_groups=2)
     files = {}
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     try:
         for workers in (1, 2):
+            torch.set_num_threads(workers)  # 2 workers: one thread each
             path = copy_run(tiny_run, tmp_path / f"w{workers}", steps=run.steps)
             analyze_run(path, n_exact=2, settings=settings, progress=False, workers=workers)
             files[workers] = {f.name: f.read_bytes() for f in analysis_dir(path).iterdir() if f.suffix == ".jsonl"}
-        assert torch.get_num_threads() == 1  # the pool gave the threads back
+            assert torch.get_num_threads() == workers
     finally:
         torch.set_num_threads(threads)
     assert files[1] == files[2] and len(files[1]) >= 8
