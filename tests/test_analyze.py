@@ -172,7 +172,9 @@ def test_analyze_cli_errors(tmp_path, capsys, ci_run):
     assert main(["--run", str(ci_run), "--every", "0"]) == 2
     for flags, message in ((["--edge-target", "0"], "--edge-target must be in (0, 1]"),
                            (["--circuit-pairs", "0"], "--circuit-pairs must be at least 1"),
-                           (["--n-exact-edges", "-1"], "--n-exact-edges must be at least 0")):
+                           (["--n-exact-edges", "-1"], "--n-exact-edges must be at least 0"),
+                           (["--workers", "0"], "--workers must be at least 1"),
+                           (["--follow", "--workers", "2"], "not with --steps, --every, --full or --workers")):
         capsys.readouterr()
         assert main(["--run", str(ci_run), *flags]) == 2
         err = capsys.readouterr().err.strip()

@@ -83,9 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                                     edge_target=args.edge_target, circuit_pairs=args.circuit_pairs,
                                     n_exact_edges=args.n_exact_edges)
         if args.follow:
-            if args.steps or args.every != 1 or args.full:
-                raise CliError("--follow analyses every checkpoint with the adaptive plan: not with --steps, "
-                               "--every or --full")
+            if args.steps or args.every != 1 or args.full or args.workers is not None:
+                raise CliError("--follow analyses every checkpoint with the adaptive plan and the default workers: "
+                               "not with --steps, --every, --full or --workers")
             if args.poll is not None and args.poll <= 0:
                 raise CliError(f"--poll must be positive, got {args.poll}")
             from plateauscope.views.live import POLL_S, follow  # the pages need the views' extras
