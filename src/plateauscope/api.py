@@ -81,7 +81,8 @@ def analyze(run: str | Path | Run, *, every: int = 1, steps: list[int] | None = 
     ``workers``: checkpoints of the cheap pass analysed side by side (None: ``default_workers`` there)."""
     path = run.path if isinstance(run, run_directory.Run) else Path(run)
     return analyze_run(path, steps=steps, every=every, n_exact=n_exact, progress=progress, backend=backend,
-                       edges=edges, full=full, workers=workers, settings=AnalysisSettings(**settings) if settings else None)
+                       edges=edges, full=full, workers=workers,
+                       settings=AnalysisSettings(**settings) if settings else None)
 
 
 def load_task(spec: str, **options: Any) -> Task:

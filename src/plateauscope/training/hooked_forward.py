@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import torch
-from jaxtyping import Float, Int
+from jaxtyping import Bool, Float, Int
 from torch import Tensor
 from transformer_lens.cache.key_value_cache_entry import (
     TransformerLensKeyValueCacheEntry,
@@ -146,10 +146,8 @@ def _attention(q: Float[Tensor, "batch q_pos head d_head"], k: Float[Tensor, "ba
         shared = past.keys.shape[1] if batch and n_q else 0  # (no row or no query: nothing to attend)
         groups = (batch // max(1, len(past.keys) * past.children), len(past.keys), past.children)
     if plain and not shared:
-        causal = torch.arange(k.shape[1], device=q.device)[None, :] <= torch.arange(n_q, device=q.device)[:, None] + (
-            k.shape[1] - n_q)
         z = torch.nn.functional.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
-                                                             attn_mask=causal)
+                                                             attn_mask=_causal(n_q, k.shape[1], q.device))
         return fire("attn.hook_z", z.transpose(1, 2))
     if plain:
         return fire("attn.hook_z", _attention_over_shared(q, k, v, past, groups))
@@ -158,10 +156,7 @@ def _attention(q: Float[Tensor, "batch q_pos head d_head"], k: Float[Tensor, "ba
         on_shared = torch.einsum("tpcqhd,pkhd->tpchqk", q.reshape(*groups, n_q, n_heads, d_head), past.keys)
         scores = torch.cat([on_shared.reshape(batch, n_heads, n_q, shared), scores], dim=-1)
     scores = scores / math.sqrt(d_head)
-    offset = scores.shape[-1] - n_q
-    query_pos = torch.arange(n_q, device=q.device)[:, None] + offset
-    causal = torch.arange(scores.shape[-1], device=q.device)[None, :] <= query_pos
-    scores = fire("attn.hook_attn_scores", scores.masked_fill(~causal, float("-inf")))
+    scores = fire("attn.hook_attn_scores", scores.masked_fill(~_causal(n_q, scores.shape[-1], q.device), float("-inf")))
     pattern = scores.softmax(-1)
     pattern = fire("attn.hook_pattern", torch.where(torch.isnan(pattern), 0, pattern))
     z = torch.einsum("bhqk,bkhd->bqhd", pattern[..., shared:], v)
@@ -169,6 +164,11 @@ def _attention(q: Float[Tensor, "batch q_pos head d_head"], k: Float[Tensor, "ba
         z = z + torch.einsum("tpchqk,pkhd->tpcqhd", pattern[..., :shared].reshape(*groups, n_heads, n_q, shared),
                              past.values).reshape(batch, n_q, n_heads, d_head)
     return fire("attn.hook_z", z)
+
+
+def _causal(n_q: int, n_k: int, device: torch.device) -> Bool[Tensor, "q_pos k_pos"]:
+    """Which of ``n_k`` keys each of the last ``n_q`` positions may attend to (itself and before)."""
+    return torch.arange(n_k, device=device)[None, :] <= torch.arange(n_q, device=device)[:, None] + (n_k - n_q)
 
 
 def _attention_over_shared(q: Float[Tensor, "batch q_pos head d_head"], k: Float[Tensor, "batch pos head d_head"],
@@ -186,9 +186,7 @@ def _attention_over_shared(q: Float[Tensor, "batch q_pos head d_head"], k: Float
     grouped = grouped.permute(0, 1, 4, 2, 3, 5).reshape(tiles, prefixes, n_heads, children * n_q, d_head)
     on_shared = torch.matmul(grouped, past.keys.permute(0, 2, 3, 1)).mul_(scale)
     own = torch.matmul(q.transpose(1, 2), k.permute(0, 2, 3, 1)).mul_(scale)  # [batch, head, q, own keys]
-    causal = torch.arange(k.shape[1], device=q.device)[None, :] <= torch.arange(n_q, device=q.device)[:, None] + (
-        k.shape[1] - n_q)
-    own.masked_fill_(~causal, float("-inf"))
+    own.masked_fill_(~_causal(n_q, k.shape[1], q.device), float("-inf"))
 
     def by_row(t: Tensor) -> Tensor:  # [tile, prefix, head, child * q, x] -> [batch, head, q, x]
         return t.unflatten(3, (children, n_q)).permute(0, 1, 3, 2, 4, 5).reshape(batch, n_heads, n_q, t.shape[-1])
