@@ -16,7 +16,13 @@ run (timed). Printed and saved (``bench/record.py``):
   that both searched) and at the last step; and whether every record the two plans share is equal.
   t_form by patch share reads the exact records, which the plans hold at different steps: where
   the two differ, the adaptive one (bisected to the checkpoints' resolution) must lie inside the
-  full plan's bracket.
+  full plan's bracket;
+* the arithmetic (``torch.utils.flop_counter``): the adaptive analysis's FLOPs, counted in a third
+  analysis of the same checkpoints on an empty cache (one worker, so that one counter sees every
+  operation), against the training steps' FLOPs (one step's, forward and backward, times the steps
+  trained; evaluations not counted). At equal FLOP rates that ratio is the time ratio, so it says
+  how far the target needs the analysis to run its arithmetic faster than the training does.
+  ``--no-flops`` skips it.
 """
 
 from __future__ import annotations
@@ -35,10 +41,12 @@ from plateauscope.analysis.landmarks import DEFAULT_BUDGET  # noqa: E402
 from plateauscope.analysis.results import ANALYSIS_DIR  # noqa: E402
 from plateauscope.training.machine import describe, machine_record  # noqa: E402
 from plateauscope.training.presets import PRESETS, get_preset  # noqa: E402
+from plateauscope.training.run import Run  # noqa: E402
 from plateauscope.training.train import train  # noqa: E402
 from plateauscope.views.report import write_report  # noqa: E402
 from plateauscope.views.view import write_view  # noqa: E402
 from record import against, arguments, row, save, yes_no  # noqa: E402
+from train_step import step_flops  # noqa: E402
 
 TARGET_SHARE = 0.25
 """Issue 40: the demo's analyse + report + view take at most this share of its training time."""
@@ -59,6 +67,16 @@ def empty_copy(run: Path, dst: Path) -> Path:
         if item.name != ANALYSIS_DIR:
             (dst / item.name).symlink_to(item.resolve())
     return dst
+
+
+def analysis_flops(run: Path, every: int, n_exact: int) -> int:
+    """FLOPs of the adaptive analysis of ``run`` (its cache is read, not written: the count runs on an
+    empty copy of it), on one worker so that one counter sees every operation."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    with tempfile.TemporaryDirectory() as tmp, FlopCounterMode(display=False) as counter:
+        analyze_run(empty_copy(run, Path(tmp) / "count"), every=every, n_exact=n_exact, progress=False, workers=1)
+    return counter.get_total_flops()
 
 
 def edge_circuit_at(cache: dict, step: int | None) -> tuple[int, list[int] | None] | None:
@@ -115,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"budget of the adaptive plan's expensive pass (default {DEFAULT_BUDGET}, as analyze)")
     p.add_argument("--n-exact-full", type=int, default=12,
                    help="evenly spaced steps of the full plan's expensive pass (default 12)")
+    p.add_argument("--no-flops", action="store_true", help="skip counting the analysis's and the training's FLOPs")
     p.add_argument("--keep", type=Path, help="train into this directory and keep it (default: a temporary one)")
     args = p.parse_args(argv)
     if args.preset not in PRESETS:
@@ -141,6 +160,9 @@ def main(argv: list[str] | None = None) -> int:
         caches = {"adaptive": load_analysis(run_dir), "full": load_analysis(full_dir)}
         n_steps = len(caches["full"]["attention"])
         plan = adaptive["plan"]["steps"]
+        trained_steps = Run(run_dir).summary["final_step"]
+        flops = None if args.no_flops else (analysis_flops(run_dir, args.every, args.n_exact),
+                                            step_flops(get_preset(args.preset)) * trained_steps)
     after = t_adaptive + t_report + t_view
     on = f"{args.preset}, {n_steps} checkpoints (every {args.every})"
     print(f"analyse   {t_adaptive:7.1f} s adaptive ({len(plan)} expensive steps), {t_full:7.1f} s full "
@@ -155,7 +177,18 @@ def main(argv: list[str] | None = None) -> int:
             # the target is the demo's; another preset's share is printed without one
             against(measure, share, "", "<=", TARGET_SHARE) if args.preset == "demo" else row(measure, share, ""),
             row(f"{on}: (analyse + report + view) / training, full", share_full, "")]
-    print("\nfindings under both plans:")
+    if flops is not None:
+        analysed, trained = flops
+        print(f"arithmetic: adaptive analysis {analysed / 1e12:.2f} TFLOP, training steps {trained / 1e12:.2f} TFLOP "
+              f"({trained_steps} steps): ratio {analysed / trained:.3f}; achieved: analysis "
+              f"{analysed / t_adaptive / 1e9:.0f} GFLOP/s, training {trained / t_train / 1e9:.0f} GFLOP/s")
+        rows += [row(f"{on}: FLOPs, adaptive analysis / training steps", analysed / trained, ""),
+                 row(f"{on}: FLOP rate, adaptive analysis", analysed / t_adaptive / 1e9, "GFLOP/s"),
+                 row(f"{on}: FLOP rate, training (steps' FLOPs over the training time)", trained / t_train / 1e9,
+                     "GFLOP/s")]
+    print(f"\nfindings, adaptive plan: head {adaptive['head']}, tau {adaptive['tau']}, t_form {adaptive['t_form']}, "
+          f"lead fraction {adaptive['lead_fraction']}, verdict {(adaptive['circuit'] or {}).get('verdict')}")
+    print("findings under both plans:")
     for name, same, detail in compare(adaptive, full, caches):
         print(f"  {name:<36} {('yes: ' if 'bracket' in name else 'same') if same else 'NO: '}{detail}")
         rows.append(yes_no(f"{on}: {name}" if "bracket" in name else f"{on}: {name}, the same under both plans", same))

@@ -99,7 +99,12 @@ def _alive(pid: int) -> bool:
 
 
 def stop(folder: Path) -> None:
-    """Stop the daemons by their PID files, in reverse order of starting, and wait for each to end."""
+    """Cancel every job, stop the daemons by their PID files in reverse order of starting and wait
+    for each to end, then end what the jobs left (a cancelled task's ``srun`` can outlive its step)."""
+    conf = str(Path(folder) / "slurm.conf")
+    if (Path(folder) / "slurmctld.pid").exists():
+        subprocess.run(["scancel", "-p", "debug"], capture_output=True, env={**os.environ, "SLURM_CONF": conf},
+                       timeout=30)
     for daemon in reversed(DAEMONS):
         pid_file = Path(folder) / f"{daemon}.pid"
         if not pid_file.exists():
@@ -115,3 +120,22 @@ def stop(folder: Path) -> None:
             deadline = time.monotonic() + wait_s
             while _alive(pid) and time.monotonic() < deadline:
                 time.sleep(0.1)
+    for pid in _processes_with(f"SLURM_CONF={conf}"):
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+
+
+def _processes_with(entry: str) -> list[int]:
+    """Other processes whose environment holds ``entry`` (``NAME=value``): this cluster's jobs."""
+    out = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) in (os.getpid(), os.getppid()):
+            continue
+        try:
+            if entry.encode() in (proc / "environ").read_bytes().split(b"\0"):
+                out.append(int(proc.name))
+        except OSError:  # gone, or not ours to read
+            continue
+    return out
