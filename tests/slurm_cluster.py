@@ -31,6 +31,10 @@ exit 0
 """
 
 
+PARTITION = "debug"
+"""The cluster's one partition (every job runs there)."""
+
+
 def missing() -> list[str]:
     """The programs a cluster needs that this machine lacks."""
     return [p for p in (*DAEMONS, "sbatch", "squeue", "scancel") if shutil.which(p) is None]
@@ -56,7 +60,7 @@ def config(folder: Path, host: str) -> str:
         "AccountingStorageType=accounting_storage/none", "MailProg=/bin/true", "MinJobAge=3600",
         "ReturnToService=2", "SchedulerParameters=sched_interval=1",
         f"NodeName={host} CPUs=2 RealMemory=4000 State=UNKNOWN",
-        "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP", ""])
+        f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP", ""])
 
 
 def start(folder: Path) -> dict[str, str]:
@@ -103,7 +107,7 @@ def stop(folder: Path) -> None:
     for each to end, then end what the jobs left (a cancelled task's ``srun`` can outlive its step)."""
     conf = str(Path(folder) / "slurm.conf")
     if (Path(folder) / "slurmctld.pid").exists():
-        subprocess.run(["scancel", "-p", "debug"], capture_output=True, env={**os.environ, "SLURM_CONF": conf},
+        subprocess.run(["scancel", "-p", PARTITION], capture_output=True, env={**os.environ, "SLURM_CONF": conf},
                        timeout=30)
     for daemon in reversed(DAEMONS):
         pid_file = Path(folder) / f"{daemon}.pid"
