@@ -27,7 +27,8 @@ def build_parser() -> argparse.ArgumentParser:
     """The flags of ``plateauscope ablate``."""
     parser = OneLineParser(prog="plateauscope ablate", description=_module.__doc__.splitlines()[0])
     add_ckpt_args(parser)
-    parser.add_argument("--kind", choices=KINDS, default="zero", help="zero, mean or cue_mean ablation (default zero; cue_mean needs a task with candidates)")
+    parser.add_argument("--kind", choices=KINDS, default="zero",
+                        help="zero, mean or cue_mean ablation (default zero; cue_mean needs a task with candidates)")
     parser.add_argument("--groups", type=int, default=DEFAULT_GROUPS,
                         help=f"eval groups to score (default {DEFAULT_GROUPS}); --n-examples is not used")
     return parser
