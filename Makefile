@@ -20,9 +20,9 @@ TL_MAIN := "transformer-lens>=4.3,<5"
 VENV_TL3 := .venv-tl3
 PY_TL3   := $(VENV_TL3)/bin/python
 STAMP_TL3 := $(VENV_TL3)/.installed
-TL3_TESTS := tests/test_backend.py tests/test_cross_major.py tests/test_fused.py tests/test_patch.py \
-             tests/test_metrics.py tests/test_edges.py tests/test_edges_autocircuit.py tests/test_train.py \
-             tests/test_interventions.py tests/test_attention_ablate.py tests/test_sweep.py
+TL3_TESTS := tests/model/test_backend.py tests/model/test_cross_major.py tests/model/test_fused.py tests/analysis/test_patch.py \
+             tests/tasks/test_selector_metrics.py tests/analysis/test_edges.py tests/analysis/test_edges_autocircuit.py tests/training/test_train.py \
+             tests/training/test_interventions.py tests/analysis/test_attention_ablate.py tests/sweeps/test_sweep.py
 # Each test run trains, resumes and analyses in the other environment too, when that environment exists.
 OTHER_OF_MAIN = $(if $(wildcard $(PY_TL3)),$(abspath $(PY_TL3)))
 OTHER_OF_TL3  = $(if $(wildcard $(PY)),$(abspath $(PY)))
@@ -89,7 +89,7 @@ docs: $(STAMP_DOCS)
 # After make demo: the report writes the run's overview.svg; the README and the docs show the demo's.
 figures: demo
 	cp $(DEMO)/overview.svg $(FIGURE)
-	@echo "$(FIGURE): update the caption under the figure in README.md to its <desc> (tests/test_overview.py checks)"
+	@echo "$(FIGURE): update the caption under the figure in README.md to its <desc> (tests/views/test_overview.py checks)"
 
 clean-venv:
 	rm -rf $(VENV) $(VENV_TL3)

@@ -43,7 +43,7 @@ from pathlib import Path
 from record import row, save, yes_no
 
 from plateauscope.analysis.intervals import median_interval
-from plateauscope.training.machine import describe, machine_record
+from plateauscope.runs.machine import describe, machine_record
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = "baf9456"

@@ -37,12 +37,13 @@ from safetensors.numpy import load_file
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-from plateauscope.training.checkpoint_policy import transition_window  # noqa: E402
-from plateauscope.training.machine import describe, machine_record  # noqa: E402
-from plateauscope.training.presets import PRESETS, get_preset  # noqa: E402
-from plateauscope.training.run import Run  # noqa: E402
-from plateauscope.training.train import TrainingHooks, train  # noqa: E402
 from record import against, arguments, row, save, yes_no  # noqa: E402
+
+from plateauscope.runs.machine import describe, machine_record  # noqa: E402
+from plateauscope.runs.presets import PRESETS, get_preset  # noqa: E402
+from plateauscope.runs.run import Run  # noqa: E402
+from plateauscope.training.checkpoint_policy import transition_window  # noqa: E402
+from plateauscope.training.train import TrainingHooks, train  # noqa: E402
 
 TARGET_MB = 200.0
 """Issue 40: the demo's run directory at most this many MB."""

@@ -44,18 +44,18 @@ os.environ.setdefault("TQDM_DISABLE", "1")  # transformer_lens.patching's progre
 
 import torch  # noqa: E402
 import transformer_lens.patching as tl_patching  # noqa: E402
+from record import against, arguments, row, save  # noqa: E402
 
 from plateauscope.analysis import analyze  # noqa: E402
 from plateauscope.analysis import attribution as attr  # noqa: E402
 from plateauscope.analysis import patch as P  # noqa: E402
 from plateauscope.analysis.inputs import logit_diff, prompt_pairs  # noqa: E402
 from plateauscope.analysis.results import ANALYSIS_DIR, pick_steps  # noqa: E402
-from plateauscope.training.config import ConfigError  # noqa: E402
-from plateauscope.training.machine import describe, machine_record  # noqa: E402
-from plateauscope.training.presets import PRESETS, get_preset  # noqa: E402
-from plateauscope.training.run import Run  # noqa: E402
+from plateauscope.errors import ConfigError  # noqa: E402
+from plateauscope.runs.machine import describe, machine_record  # noqa: E402
+from plateauscope.runs.presets import PRESETS, get_preset  # noqa: E402
+from plateauscope.runs.run import Run  # noqa: E402
 from plateauscope.training.train import train  # noqa: E402
-from record import against, arguments, row, save  # noqa: E402
 
 TARGETS = {"heads all pos": 3.0, "heads by pos": 5.0, "resid_pre": 5.0, "attribution, heads by pos": 50.0}
 EXACT_TOLERANCE = 1e-5

@@ -32,7 +32,7 @@ from pathlib import Path
 from record import against, arguments, print_rows, row, save
 
 from plateauscope.analysis.results import ANALYSIS_DIR
-from plateauscope.backend import installed_transformer_lens
+from plateauscope.model.backend import installed_transformer_lens
 
 ROOT = Path(__file__).resolve().parent.parent
 TARGET_RATIO = 1.2

@@ -19,9 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-from plateauscope.cli.demo import target_seconds
-from plateauscope.training.machine import describe, machine_record
 from record import against, arguments, print_rows, row, save
+
+from plateauscope.cli.demo import target_seconds
+from plateauscope.runs.machine import describe, machine_record
 
 ANALYSIS_SHARE = 0.25
 """Issue 40: the demo's analyse + report + view at most this fraction of its training time."""

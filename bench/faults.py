@@ -27,10 +27,11 @@ from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
-from plateauscope.analysis.results import ANALYSIS_DIR, LOCK_FILE, VIEW_FILE  # noqa: E402
-from plateauscope.training import files  # noqa: E402
-from plateauscope.training import run as rd  # noqa: E402
 from record import arguments, save, yes_no  # noqa: E402
+
+from plateauscope.analysis.results import ANALYSIS_DIR, LOCK_FILE, VIEW_FILE  # noqa: E402
+from plateauscope.runs import files  # noqa: E402
+from plateauscope.runs import run as rd  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from tests import slurm_cluster  # noqa: E402  (the tests' one-node cluster)

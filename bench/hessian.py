@@ -22,16 +22,15 @@ import warnings
 from pathlib import Path
 
 import torch
+from record import against, arguments, row, save
 from torch.func import grad
 
 from plateauscope.analysis.hessian import DEFAULT_BATCH, default_escape, hessian_batch
 from plateauscope.analysis.hessian_engine import HessianOperator, lanczos, model_loss
+from plateauscope.model.backend import build_model
+from plateauscope.runs.presets import get_preset
+from plateauscope.runs.run import Run
 from plateauscope.tasks.selector import SelectorTask
-from plateauscope.backend import build_model
-from plateauscope.training.model import hooked_config_dict
-from plateauscope.training.presets import get_preset
-from plateauscope.training.run import Run
-from record import against, arguments, row, save
 
 DEMO_RUN = Path("checkpoints/demo")
 TARGET_S = 300.0
@@ -55,7 +54,7 @@ def load(run_dir: Path | None, step: int | None) -> tuple[torch.nn.Module, Selec
         return run.model(step), run.task(), f"{run_dir} step {step}"
     cfg = get_preset("paper")
     task = SelectorTask.generate(cfg.task)
-    model = build_model(hooked_config_dict(cfg.model, task), seed=0)
+    model = build_model(task.hooked_config(cfg.model), seed=0)
     return model, task, "freshly initialised paper-preset model"
 
 

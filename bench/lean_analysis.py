@@ -36,17 +36,18 @@ from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+from record import against, arguments, row, save, yes_no  # noqa: E402
+from train_step import step_flops  # noqa: E402
+
 from plateauscope.analysis.analyze import analyze_run, load_analysis  # noqa: E402
 from plateauscope.analysis.landmarks import DEFAULT_BUDGET  # noqa: E402
 from plateauscope.analysis.results import ANALYSIS_DIR  # noqa: E402
-from plateauscope.training.machine import describe, machine_record  # noqa: E402
-from plateauscope.training.presets import PRESETS, get_preset  # noqa: E402
-from plateauscope.training.run import Run  # noqa: E402
+from plateauscope.runs.machine import describe, machine_record  # noqa: E402
+from plateauscope.runs.presets import PRESETS, get_preset  # noqa: E402
+from plateauscope.runs.run import Run  # noqa: E402
 from plateauscope.training.train import train  # noqa: E402
 from plateauscope.views.report import write_report  # noqa: E402
 from plateauscope.views.view import write_view  # noqa: E402
-from record import against, arguments, row, save, yes_no  # noqa: E402
-from train_step import step_flops  # noqa: E402
 
 TARGET_SHARE = 0.25
 """Issue 40: the demo's analyse + report + view take at most this share of its training time."""

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from record import against, arguments, row, save
 
 from plateauscope.analysis.head_llc import (
     HEAD_LLC_SETTINGS,
@@ -58,14 +59,12 @@ from plateauscope.analysis.head_llc import (
 )
 from plateauscope.analysis.llc import LLCSettings, estimate_llc
 from plateauscope.analysis.results import ATTENTION_FILE, analysis_dir
-from plateauscope.training.files import CHECKPOINT_DIR, ROUTING_FILE
+from plateauscope.model.backend import build_model
 from plateauscope.processes import available_cores
+from plateauscope.runs.files import CHECKPOINT_DIR, ROUTING_FILE
+from plateauscope.runs.presets import get_preset
+from plateauscope.runs.run import Run
 from plateauscope.tasks.selector import SelectorTask
-from plateauscope.backend import build_model
-from plateauscope.training.model import hooked_config_dict
-from plateauscope.training.presets import get_preset
-from plateauscope.training.run import Run
-from record import against, arguments, row, save
 
 TARGET_S = 600.0
 
@@ -118,7 +117,7 @@ def per_head(args: argparse.Namespace, whole_wall: float | None) -> list[dict]:
     else:
         cfg = get_preset("paper")
         task = SelectorTask.generate(cfg.task)
-        model, where, load_s = build_model(hooked_config_dict(cfg.model, task), seed=0), "fresh paper model", 0.05
+        model, where, load_s = build_model(task.hooked_config(cfg.model), seed=0), "fresh paper model", 0.05
         heads = [(layer, h) for layer in range(cfg.model.n_layers) for h in range(cfg.model.n_heads)]
     w0, c0 = time.perf_counter(), time.process_time()
     reference, first, prefix = None, 0.0, FrozenPrefix(model, task)  # as the series: one checkpoint's work
@@ -236,7 +235,7 @@ def whole_model(args: argparse.Namespace) -> tuple[list[dict], float]:
 
     cfg = get_preset("paper")
     task = SelectorTask.generate(cfg.task)
-    model = build_model(hooked_config_dict(cfg.model, task), seed=0)
+    model = build_model(task.hooked_config(cfg.model), seed=0)
     wall, cpu, _ = timed_estimate(model, task.tokens, task, settings)
     print(f"paper model ({sum(p.numel() for p in model.parameters()):,} params, D = {len(task.tokens):,}): "
           f"{wall:.2f} s wall, {cpu:.2f} s CPU per checkpoint; ratio paper / ci {wall / ci_wall:.2f} (wall), "

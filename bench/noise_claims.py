@@ -16,15 +16,17 @@ import argparse
 import json
 from pathlib import Path
 
-from plateauscope.dynamics import batch_effect, load_sweep, lr_effect, tau_key
-from plateauscope.dynamics.noise import claim_text, noise_claims, noise_table_text
+from record import commit, machine_slug
+
+from plateauscope.analysis.results import strict_json
+from plateauscope.cli.text.dynamics import claim_text, noise_table_text
+from plateauscope.dynamics.fits import batch_effect, lr_effect
+from plateauscope.dynamics.noise import noise_claims
+from plateauscope.dynamics.sweep import load_sweep, tau_key
+from plateauscope.runs.files import write_json_atomic
+from plateauscope.runs.machine import machine_record
 from plateauscope.sweeps.catalogue import get_sweep
 from plateauscope.sweeps.spec import expand
-from plateauscope.analysis.results import strict_json
-from plateauscope.training.files import write_json_atomic
-from plateauscope.training.machine import machine_record
-
-from record import commit, machine_slug
 
 RECORDED = Path(__file__).resolve().parent / "data" / "paper-noise-grid-seeds-0-1.json"
 FINDINGS = Path(__file__).resolve().parent / "findings"

@@ -18,8 +18,8 @@ import re
 import subprocess
 from pathlib import Path
 
-from plateauscope.training.files import write_json_atomic
-from plateauscope.training.machine import machine_record
+from plateauscope.runs.files import write_json_atomic
+from plateauscope.runs.machine import machine_record
 
 RESULTS = Path(__file__).resolve().parent / "results"
 

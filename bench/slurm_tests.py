@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/slurm_tests.py
 
-Runs ``pytest tests/test_slurm.py`` in a fresh process, as ``.ci/run`` does (the one-node cluster
+Runs ``pytest tests/sweeps/test_slurm.py`` in a fresh process, as ``.ci/run`` does (the one-node cluster
 started and stopped, the serial reference sweep trained, both tests), and prints its wall time
 against the target. Needs ``slurm-wlm`` and ``munge`` (``.ci/run`` installs them); without them
 the tests skip and this prints nothing but why.
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     args = p.parse_args(argv)
     t0 = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/test_slurm.py"],
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", "tests/sweeps/test_slurm.py"],
                           cwd=ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - t0
     tail = done.stdout.strip().splitlines()[-1] if done.stdout.strip() else done.stderr.strip()

@@ -24,11 +24,11 @@ import warnings
 from pathlib import Path
 
 import torch
-
 from record import arguments, print_rows, row, save
+
 from plateauscope.analysis.changepoint import moved_first
-from plateauscope.training.references import ReferenceLadder, kl_key
-from plateauscope.training.run import Run, RunError
+from plateauscope.runs.references import ReferenceLadder, kl_key
+from plateauscope.runs.run import Run, RunError
 from plateauscope.training.train import evaluation_record, evaluation_sets
 
 

@@ -20,8 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-from plateauscope.training.machine import describe, machine_record
 from record import against, arguments, print_rows, row, save
+
+from plateauscope.runs.machine import describe, machine_record
 
 ROOT = Path(__file__).resolve().parent.parent
 BUDGET_S = {"test": 480.0, "total": 1200.0}

@@ -30,15 +30,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
+from record import against, arguments, row, save
 
+from plateauscope.model.backend import build_model, default_backend, hooked_parameter_shapes
+from plateauscope.runs.presets import PRESETS, get_preset
+from plateauscope.runs.run import Run
 from plateauscope.tasks.selector import SelectorTask
 from plateauscope.training.ensemble import ensemble_loss, stack_members, train_ensemble
-from plateauscope.backend import build_model, default_backend, hooked_parameter_shapes
-from plateauscope.training.model import hooked_config_dict
-from plateauscope.training.presets import PRESETS, get_preset
-from plateauscope.training.run import Run
 from plateauscope.training.train import train
-from record import against, arguments, row, save
 
 TARGET = 2.0
 """Issue 10: 8 ``ci`` seeds as one ensemble at least this many times faster than 8 sequential solo runs."""
@@ -54,7 +53,7 @@ def profile_step(cfg, seeds: int, steps: int = 20) -> dict[str, tuple[float, flo
     """Seconds per training step, split into forward, backward and AdamW: ``{part: (S solo steps
     one after the other, one vectorised S-member step)}``, each the median over ``steps`` steps."""
     task = SelectorTask.generate(cfg.task)
-    hooked = hooked_config_dict(cfg.model, task)
+    hooked = task.hooked_config(cfg.model)
     B = cfg.train.batch_size
     gen = torch.Generator().manual_seed(0)
     batches = task.tokens[torch.randint(0, task.cfg.D, (steps + 3, seeds, B), generator=gen)]
@@ -111,7 +110,7 @@ def vectorised_step(cfg, seeds: int, compiled: bool = False) -> Callable[[], Non
     """One training step of a fresh S-member vectorised model on a fixed batch (``compiled``: its
     loss through ``torch.compile``)."""
     task = SelectorTask.generate(cfg.task)
-    hooked = hooked_config_dict(cfg.model, task)
+    hooked = task.hooked_config(cfg.model)
     template = build_model(hooked)
     members = [build_model(hooked, seed=s) for s in range(seeds)]
     params, opt = stack_members(list(hooked_parameter_shapes(hooked)), [m.state_dict() for m in members], None, cfg)
@@ -226,7 +225,7 @@ def main() -> None:
     # machine's best matmul speed.
     task = SelectorTask.generate(cfg.task)
     n_params = sum(p.numel() for p in build_model(
-        hooked_config_dict(cfg.model, task)).parameters())
+        task.hooked_config(cfg.model)).parameters())
     flop = 6 * n_params * cfg.train.batch_size * task.layout.input_len * args.seeds  # 6 N tokens, all members
     peak = best_matmul_gflops()
     mm, total = matmul_seconds(cfg, args.seeds)

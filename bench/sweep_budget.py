@@ -25,15 +25,15 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from record import row, save
+
 from plateauscope.dynamics.graft import GRAFTS_DIR
 from plateauscope.dynamics.interventions import condition_label
+from plateauscope.runs import run as rd
+from plateauscope.runs.interventions import INTERVENTION_OPTIONS
+from plateauscope.runs.machine import describe, machine_record
 from plateauscope.sweeps.catalogue import get_sweep
 from plateauscope.sweeps.spec import expand, is_complete, run_name
-from plateauscope.training import run as rd
-from plateauscope.training.interventions import INTERVENTION_OPTIONS
-from plateauscope.training.machine import describe, machine_record
-
-from record import row, save
 
 TARGETS_MIN = {"plateau-interventions": 90.0, "paper-noise-grid": 150.0, "clamps": 60.0}
 """Each experiment's budget in minutes on 2 cores, by its first sweep."""

@@ -3,7 +3,7 @@
 Trains a preset (default ``ci``) for each seed (model and data seed varied together, as the
 ``seeds-ci`` sweep does) in each mode, into ``OUT/<mode>/seed<s>``:
 
-* ``fused``: the default training forward (``plateauscope.training.fused``), float32;
+* ``fused``: the default training forward (``plateauscope.model.fused``), float32;
 * ``trimmed``: ``--forward trimmed``, the fused forward with the last block only at the loss
   positions, float32;
 * ``hooked``: ``--forward hooked``, HookedTransformer's own forward, float32 (every run before
@@ -30,16 +30,16 @@ import json
 import time
 from pathlib import Path
 
+import record
 import torch
 
 from plateauscope.analysis.analyze import analyze_run
-from plateauscope.analysis.results import median
-from plateauscope.dynamics import run_row
 from plateauscope.analysis.intervals import median_interval
-from plateauscope.training.presets import get_preset
-from plateauscope.training.run import Run
+from plateauscope.analysis.results import median
+from plateauscope.dynamics.sweep import run_row
+from plateauscope.runs.presets import get_preset
+from plateauscope.runs.run import Run
 from plateauscope.training.train import NO_HOOKS, TrainingHooks, train
-import record
 
 MODES = ("fused", "trimmed", "hooked", "bf16")
 

@@ -47,18 +47,17 @@ import time
 from pathlib import Path
 
 import torch
+from record import against, arguments, row, save, yes_no
 from safetensors.torch import load_file
 
+from plateauscope.model.backend import build_model, hooked_parameters
+from plateauscope.model.fused import fused_logits
+from plateauscope.runs import run as rd
+from plateauscope.runs.config import RunConfig
+from plateauscope.runs.presets import get_preset
 from plateauscope.tasks.loading import build_task
-from plateauscope.training import run as rd
-from plateauscope.training.config import RunConfig
-from plateauscope.training.fused import fused_logits
-from plateauscope.backend import build_model, hooked_parameters
-from plateauscope.training.model import hooked_config_dict
-from plateauscope.training.presets import get_preset
 from plateauscope.training.schedule import resume_steps, scheduled_steps
 from plateauscope.training.train import TrainingHooks, adamw, train
-from record import against, arguments, row, save, yes_no
 
 ROOT = Path(__file__).resolve().parents[1]
 STEP_TARGET, EVAL_TARGET, END_TO_END_TARGET = 1.4, 0.05, 1.3
@@ -98,7 +97,7 @@ def plain_loop(cfg: RunConfig, steps: int, fused: bool = False, bf16: bool = Fal
     """Seconds per step of a bare loop: eager HookedTransformer (or ``fused``: ``fused_logits`` of its
     parameters), the task's loss, AdamW; ``warmup`` steps untimed."""
     task, batches = minibatches(cfg, steps + warmup)
-    model = build_model(hooked_config_dict(cfg.model, task), seed=0)
+    model = build_model(task.hooked_config(cfg.model), seed=0)
     params = hooked_parameters(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     for i, batch in enumerate(batches):
@@ -118,7 +117,7 @@ def optimizer_steps(cfg: RunConfig, steps: int, ours: bool, warmup: int = 5) -> 
     """Seconds per AdamW step (only ``optimizer.step()`` timed) of a fused loop with ``plateauscope.training.train.adamw``
     (``ours``) or torch's default AdamW, and the weights after ``steps + warmup`` steps."""
     task, batches = minibatches(cfg, steps + warmup)
-    model = build_model(hooked_config_dict(cfg.model, task), seed=0)
+    model = build_model(task.hooked_config(cfg.model), seed=0)
     params = hooked_parameters(model)
     opt = adamw(model.parameters(), cfg.train) if ours else torch.optim.AdamW(
         model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay, betas=cfg.train.betas)
@@ -152,7 +151,7 @@ def print_optimizer_step(cfg: RunConfig, steps: int, rounds: int) -> list[dict]:
 def compiled_loop(cfg: RunConfig, steps: int) -> tuple[float, float]:
     """``torch.compile`` of the fused loss: (seconds of the first step, which compiles; seconds per step after)."""
     task, batches = minibatches(cfg, steps + 2)
-    model = build_model(hooked_config_dict(cfg.model, task), seed=0)
+    model = build_model(task.hooked_config(cfg.model), seed=0)
     params = hooked_parameters(model)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.train.lr, weight_decay=cfg.train.weight_decay)
     loss_of = torch.compile(lambda b: task.loss(fused_logits(model.cfg, params, b[:, : task.input_len]), b))
@@ -282,7 +281,7 @@ def step_flops(cfg: RunConfig) -> int:
     from torch.utils.flop_counter import FlopCounterMode
 
     task, (batch,) = minibatches(cfg, 1)
-    model = build_model(hooked_config_dict(cfg.model, task), seed=0)
+    model = build_model(task.hooked_config(cfg.model), seed=0)
     params = hooked_parameters(model)
     with FlopCounterMode(display=False) as counter:
         task.loss(fused_logits(model.cfg, params, batch[:, : task.input_len]), batch).backward()
@@ -320,7 +319,7 @@ def profile_step(cfg: RunConfig, steps: int, top: int = 8) -> tuple[float, list[
     from torch.profiler import ProfilerActivity, profile
 
     task, batches = minibatches(cfg, steps + 3)
-    model = build_model(hooked_config_dict(cfg.model, task), seed=0)
+    model = build_model(task.hooked_config(cfg.model), seed=0)
     params = hooked_parameters(model)
     opt = adamw(model.parameters(), cfg.train)
 
@@ -410,7 +409,7 @@ def main() -> None:
 
     cfg = get_preset(args.preset)
     task = build_task(cfg.task_name, cfg.task)
-    n_params = sum(t.numel() for t in build_model(hooked_config_dict(cfg.model, task)).parameters())
+    n_params = sum(t.numel() for t in build_model(task.hooked_config(cfg.model)).parameters())
     print(f"preset {args.preset}: {n_params / 1e6:.2f}M parameters, batch {cfg.train.batch_size}, "
           f"{torch.get_num_threads()} threads; best of {args.rounds} rounds of {args.steps} steps")
 

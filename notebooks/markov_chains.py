@@ -9,8 +9,7 @@ from math import log
 import torch
 from torch import Tensor
 
-from plateauscope.training.config import JsonConfig, ModelConfig, TrainConfig
-from plateauscope.tasks.base import AttentionRule, ProgressMeasure, PromptPairs, Task
+from plateauscope import AttentionRule, JsonConfig, ModelConfig, ProgressMeasure, PromptPairs, Task, TrainConfig
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ import torch
 from filelock import FileLock
 
 from plateauscope.analysis.results import ANALYSIS_DIR
-from plateauscope.training import run as rd
-from plateauscope.training.presets import get_preset
+from plateauscope.runs import run as rd
+from plateauscope.runs.presets import get_preset
 from plateauscope.training.train import train
 
 
@@ -75,7 +75,7 @@ def pytest_collection_modifyitems(config, items):
 @pytest.fixture(scope="session")
 def chromium_binary() -> str:
     """The headless browser of the browser tests; they skip, loudly, only when none is installed."""
-    from tests.test_report_browser import find_browser
+    from tests.views.test_report_browser import find_browser
 
     path = find_browser()
     if path is None:

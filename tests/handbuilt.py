@@ -61,11 +61,11 @@ from typing import Any
 
 import torch
 
-from plateauscope.backend import Model, initial_hooked_state, model_from_hooked_state
+from plateauscope.model.backend import Model, initial_hooked_state, model_from_hooked_state
+from plateauscope.model.config import ModelConfig
 from plateauscope.tasks.selector import SelectorTask
+from plateauscope.tasks.selector_config import TaskConfig
 from plateauscope.tasks.selector_layout import BOS, SPECIAL_TOKENS
-from plateauscope.training.config import ModelConfig, TaskConfig
-from plateauscope.training.model import hooked_config_dict
 
 SELECTOR_HEAD: tuple[int, int] = (0, 1)
 """(layer, head) of the one head that routes the selector."""
@@ -159,7 +159,7 @@ def selector_copy_model(task: SelectorTask | None = None, split: bool = False,
         raise ValueError("selector_copy_model is built for handbuilt_task()")
     mcfg = ModelConfig(n_layers=2, d_model=D_MODEL, n_heads=N_HEADS, d_head=D_HEAD, d_mlp=16,
                        act_fn="relu", normalization_type=None)
-    model = HookedWeights(hooked_config_dict(mcfg, task))  # every weight zero
+    model = HookedWeights(task.hooked_config(mcfg))  # every weight zero
     dims = _dims(lay.seq_len)
     sel_in, sel_out, pos = (torch.arange(D_MODEL)[dims[n]] for n in ("sel_in", "sel_out", "pos"))
     bos_d, prior_d = dims["bos"].start, dims["prior"].start

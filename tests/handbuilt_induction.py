@@ -20,10 +20,9 @@ from __future__ import annotations
 
 import torch
 
-from plateauscope.backend import Model
+from plateauscope.model.backend import Model
+from plateauscope.model.config import ModelConfig
 from plateauscope.tasks.induction import InductionConfig, InductionTask
-from plateauscope.training.config import ModelConfig
-from plateauscope.training.model import hooked_config_dict
 from tests.handbuilt import HookedWeights
 
 PREVIOUS_TOKEN_HEAD = (0, 0)
@@ -49,7 +48,7 @@ def induction_model(task: InductionTask | None = None) -> Model:
     d_model, d_head = 3 * n_vocab + n_ctx, max(n_vocab, n_ctx)
     mcfg = ModelConfig(n_layers=2, d_model=d_model, n_heads=2, d_head=d_head, d_mlp=4, normalization_type=None,
                        attn_only=True)
-    model = HookedWeights(hooked_config_dict(mcfg, task))  # every weight zero
+    model = HookedWeights(task.hooked_config(mcfg))  # every weight zero
     scale = SCORE * d_head ** 0.5  # HookedTransformer divides the scores by sqrt(d_head)
     model.embed.W_E[torch.arange(n_vocab), list(tok)] = 1.0
     model.pos_embed.W_pos[torch.arange(n_ctx), list(pos)] = 1.0

@@ -20,7 +20,7 @@ def test_every_public_name_resolves_and_the_type_checking_imports_match():
         assert getattr(ps, name) is not None, name
     tree = ast.parse((SRC / "__init__.py").read_text())
     block = next(n for n in tree.body if isinstance(n, ast.If) and "TYPE_CHECKING" in ast.unparse(n.test))
-    imported = {a.asname or a.name for n in ast.walk(block) if isinstance(n, ast.ImportFrom) for a in n.names}
+    imported = {a.asname or a.name for n in ast.walk(block) if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
     assert imported == set(ps._API)
     assert sorted(dir(ps)) == sorted(["__version__", *ps._API])
     with pytest.raises(AttributeError, match="no attribute 'nothing'"):
@@ -117,3 +117,22 @@ def test_run_analysis_is_typed_and_holds_what_the_cache_holds(tiny_run, tmp_path
     again = ps.patch(run.model(patched.step), pairs, "heads")
     torch.testing.assert_close(patched.sweeps["heads"].raw, again.raw, atol=1e-6, rtol=0)
     assert patched.sweeps["heads"].clean_metric == pytest.approx(again.clean_metric, abs=1e-6)
+
+
+def test_the_api_and_the_command_line_take_one_path_to_a_config(monkeypatch, tmp_path):
+    """``plateauscope train``'s flags and ``ps.train``'s keywords make the same RunConfig
+    (``plateauscope.runs.presets.run_config``)."""
+    from plateauscope import api
+    from plateauscope.cli.train import build_parser, config_from_args
+    from plateauscope.runs.presets import run_config, task_defaults
+
+    flags = ["--preset", "ci", "--set", "K=8", "--lr", "0.003", "--data-seed", "2", "--seed", "5"]
+    expected = run_config("ci", assignments=["K=8"], lr=0.003, seed=5, data_seed=2)
+    assert config_from_args(build_parser().parse_args(flags)) == expected
+    assert expected.task.K == 8 and expected.task.seed == 2 and expected.model.seed == expected.train.seed == 5
+    assert config_from_args(build_parser().parse_args(["--task", "induction"])) == task_defaults("induction")
+    seen = []
+    monkeypatch.setattr(api, "train_run", lambda cfg, out, **kw: seen.append(cfg) or {})
+    api.train(task="induction", out=tmp_path)
+    api.train("ci", out=tmp_path, K=8, lr=0.003)
+    assert seen == [task_defaults("induction"), run_config("ci", K=8, lr=0.003)]

@@ -90,7 +90,7 @@ def test_sweep_notebook_runs(name, sweep_kernel_env):
 def out_kernel_env(interventions_sweep, tmp_path_factory):
     """Notebooks 07 and 08 train their own run or sweep into PLATEAUSCOPE_OUT_DIR: a folder with nothing
     but a copy of the session's plateau-interventions-tiny sweep, which notebook 08's run_sweep finds
-    complete (tests/test_interventions.py tests its training), so it goes on to analyse it."""
+    complete (tests/training/test_interventions.py tests its training), so it goes on to analyse it."""
     out = tmp_path_factory.mktemp("notebooks") / "own"
     out.mkdir()
     shutil.copytree(interventions_sweep[0], out / "plateau-interventions-tiny")

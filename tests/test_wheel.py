@@ -66,6 +66,7 @@ def test_the_installed_wheel_trains_analyses_and_reports_outside_the_checkout(wh
     where = _run([str(python), "-c", "import plateauscope; print(plateauscope.__file__)"], work, env)
     assert where.startswith(str(site)), f"plateauscope imported from {where.strip()}, not from the wheel"
     assert "train" in _run([str(command), "--help"], work, env)
+    assert _run([str(command), "--version"], work, env).split() == ["plateauscope", _version()]
     _run([str(command), "train", "--preset", "tiny", "--out", "run", "--no-progress"], work, env)
     _run([str(command), "analyze", "--run", "run", "--every", "2", "--n-exact", "2", "--no-progress"], work, env)
     _run([str(command), "report", "--run", "run"], work, env)

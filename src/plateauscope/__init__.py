@@ -17,29 +17,40 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.2.0"
+from plateauscope.deprecation import install as _serve_moved_paths
+
+__version__ = "0.3.0"
+
+_serve_moved_paths()  # the import paths that moved in 0.3 keep working, with a warning
 
 _API: dict[str, str] = {
     # training and runs
     "train": "plateauscope.api:train",
     "train_seeds": "plateauscope.api:train_seeds",
     "Run": "plateauscope.api:Run",
-    "RunError": "plateauscope.training.run:RunError",
-    "RunConfig": "plateauscope.training.config:RunConfig",
-    "ModelConfig": "plateauscope.training.config:ModelConfig",
-    "TrainConfig": "plateauscope.training.config:TrainConfig",
+    "RunError": "plateauscope.runs.run:RunError",
+    "RunConfig": "plateauscope.runs.config:RunConfig",
+    "run_config": "plateauscope.runs.presets:run_config",
+    "ModelConfig": "plateauscope.model.config:ModelConfig",
+    "TrainConfig": "plateauscope.model.config:TrainConfig",
+    "JsonConfig": "plateauscope.model.config:JsonConfig",
     "ConfigError": "plateauscope.errors:ConfigError",
-    "PRESETS": "plateauscope.training.presets:PRESETS",
-    "get_preset": "plateauscope.training.presets:get_preset",
+    "PRESETS": "plateauscope.runs.presets:PRESETS",
+    "get_preset": "plateauscope.runs.presets:get_preset",
     # tasks
     "load_task": "plateauscope.api:load_task",
     "Task": "plateauscope.tasks.base:Task",
+    "TaskError": "plateauscope.tasks.base:TaskError",
+    "ProgressMeasure": "plateauscope.tasks.base:ProgressMeasure",
+    "PromptPairs": "plateauscope.tasks.base:PromptPairs",
+    "AttentionRule": "plateauscope.tasks.base:AttentionRule",
+    "ReferencePredictor": "plateauscope.tasks.base:ReferencePredictor",
     # sweeps
     "SweepSpec": "plateauscope.sweeps.spec:SweepSpec",
     "SWEEPS": "plateauscope.sweeps.catalogue:SWEEPS",
     "get_sweep": "plateauscope.sweeps.catalogue:get_sweep",
     "run_sweep": "plateauscope.sweeps.executors:run_sweep",
-    "SWEEP_MANIFEST": "plateauscope.training.files:MANIFEST_FILE",
+    "SWEEP_MANIFEST": "plateauscope.runs.files:MANIFEST_FILE",
     # analyses
     "analyze": "plateauscope.api:analyze",
     "load_analysis": "plateauscope.analysis.analyze:load_analysis",
@@ -56,10 +67,11 @@ _API: dict[str, str] = {
     "UnconvergedEigenWarning": "plateauscope.analysis.hessian_engine:UnconvergedEigenWarning",
     "llc_series": "plateauscope.analysis.llc:llc_series",
     "snap_statistics": "plateauscope.analysis.snap:snap_statistics",
-    "format_routing_summary": "plateauscope.analysis.summary:format_summary",
+    "format_routing_summary": "plateauscope.cli.text.analysis:format_summary",
     # fits over runs
-    "load_sweep": "plateauscope.dynamics:load_sweep",
-    "analyze_sweep": "plateauscope.dynamics:analyze_sweep",
+    "load_sweep": "plateauscope.dynamics.sweep:load_sweep",
+    "analyze_sweep": "plateauscope.dynamics.fits:analyze_sweep",
+    "variant_table": "plateauscope.dynamics.variants:variant_table",
     "Interval": "plateauscope.analysis.intervals:Interval",
     "mean_interval": "plateauscope.analysis.intervals:mean_interval",
     "ratio_interval": "plateauscope.analysis.intervals:ratio_interval",
@@ -72,7 +84,8 @@ _API: dict[str, str] = {
     "write_report": "plateauscope.views.report:write_report",
     "write_view": "plateauscope.views.view:write_view",
     "prompt_pairs": "plateauscope.analysis.inputs:prompt_pairs",
-    "format_patch": "plateauscope.analysis.patch:format_result",
+    "format_patch": "plateauscope.cli.text.analysis:format_result",
+    "text": "plateauscope.cli.text",
     "figures": "plateauscope.views.figures",
     "sweep_figures": "plateauscope.views.sweep_figures:sweep_figures",
     "moment_steps": "plateauscope.views.report:moment_steps",
@@ -100,7 +113,7 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerly
-    from plateauscope import dynamics
+    import plateauscope.dynamics as dynamics
     from plateauscope.analysis import hessian
     from plateauscope.analysis.ablate import ablate_each_head, ablate_heads
     from plateauscope.analysis.analyze import AnalysisSettings, load_analysis
@@ -109,30 +122,31 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from plateauscope.analysis.hessian import geometry
     from plateauscope.analysis.hessian_engine import UnconvergedEigenWarning
     from plateauscope.analysis.inputs import prompt_pairs
+    from plateauscope.analysis.intervals import Interval, mean_interval, median_interval, ratio_interval
     from plateauscope.analysis.llc import llc_series
-    from plateauscope.analysis.patch import format_result as format_patch
     from plateauscope.analysis.patch import patch, patch_sweep
-    from plateauscope.analysis.snap import snap_statistics
-    from plateauscope.analysis.summary import format_summary as format_routing_summary
     from plateauscope.analysis.records import Analysis
+    from plateauscope.analysis.snap import snap_statistics
     from plateauscope.api import Run, analyze, load_task, train, train_seeds
-    from plateauscope.dynamics import analyze_sweep, interventions, load_sweep
+    from plateauscope.cli import text
+    from plateauscope.cli.text.analysis import format_result as format_patch
+    from plateauscope.cli.text.analysis import format_summary as format_routing_summary
+    from plateauscope.dynamics import interventions
+    from plateauscope.dynamics.fits import analyze_sweep
     from plateauscope.dynamics.graft import boundary_table as graft_table
     from plateauscope.dynamics.graft import graft_bisection
-    from plateauscope.analysis.intervals import Interval, mean_interval, median_interval, ratio_interval
+    from plateauscope.dynamics.sweep import load_sweep
+    from plateauscope.dynamics.variants import variant_table
+    from plateauscope.errors import ConfigError
+    from plateauscope.model.config import JsonConfig, ModelConfig, TrainConfig
+    from plateauscope.runs.config import RunConfig
+    from plateauscope.runs.files import MANIFEST_FILE as SWEEP_MANIFEST
+    from plateauscope.runs.presets import PRESETS, get_preset, run_config
+    from plateauscope.runs.run import RunError
     from plateauscope.sweeps.catalogue import SWEEPS, get_sweep
     from plateauscope.sweeps.executors import run_sweep
     from plateauscope.sweeps.spec import SweepSpec
-    from plateauscope.tasks.base import Task
-    from plateauscope.training.config import (
-        ConfigError,
-        ModelConfig,
-        RunConfig,
-        TrainConfig,
-    )
-    from plateauscope.training.files import MANIFEST_FILE as SWEEP_MANIFEST
-    from plateauscope.training.presets import PRESETS, get_preset
-    from plateauscope.training.run import RunError
+    from plateauscope.tasks.base import AttentionRule, ProgressMeasure, PromptPairs, ReferencePredictor, Task, TaskError
     from plateauscope.views import figures
     from plateauscope.views.report import attention_views, moment_steps, write_report
     from plateauscope.views.sweep_figures import sweep_figures

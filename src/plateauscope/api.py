@@ -2,7 +2,7 @@
 
 Each is a thin layer over the module that does the work (the training loop, the analysis driver,
 the task loader), taking a preset's name or a config, and a run directory's path or a
-:class:`~plateauscope.training.run.Run`.
+:class:`~plateauscope.runs.run.Run`.
 """
 
 from __future__ import annotations
@@ -14,18 +14,19 @@ from typing import Any
 from plateauscope.analysis.analyze import AnalysisSettings, analyze_run
 from plateauscope.analysis.landmarks import DEFAULT_BUDGET
 from plateauscope.analysis.records import Analysis, read_analysis
+from plateauscope.errors import ConfigError
+from plateauscope.runs import run as run_directory
+from plateauscope.runs.config import RunConfig
+from plateauscope.runs.presets import run_config
 from plateauscope.tasks.base import Task
 from plateauscope.tasks.loading import build_task, task_class
-from plateauscope.training.config import ConfigError, RunConfig
 from plateauscope.training.ensemble import train_ensemble
-from plateauscope.training.presets import get_preset, task_defaults
-from plateauscope.training import run as run_directory
 from plateauscope.training.train import train as train_run
 
 
 class Run(run_directory.Run):
     """A run directory: its config, steps, models, metrics and summary
-    (:class:`plateauscope.training.run.Run`), and its analysis, typed."""
+    (:class:`plateauscope.runs.run.Run`), and its analysis, typed."""
 
     def analysis(self, settings: AnalysisSettings | None = None) -> Analysis:
         """The analysis cache made with ``settings`` (default: those of the latest ``analyze``), as typed
@@ -33,27 +34,13 @@ class Run(run_directory.Run):
         return read_analysis(self.path, settings)
 
 
-def run_config(config: str | RunConfig = "demo", task: str | None = None, **overrides: Any) -> RunConfig:
-    """A validated :class:`RunConfig`: a preset's name (or a config), or with ``task`` alone that task's
-    own defaults; ``overrides`` are :meth:`RunConfig.replace` names (``seed``, ``lr``, ``max_steps``, ...)."""
-    if isinstance(config, RunConfig):
-        cfg = config
-    elif task is not None and config is None:
-        cfg = task_defaults(task)
-    else:
-        cfg = get_preset(config)
-    if task is not None and task != cfg.task_name:
-        cfg = dataclasses.replace(cfg, task=task_class(task).Config(), task_name=task)
-    return cfg.replace(**overrides).validate() if overrides else cfg.validate()
-
-
-def train(config: str | RunConfig | None = "demo", out: str | Path | None = None, *, task: str | None = None,
+def train(config: str | RunConfig | None = None, out: str | Path | None = None, *, task: str | None = None,
           resume: bool = False, progress: bool = True, device: str = "auto", backend: str | None = None,
           **overrides: Any) -> dict[str, Any]:
     """Train one run into ``out`` and return its summary (``summary.json``).
 
-    ``config``: a preset's name (``"tiny"``, ``"ci"``, ``"demo"``, ...) or a :class:`RunConfig`;
-    ``None`` with ``task`` (a built-in name, ``path/to/file.py:Class`` or ``module:Class``) takes that
+    ``config``: a preset's name (``"tiny"``, ``"ci"``, ``"demo"``, ...) or a :class:`RunConfig`; ``None``:
+    ``demo``, or with ``task`` (a built-in name, ``path/to/file.py:Class`` or ``module:Class``) takes that
     task's own defaults. ``overrides`` change single fields, as the command line's flags do."""
     if out is None:
         raise ConfigError("train: give out=, the run directory to write")
@@ -65,8 +52,7 @@ def train_seeds(config: str | RunConfig, out: str | Path, seeds: list[int], *, p
                 device: str = "auto", **overrides: Any) -> list[dict[str, Any]]:
     """Train one run per seed (model and data seed together) as one vectorised seed ensemble, into
     ``out/seed<i>``; return their summaries."""
-    cfgs = [run_config(config, None, seed=s, **overrides) for s in seeds]
-    cfgs = [dataclasses.replace(c, task=dataclasses.replace(c.task, seed=s)) for c, s in zip(cfgs, seeds)]
+    cfgs = [run_config(config, data_seed=s, seed=s, **overrides) for s in seeds]
     return train_ensemble(cfgs, [Path(out) / f"seed{s}" for s in seeds], resume=True, device=device,
                           progress=progress)
 

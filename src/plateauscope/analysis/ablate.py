@@ -17,7 +17,7 @@ The heads are ablated one at a time (:func:`ablate_each_head`) or as a given set
 candidate sequences are repeated once per ablation and a per-row mask says which heads each
 row ablates.
 
-Metric: candidate loss and delta_z exactly as ``plateauscope.training.metrics`` defines them (the same
+Metric: candidate loss and delta_z exactly as ``plateauscope.runs.metrics`` defines them (the same
 ``EvalSet``, ``target_logprobs`` and ``candidate_metrics``). Sign: ``d_candidate_loss`` =
 ablated minus unablated; positive means the head helped pick the right candidate. A head the
 model needs to read z pushes the candidate loss back up to log K when ablated (the model falls
@@ -38,9 +38,9 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
 from plateauscope.analysis.prefix import activations
-from plateauscope.backend import Model, hooks_added, shares_prefixes
+from plateauscope.model.backend import Model, hooks_added, shares_prefixes
+from plateauscope.model.scoring import shared_prefix_logprobs
 from plateauscope.tasks.base import Task
-from plateauscope.training.scoring import shared_prefix_logprobs
 
 KINDS: tuple[str, ...] = ("zero", "mean", "cue_mean")
 DEFAULT_GROUPS = 8
@@ -215,7 +215,7 @@ def ablation_scores(
 
     def score(sub: Bool[Tensor, "c n_layers n_heads"], **start) -> Float[Tensor, "c G K K"]:
         # Every (ablation copy, group) is a tree of K x K candidates whose prefixes are scored once:
-        # its <BOS> B <SEP>, then each z_j <SEP>, then the candidates (plateauscope.training.scoring.shared_prefix_logprobs).
+        # its <BOS> B <SEP>, then each z_j <SEP>, then the candidates (plateauscope.model.scoring.shared_prefix_logprobs).
         # Root r is group r mod G of copy r // G.
         logp, _ = shared_prefix_logprobs(
             model, trees.expand(len(sub), -1, -1, -1, -1).reshape(len(sub) * G, K, K, -1), splits, task,

@@ -94,11 +94,11 @@ from plateauscope.analysis.results import (
     writes_cache,
 )
 from plateauscope.analysis.summary import summarize
-from plateauscope.backend import resolve_backend
+from plateauscope.model.backend import resolve_backend
 from plateauscope.processes import thread_map
-from plateauscope.training.interventions import has_interventions
-from plateauscope.training.metrics import compute_tau
-from plateauscope.training.run import Run, RunError
+from plateauscope.runs.interventions import has_interventions
+from plateauscope.runs.metrics import compute_tau
+from plateauscope.runs.run import Run, RunError
 
 log = logging.getLogger(__name__)
 
@@ -156,7 +156,7 @@ class AnalysisSettings:
 
     def for_cache(self, name: str, task: str) -> dict[str, Any]:
         """The settings that analysis ``name`` depends on, and ``task`` (the run's
-        :meth:`plateauscope.training.run.Run.task_fingerprint`): the key its records are stored under."""
+        :meth:`plateauscope.runs.run.Run.task_fingerprint`): the key its records are stored under."""
         keys = {"attention": ("n_examples", "seed"), "attribution": ("n_examples", "seed", "patch_targets"),
                 "patch": ("n_examples", "seed", "patch_targets"), "ablation": ("ablation_groups", "seed"),
                 "circuit": ("n_examples", "seed", "ablation_groups", "circuit_ablation"),
@@ -221,51 +221,144 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
                 progress: bool = True, backend: str | None = None, edges: bool = True,
                 full: bool = False, expensive: bool = True, workers: int | None = None) -> dict[str, Any]:
     """Analyse the chosen checkpoints (only what the cache lacks for these settings); return the summary.
-    ``backend``: hooked or bridge (None: the installed TransformerLens); not a setting (both give the
-    same numbers, so the cache is shared). ``edges``: also the edge analyses. ``n_exact``: the budget of the expensive
-    pass (adaptive: the landmarks, then fast-change steps up to ``n_exact`` in all; ``full``: ``n_exact``
-    evenly spaced steps, plus the landmarks; module docstring). ``expensive=False``: the cheap pass
-    only (a run still training: ``plateauscope.views.live``). ``workers``: checkpoints of the cheap pass
-    analysed side by side, each on its own model and thread (None: :func:`default_workers`; the records
-    are the same, up to the float rounding of the torch threads each one gets); the expensive pass's
-    large batches run faster one checkpoint at a time on every thread. ``wait=False``: exit with one
-    line, rather than wait, when another process is writing the run's analysis cache."""
+
+    ``steps`` / ``every``: which checkpoints (default: all). ``n_exact``: the budget of the expensive pass
+    (adaptive: the landmarks, then fast-change steps up to ``n_exact`` in all; ``full``: ``n_exact`` evenly
+    spaced steps, plus the landmarks; module docstring). ``expensive=False``: the cheap pass only (a run
+    still training: ``plateauscope.analysis.follow``). ``edges``: also the edge analyses. ``backend``: hooked
+    or bridge (None: the installed TransformerLens); not a setting (both give the same numbers, so the
+    cache is shared). ``workers``: checkpoints of the cheap pass analysed side by side, each on its own
+    model and thread (None: :func:`default_workers`; the records are the same, up to the float rounding of
+    the torch threads each one gets); the expensive pass's large batches run faster one checkpoint at a
+    time on every thread. The keyword ``wait=False`` (:func:`plateauscope.analysis.results.writes_cache`)
+    exits with one line, rather than waiting, when another process is writing the run's analysis cache."""
     settings = settings or AnalysisSettings()
     workers = default_workers(device) if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     resolve_backend(backend)  # an uninstalled one: one line, before anything runs
-    run = Run(run_dir)
-    task = run.task()
-    for capability, what in (("cue", "the analyses follow the cue"), ("pairs", "patching")):
-        if capability not in task.capabilities:
-            raise RunError(f"{run.path}: {task.missing(capability, what)}")
-    chosen = pick_steps(run.steps, every, steps)
+    analysis = SeriesAnalysis(Run(run_dir), settings, device, backend, workers, edges, progress)
+    chosen = pick_steps(analysis.run.steps, every, steps)
     if not chosen:
-        raise RunError(f"{run.path}: the run has no checkpoints")
-    if has_interventions(run.config.train):
-        log.info("%s trained with interventions (plateauscope.training.interventions): each checkpoint is analysed with "
-                 "them as they were at its step", run.path)
-    records = run.metrics()
-    tau = compute_tau(records, run.progress)
-    tau_lo = max((r["step"] for r in records if tau is not None and r["step"] < tau), default=None)
-    summary = run.summary or {}
-    plateau_span = summary.get("plateau_span")
-    plateau_start = (plateau_span or [chosen[0]])[0]
+        raise RunError(f"{analysis.run.path}: the run has no checkpoints")
+    if full:
+        plan = analysis.full_plan(chosen, n_exact)
+    elif not expensive:
+        analysis.cheap_pass(chosen)
+        plan = {"mode": "cheap", "steps": {}, "stand_in": "attribution patching stands in for exact patching"}
+    else:
+        plan = analysis.adaptive_plan(chosen, n_exact)
+    return analysis.summary(plan, expensive)
 
-    folder = analysis_dir(run.path)
-    pairs = prompt_pairs(task, settings.n_examples, settings.seed)
-    targets = settings.patch_targets
-    fingerprint = run.task_fingerprint()
-    if task_changed(folder / ATTENTION_FILE, settings.for_cache("attention", fingerprint)):
-        log.warning("%s: the task (%s) changed since its analysis cache was written: recomputing", run.path,
-                    run.config.task_name)
 
-    def cached(name: str) -> dict[int, dict[str, Any]]:
-        return {r["step"]: r for r in load_records(folder / CACHE_FILES[name], settings.for_cache(name, fingerprint))}
+class SeriesAnalysis:
+    """One call of :func:`analyze_run`: the run, its task's prompt pairs, the cache's settings, and one model
+    per worker, each checkpoint's weights loaded into a free one. A pass computes, at each of its steps, the
+    analyses the cache lacks, and appends their records in step order."""
 
-    def compute(name: str, step: int, model: torch.nn.Module, fresh: dict[str, Any],
+    def __init__(self, run: Run, settings: AnalysisSettings, device: str, backend: str | None, workers: int,
+                 edges: bool, progress: bool) -> None:
+        self.run, self.settings, self.device, self.backend = run, settings, device, backend
+        self.workers, self.edges, self.progress = workers, edges, progress
+        self.task = task = run.task()
+        for capability, what in (("cue", "the analyses follow the cue"), ("pairs", "patching")):
+            if capability not in task.capabilities:
+                raise RunError(f"{run.path}: {task.missing(capability, what)}")
+        if has_interventions(run.config.train):
+            log.info("%s trained with interventions (plateauscope.runs.interventions): each checkpoint is analysed "
+                     "with them as they were at its step", run.path)
+        self.records = run.metrics()
+        self.tau = compute_tau(self.records, run.progress)
+        self.folder = analysis_dir(run.path)
+        self.pairs = prompt_pairs(task, settings.n_examples, settings.seed)
+        self.fingerprint = run.task_fingerprint()
+        if task_changed(self.folder / ATTENTION_FILE, settings.for_cache("attention", self.fingerprint)):
+            log.warning("%s: the task (%s) changed since its analysis cache was written: recomputing", run.path,
+                        run.config.task_name)
+        self.held: queue.SimpleQueue[torch.nn.Module | None] = queue.SimpleQueue()
+        for _ in range(workers):
+            self.held.put(None)
+
+    # ---- the plans ----------------------------------------------------------------------------
+
+    def plateau_start(self, chosen: list[int]) -> int:
+        """The plateau's first step (``summary.json``), or the first chosen step."""
+        return ((self.run.summary or {}).get("plateau_span") or [chosen[0]])[0]
+
+    def cheap_pass(self, chosen: list[int]) -> None:
+        """The cheap analyses at every chosen step, ``workers`` checkpoints side by side."""
+        self.run_pass({name: set(chosen) for name in CHEAP}, f"analyse {self.run.path.name} (cheap pass)", self.workers)
+
+    def full_plan(self, chosen: list[int], n_exact: int) -> dict[str, Any]:
+        """The exhaustive plan: the cheap pass, then the expensive one at ``n_exact`` evenly spaced steps and the
+        landmarks, and the faithful edge circuit at every chosen step."""
+        tau = self.tau
+        landmarks = [self.plateau_start(chosen)] + ([tau // 2, tau] if tau else [])
+        exact = set(exact_steps(chosen, n_exact, landmarks))
+        self.cheap_pass(chosen)
+        self.run_pass({**{name: exact for name in EXPENSIVE}, "edge_circuit": set(chosen)},
+                      f"analyse {self.run.path.name}")
+        return {"mode": "full", "steps": {str(s): ["exact step"] for s in sorted(exact)}}
+
+    def adaptive_plan(self, chosen: list[int], n_exact: int) -> dict[str, Any]:
+        """The cheap pass, then the expensive one at the landmarks it finds (``plateauscope.analysis.landmarks``),
+        head ablation at tau/2, and exact patching at the steps that narrow t_form by patch share."""
+        run, tau, records, name = self.run, self.tau, self.records, self.run.path.name
+        tau_lo = max((r["step"] for r in records if tau is not None and r["step"] < tau), default=None)
+        self.cheap_pass(chosen)
+        cache = load_analysis(run.path, self.settings)
+        rules_start = max(self.plateau_start(chosen), run.config.train.hide_cue_until or 0)
+        picked = landmark_steps(chosen, cache["attention"], cache["attribution"], records, run.progress.key,
+                                run.progress.cue_effect_key, run.progress.height, tau, tau_lo,
+                                (run.summary or {}).get("plateau_span"), rules_start, n_exact)
+        # The summary also reads head ablation at tau/2 (with the plateau start and the end): that
+        # analysis alone runs there, a sixth of the expensive pass.
+        half = nearest(chosen, tau // 2) if tau else None
+        ablated = set(picked) | ({half} if half is not None else set())
+        self.run_pass({**{name_: set(picked) for name_ in EXPENSIVE}, "ablation": ablated}, f"analyse {name} (landmarks)")
+        if half is not None:
+            picked.setdefault(half, []).append("tau/2 (head ablation only)")
+        # The patch-share rule reads the exact records, which exist at the landmarks only: bisect its
+        # bracket over the analysed steps until they are neighbours, so that t_form by that rule has the
+        # checkpoints' resolution (the cheap stand-in can be far off). A bisection step needs exact
+        # patching only, a tenth of the expensive pass.
+        for _ in range(MAX_BISECTIONS):
+            cache = load_analysis(run.path, self.settings)
+            bracket = summarize(run, cache, tau, records, self.settings.smooth)["t_form_rules"]["patch_share"][
+                "t_form_bracket"]
+            inner = [s for s in chosen if bracket and bracket[0] < s < bracket[1]]
+            if not inner:
+                break
+            middle = inner[len(inner) // 2]
+            picked.setdefault(middle, []).append("bisecting t_form by patch_share (exact patching only)")
+            self.run_pass({"patch": {middle}}, f"analyse {name} (step {middle})")
+        return {"mode": "adaptive", "steps": {str(s): why for s, why in sorted(picked.items())}}
+
+    def summary(self, plan: dict[str, Any], expensive: bool) -> dict[str, Any]:
+        """The run's summary of the cached analyses (``routing.json``, written), with the plan that made them."""
+        cache = load_analysis(self.run.path, self.settings)
+        if not expensive:  # the summary reads head patching: its cheap stand-in until the expensive pass
+            cache = {**cache, "patch": cache["attribution"]}
+        result = {**summarize(self.run, cache, self.tau, self.records, self.settings.smooth),
+                  "edges": edges_summary(cache["edges"], cache["edge_circuit"], cache["edge_exact"], tau=self.tau),
+                  "plan": plan, "settings": self.settings.to_dict(), "task": self.fingerprint}
+        write_json_result(self.folder / ROUTING_FILE, result)
+        (self.folder / LEGACY_ROUTING_FILE).unlink(missing_ok=True)  # an older analysis's summary, now replaced
+        return result
+
+    # ---- one pass -----------------------------------------------------------------------------
+
+    def cached(self, name: str) -> dict[int, dict[str, Any]]:
+        """The cached records of analysis ``name`` made with these settings, by step."""
+        key = self.settings.for_cache(name, self.fingerprint)
+        return {r["step"]: r for r in load_records(self.folder / CACHE_FILES[name], key)}
+
+    def compute(self, name: str, step: int, model: torch.nn.Module, fresh: dict[str, Any],
                 before: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
+        """The record of analysis ``name`` at ``step`` (``fresh``: this step's records computed so far;
+        ``before``: the cached ones, which some analyses reuse)."""
+        settings, task, pairs, targets = self.settings, self.task, self.pairs, self.settings.patch_targets
+
         def earlier(source: str) -> dict[str, Any] | None:  # this step's record of an analysis computed before
             return fresh.get(source) or before[source].get(step)
 
@@ -295,86 +388,36 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
                     ablate_each_head(model, task, k, settings.ablation_groups, settings.seed)).to_dict()
                 for k in ABLATION_KINDS}
 
-    # One model per worker for every pass, each checkpoint's weights loaded into a free one.
-    held: queue.SimpleQueue[torch.nn.Module | None] = queue.SimpleQueue()
-    for _ in range(workers):
-        held.put(None)
-
-    def run_pass(wanted: dict[str, set[int]], desc: str, side_by_side: int = 1) -> None:
-        # each step's missing analyses, in CACHE_FILES order, with its model loaded once; the steps
-        # side_by_side on worker threads, their records written here in step order
-        if not edges:
+    def run_pass(self, wanted: dict[str, set[int]], desc: str, side_by_side: int = 1) -> None:
+        """Each step's missing analyses of ``wanted`` (name -> steps), in :data:`CACHE_FILES` order, with its
+        model loaded once; the steps ``side_by_side`` on worker threads, their records written here in step
+        order."""
+        if not self.edges:
             wanted = {name: set() if name in EDGE_ANALYSES else todo for name, todo in wanted.items()}
-        before = {name: cached(name) for name in CACHE_FILES}
+        before = {name: self.cached(name) for name in CACHE_FILES}
         todo = sorted({s for name in wanted for s in wanted[name] - set(before[name])})
 
         def missing(step: int) -> list[str]:
             return [name for name in CACHE_FILES if step in wanted.get(name, ()) and step not in before[name]]
 
         def analyse(step: int) -> dict[str, Any]:
-            model = held.get()
+            model = self.held.get()
             try:
-                model = run.model(step, device, backend, reuse=model)
+                model = self.run.model(step, self.device, self.backend, reuse=model)
                 fresh: dict[str, Any] = {}
                 if {"attribution", "edges"} <= set(missing(step)):
                     # one clean forward and one corrupted forward and backward give both
-                    fresh["edges"], fresh["attribution"] = edge_and_attribution_records(model, pairs, targets)
+                    fresh["edges"], fresh["attribution"] = edge_and_attribution_records(
+                        model, self.pairs, self.settings.patch_targets)
                 for name in missing(step):
-                    fresh[name] = compute(name, step, model, fresh, before)
+                    fresh[name] = self.compute(name, step, model, fresh, before)
                 return fresh
             finally:
-                held.put(model)
+                self.held.put(model)
 
         for step, fresh in zip(todo, tqdm(thread_map(analyse, todo, side_by_side), total=len(todo), desc=desc,
-                                          disable=not progress, dynamic_ncols=True)):
+                                          disable=not self.progress, dynamic_ncols=True)):
             for name in missing(step):
-                append_records(folder / CACHE_FILES[name],
-                               [{"step": step, "settings": settings.for_cache(name, fingerprint), **fresh[name]}])
-
-    if full:
-        landmarks = [plateau_start] + ([tau // 2, tau] if tau else [])
-        exact = set(exact_steps(chosen, n_exact, landmarks))
-        plan = {"mode": "full", "steps": {str(s): ["exact step"] for s in sorted(exact)}}
-        run_pass({name: set(chosen) for name in CHEAP}, f"analyse {run.path.name} (cheap pass)", workers)
-        run_pass({**{name: exact for name in EXPENSIVE}, "edge_circuit": set(chosen)}, f"analyse {run.path.name}")
-    elif not expensive:
-        run_pass({name: set(chosen) for name in CHEAP}, f"analyse {run.path.name} (cheap pass)", workers)
-        plan = {"mode": "cheap", "steps": {}, "stand_in": "attribution patching stands in for exact patching"}
-    else:
-        run_pass({name: set(chosen) for name in CHEAP}, f"analyse {run.path.name} (cheap pass)", workers)
-        cache = load_analysis(run.path, settings)
-        rules_start = max(plateau_start, run.config.train.hide_cue_until or 0)
-        picked = landmark_steps(chosen, cache["attention"], cache["attribution"], records, run.progress.key,
-                                run.progress.cue_effect_key, run.progress.height, tau, tau_lo, plateau_span,
-                                rules_start, n_exact)
-        # The summary also reads head ablation at tau/2 (with the plateau start and the end): that
-        # analysis alone runs there, a sixth of the expensive pass.
-        half = nearest(chosen, tau // 2) if tau else None
-        ablated = set(picked) | ({half} if half is not None else set())
-        run_pass({**{name: set(picked) for name in EXPENSIVE}, "ablation": ablated},
-                 f"analyse {run.path.name} (landmarks)")
-        if half is not None:
-            picked.setdefault(half, []).append("tau/2 (head ablation only)")
-        # The patch-share rule reads the exact records, which exist at the landmarks only: bisect its
-        # bracket over the analysed steps until they are neighbours, so that t_form by that rule has the
-        # checkpoints' resolution (the cheap stand-in can be far off). A bisection step needs exact
-        # patching only, a tenth of the expensive pass.
-        for _ in range(MAX_BISECTIONS):
-            cache = load_analysis(run.path, settings)
-            bracket = summarize(run, cache, tau, records, settings.smooth)["t_form_rules"]["patch_share"]["t_form_bracket"]
-            inner = [s for s in chosen if bracket and bracket[0] < s < bracket[1]]
-            if not inner:
-                break
-            middle = inner[len(inner) // 2]
-            picked.setdefault(middle, []).append("bisecting t_form by patch_share (exact patching only)")
-            run_pass({"patch": {middle}}, f"analyse {run.path.name} (step {middle})")
-        plan = {"mode": "adaptive", "steps": {str(s): why for s, why in sorted(picked.items())}}
-    cache = load_analysis(run.path, settings)
-    if not expensive:  # the summary reads head patching: its cheap stand-in until the expensive pass
-        cache = {**cache, "patch": cache["attribution"]}
-    result = {**summarize(run, cache, tau, records, settings.smooth),
-              "edges": edges_summary(cache["edges"], cache["edge_circuit"], cache["edge_exact"], tau=tau),
-              "plan": plan, "settings": settings.to_dict(), "task": fingerprint}
-    write_json_result(folder / ROUTING_FILE, result)
-    (folder / LEGACY_ROUTING_FILE).unlink(missing_ok=True)  # an older analysis's summary, now replaced
-    return result
+                append_records(self.folder / CACHE_FILES[name],
+                               [{"step": step, "settings": self.settings.for_cache(name, self.fingerprint),
+                                 **fresh[name]}])

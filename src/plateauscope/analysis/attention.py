@@ -26,7 +26,7 @@ Only a task with a cue (capability ``cue``) has these.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,8 @@ from torch import Tensor
 from transformer_lens.utilities import get_act_name
 
 from plateauscope.analysis.prefix import activations
-from plateauscope.backend import Model
+from plateauscope.model.backend import Model
+from plateauscope.runs.run import Run
 from plateauscope.tasks.base import Task
 
 
@@ -92,6 +93,16 @@ def attention_patterns(
     names = [get_act_name("pattern", layer) for layer in range(model.cfg.n_layers)]
     cache = activations(model, tokens[:, :input_len].to(next(model.parameters()).device), names)
     return torch.stack([cache[n] for n in names], dim=1).float().cpu()
+
+
+def example_patterns(run: Run, step: int, examples: Sequence[int]
+                     ) -> tuple[list[list[str]], Float[Tensor, "N n_layers n_heads q k"]]:
+    """The model at ``step`` on the run's examples ``examples``: each one's input as token strings, and every
+    head's attention pattern on it (what the report's attention views show)."""
+    task = run.task()
+    tokens = task.tokens[list(examples)]
+    patterns = attention_patterns(run.model(step), tokens, task.input_len)
+    return [task.decode(row[: task.input_len]) for row in tokens], patterns
 
 
 def pattern_record(model: Model, task: Task, n_examples: int = 3, seed: int = 0) -> dict[str, Any]:
@@ -167,6 +178,6 @@ def attention_to_z(model: Model, task: Task, n_examples: int = 256, seed: int = 
 
 
 def head_table(values: Float[Tensor, "n_layers n_heads"]) -> tuple[list[list[Any]], list[str]]:
-    """Rows and header of a layers x heads table for ``plateauscope.cli.common.format_table``."""
+    """Rows and header of a layers x heads table for ``plateauscope.cli.text.tables.format_table``."""
     rows = [[f"L{layer}", *[float(v) for v in row]] for layer, row in enumerate(values.tolist())]
     return rows, ["layer", *[f"H{h}" for h in range(values.shape[1])]]

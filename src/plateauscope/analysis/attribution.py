@@ -55,7 +55,7 @@ from plateauscope.analysis.prefix import (
     forward_from,
     savers,
 )
-from plateauscope.backend import Model
+from plateauscope.model.backend import Model
 
 
 def site_contributions(

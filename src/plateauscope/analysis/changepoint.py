@@ -35,7 +35,7 @@ every 100 steps is read to within 100 steps (its bracket), one evaluated every 2
 
 The defaults (3 robust sd, 4 consecutive checkpoints, no smoothing, floor 0.001, at least 5
 baseline checkpoints) are chosen and their errors measured on simulated series with a known truth
-(``tests/test_changepoint.py``: steps, ramps and sigmoids of size 1, rising and falling, Gaussian
+(``tests/analysis/test_changepoint.py``: steps, ramps and sigmoids of size 1, rising and falling, Gaussian
 noise of sd 0.02 to 0.2, 200 series each). A step is found at its checkpoint in 99% of the series
 up to noise 0.1 (never more than one checkpoint off) and in 81% at 0.2; a ramp or sigmoid within 1-2
 checkpoints (median) of where its noise-free curve crosses the band, 3 at noise 0.2. False alarms on
@@ -102,13 +102,12 @@ from plateauscope.analysis.results import (
     MOVED_FIRST_FILE,
     PATCH_FILE,
     analysis_dir,
-    na,
     read_routing_summary,
     write_json_result,
 )
-from plateauscope.cli.common import format_table
-from plateauscope.training.metrics import compute_tau, plateau_span
-from plateauscope.training.run import METRICS_FILE, Run, RunError, read_json
+from plateauscope.model.heads import head_label
+from plateauscope.runs.metrics import compute_tau, plateau_span
+from plateauscope.runs.run import METRICS_FILE, Run, RunError, read_json
 
 MAD_TO_SD = 1.4826
 """The median absolute deviation times this estimates the standard deviation of normal noise (large n)."""
@@ -285,9 +284,6 @@ class Signal:
     """The head it follows (``L0H3``), for a per-head signal."""
 
 
-def _label(head: Sequence[int]) -> str:
-    return f"L{int(head[0])}H{int(head[1])}"
-
 
 def _parse_label(label: str) -> tuple[int, int] | None:
     if not (label.startswith("L") and "H" in label):
@@ -338,12 +334,12 @@ def attention_signals(attention: list[dict[str, Any]], head: tuple[int, int] | N
     out: dict[str, Signal] = {}
     if head is not None:
         out["attention:routing"] = Signal(steps, [float(g[head]) for g in grids], ATTENTION_FILE,
-                                          "the routing head's attention to the cue", _label(head))
+                                          "the routing head's attention to the cue", head_label(*head))
     top = divmod(int(np.nanargmax(grids[-1])), grids[-1].shape[1])
     if top != head:
         out["attention:top"] = Signal(steps, [float(g[top]) for g in grids], ATTENTION_FILE,
                                       "attention to the cue of the head that attends most to it at the end",
-                                      _label(top))
+                                      head_label(*top))
     out["attention:max"] = Signal(steps, [float(np.nanmax(g)) for g in grids], ATTENTION_FILE,
                                   "the largest attention to the cue over heads")
     for rule in attention[-1].get("rules") or {}:
@@ -352,7 +348,7 @@ def attention_signals(attention: list[dict[str, Any]], head: tuple[int, int] | N
         values = [float(np.asarray(r["rules"][rule], dtype=float)[at]) if rule in (r.get("rules") or {}) else None
                   for r in attention]
         out[f"attention[{rule}]:top"] = Signal(steps, values, ATTENTION_FILE, f"attention along the task's rule "
-                                               f"{rule!r} of the head that follows it most at the end", _label(at))
+                                               f"{rule!r} of the head that follows it most at the end", head_label(*at))
     return out
 
 
@@ -367,7 +363,7 @@ def share_signals(records: list[dict[str, Any]], head: tuple[int, int], name: st
     gated = gated_shares([sh["share"][head[0]][head[1]] for sh in shares], totals)
     return {f"{name}_share:routing": Signal(steps, gated, source, f"the routing head's share of the heads' summed "
                                             f"positive effect ({how}; 0 where the sum is below {SHARE_MIN_EFFECT:g} "
-                                            "of its last value)", _label(head)),
+                                            "of its last value)", head_label(*head)),
             f"{name}_total": Signal(steps, totals, source, f"the heads' summed positive effect towards the clean "
                                     f"answer ({how}; logits)")}
 
@@ -418,7 +414,7 @@ def llc_signals(run: Run, head: tuple[int, int] | None) -> dict[str, Signal]:
             index = {_parse_label(h): i for i, h in enumerate(heads)}
             if head in index:
                 out["head_llc:routing"] = Signal(steps, grid[:, index[head]].tolist(), HEAD_LLC_SUMMARY_FILE,
-                                                 "the routing head's weight-restricted LLC", _label(head))
+                                                 "the routing head's weight-restricted LLC", head_label(*head))
             change = np.abs(grid[-1] - grid[0])
             top = int(np.nanargmax(change)) if np.isfinite(change).any() else 0
             if _parse_label(heads[top]) != head:
@@ -539,7 +535,7 @@ def signal_order(signals: dict[str, dict[str, Any]]) -> list[str]:
 
 def ladder_stages(run: Run, tau: int) -> dict[str, Any] | None:
     """The ladder's reading of a run (``summary.json``'s ``ladder`` block,
-    ``plateauscope.training.references``): the plateau's stage beside the thresholds' verdict, the final
+    ``plateauscope.runs.references``): the plateau's stage beside the thresholds' verdict, the final
     stage, and the first step of each stage as a fraction of tau. None for a run without a ladder."""
     summary = run.summary or {}
     ladder = summary.get("ladder")
@@ -579,31 +575,3 @@ def moved_first(run_dir: str | Path, rule: ChangePointRule = ChangePointRule(), 
     if write:
         write_json_result(analysis_dir(run.path) / MOVED_FIRST_FILE, result)
     return result
-
-
-def moved_first_text(result: dict[str, Any]) -> str:
-    """The table of :func:`moved_first`: one line per signal in order (then the unread ones, with why),
-    then the other rules."""
-    rows, order, window = result["signals"], result["order"], result["baseline_window"]
-    body = []
-    for rank, name in enumerate(order, 1):
-        r = rows[name]
-        tie = any(rows[o]["step"] == r["step"] for o in order if o != name)
-        body.append([f"{rank}{'=' if tie else ''}", name, r["head"] or "", r["step"],
-                     f"({r['bracket'][0]}, {r['bracket'][1]}]", f"{r['fraction_of_tau']:.3f}", r["direction"],
-                     r["n_baseline"]])
-    lines = [f"{result['run']}: which signal moved first (tau {result['tau']}; from step {result['start']}"
-             f"{' (the cue released)' if result.get('release') else ' (the plateau start)'}, the plateau ending at "
-             f"{result['plateau_end']}; band from steps {window[0]}..{window[1]})",
-             f"rule: {result['rule_text']}",
-             format_table(body, ["rank", "signal", "head", "step", "bracket", "step / tau", "way", "baseline n"])]
-    lines += [f"not read: {name}{' (' + r['head'] + ')' if r['head'] else ''}: {r['note']}"
-              for name, r in rows.items() if r["step"] is None]
-    lines += [f"note: {n}" for n in result.get("notes", [])]
-    if result["alternatives"]:
-        lines.append("other rules (each its own; not comparable with the order above):")
-        lines.append(format_table(
-            [[name, na(a["step"], "{}"), na(a["fraction_of_tau"]), a["rule"]]
-             for name, a in result["alternatives"].items()],
-            ["rule", "step", "step / tau", "what"]))
-    return "\n".join(lines)

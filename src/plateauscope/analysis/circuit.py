@@ -63,10 +63,11 @@ from plateauscope.analysis.ablate import (
     n_scored_groups,
     near_height,
 )
-from plateauscope.analysis.intervals import mean_interval
 from plateauscope.analysis.inputs import PromptPairs
+from plateauscope.analysis.intervals import mean_interval
 from plateauscope.analysis.patch import PatchSpec, patch, patch_sweep
-from plateauscope.backend import Model
+from plateauscope.model.backend import Model
+from plateauscope.model.heads import head_label
 from plateauscope.tasks.base import Task
 
 SINGLE_HEAD_SHARE = 0.6
@@ -106,10 +107,6 @@ def stays(value: float | None, interval: list[float] | None, base: float, height
     high = interval[1] if interval is not None else value
     return high <= base + tol * height
 
-
-def head_label(layer: int, head: int) -> str:
-    """``L{layer}H{head}``."""
-    return f"L{layer}H{head}"
 
 
 def head_effects(heads_patch: dict[str, Any]) -> np.ndarray:
@@ -379,62 +376,3 @@ def circuit_summary(records: list[dict[str, Any]], head: tuple[int, int] | list[
                                                   "raw": rz["raw"], "corrupt_metric": rz["corrupt_metric"]}
             if rz else None,
             "series": steps}
-
-
-def reads_cue_text(c: dict[str, Any], head: tuple[int, int] | list[int]) -> str:
-    """The head's normalised patching effect at the z positions and the last ``<SEP>``, as text
-    (n/a when the task's cue moves between prompts)."""
-    rz = c["reads_cue"]
-    if rz is None:
-        return "n/a (the cue moves between prompts)"
-    layer, h = int(head[0]), int(head[1])
-    labels = rz.get("labels") or [str(p) for p in rz["positions"]]
-    vals = [row[h] for row in rz["normalised"][layer]]
-    return ", ".join(f"{lab} {'n/a' if v is None else f'{v:+.2f}'}" for lab, v in zip(labels, vals))
-
-
-def na_float(value: float | None) -> str:
-    """``value`` to 3 decimals, or n/a."""
-    return "n/a" if value is None else f"{value:.3f}"
-
-
-def interval_text(value: float | None, interval: list[float] | None) -> str:
-    """``value [low, high]`` to 3 decimals (the interval over the eval groups when there is one)."""
-    if value is None:
-        return "n/a"
-    return f"{value:.3f}" + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
-
-
-def format_circuit(c: dict[str, Any] | None, height: float, head: tuple[int, int] | list[int] | None = None,
-                   label: str = "candidate loss", height_label: str = "log K") -> list[str]:
-    """The circuit summary as text lines (``plateauscope analyze``), in the words of the task's
-    progress measure (``label`` against ``height_label``, the value ``height``)."""
-    if not c:
-        return ["circuit         n/a (no exact-patching steps)"]
-    ch = c["chosen"]
-
-    def cl(e: dict[str, Any]) -> str:
-        return interval_text(e["progress"], e.get("interval")) + (" (cue lost)" if e.get("loses_cue") else "")
-
-    others = ", ".join(f"{k} {cl(v)}" for k, v in ch["others"].items())
-    n80 = c["shares"]["n_for_80"]
-    suff = c.get("sufficiency")
-    kept = ([f"sufficiency     keeping only {', '.join(suff['kept'])} in {'its' if len(suff['kept']) == 1 else 'their'} "
-             f"layer{'' if len(suff['kept']) == 1 else 's'}: {label} {interval_text(suff['progress'], suff.get('interval'))} "
-             f"against {na_float(suff['base'])} unablated: "
-             + {True: "sufficient", False: "not sufficient", None: "not tested (no other head in their layers)"}[
-                 suff["sufficient"]]]
-            if suff else [])
-    each = c.get("cover_each_alone_suffices") or {}
-    return [f"circuit verdict {c['verdict']}" + (f": {', '.join(c['heads'])}" if c["heads"] else "")
-            + f"  (step {c['step']}; top head {c['top']} holds {c['top_share']:.0%} of all heads' effect, "
-              f"{c['top_layer_share']:.0%} of its layer's; {n80} head{'' if n80 == 1 else 's'} hold{'s' if n80 == 1 else ''} 80%)",
-            f"{ch['kind']} ablation  base {cl(ch['base'])}; chosen alone {cl(ch['alone'])}, its layer {cl(ch['layer'])}, "
-            f"layer but it {cl(ch['layer_but'])}; others alone: {others}  ({label} [95% t interval over the eval "
-            f"groups]; {height_label} = {height:.3f}; cue lost: within 25% of {height_label})",
-            f"necessary       heads whose ablation alone loses the cue: {', '.join(c['necessary']) or 'none'}; "
-            f"the 80% heads ablated together: {interval_text(c['cover_ablated_progress'], c.get('cover_ablated_interval'))}"
-            + (f"; each alone keeps the unablated value: {', '.join(k + (' yes' if v else ' no') for k, v in each.items())}"
-               if each else "")] + kept + (
-        [f"reads the cue   {head_label(*head)} output patched at one position (normalised): {reads_cue_text(c, head)}"]
-        if head is not None else [])

@@ -19,7 +19,8 @@ from jaxtyping import Bool, Float
 from torch import Tensor
 
 from plateauscope.analysis.results import strict_json
-from plateauscope.backend import Model
+from plateauscope.model.backend import Model
+from plateauscope.model.heads import head_label
 
 NORMALISE_EPS = 1e-6
 """Below this |clean - corrupt| gap the normalised effects are NaN."""
@@ -162,9 +163,9 @@ def patch_spec(model: Model, target: str, n_pos: int) -> PatchSpec:
 def component_label(target: str, index: tuple[int, ...], pos_names: list[str]) -> str:
     """E.g. ``L0H3``, ``L0H3@z1``, ``resid_pre L1@SEP``, ``mlp_out L2``."""
     if target == "heads":
-        return f"L{index[0]}H{index[1]}"
+        return head_label(index[0], index[1])
     if target == "heads_by_pos":
-        return f"L{index[0]}H{index[2]}@{pos_names[index[1]]}"
+        return f"{head_label(index[0], index[2])}@{pos_names[index[1]]}"
     hook = HOOK[target]
     if target.endswith("_layer"):
         return f"{hook} L{index[0]}"

@@ -73,9 +73,10 @@ from plateauscope.analysis.prefix import (
     forward_from,
     savers,
 )
-from plateauscope.analysis.results import median, na
-from plateauscope.backend import Model, hooked_parameters, shares_prefixes
-from plateauscope.training.fused import layer_norm
+from plateauscope.analysis.results import median
+from plateauscope.model.backend import Model, hooked_parameters, shares_prefixes
+from plateauscope.model.fused import layer_norm
+from plateauscope.model.heads import head_label
 
 HEAD_INPUTS = ("q", "k", "v")
 """The three receivers of a head, in the order of :attr:`EdgeGraph.receivers`."""
@@ -87,10 +88,6 @@ runs costs a forward of these; the ranking it searches comes from all the pairs)
 MAX_BATCH = 4096
 """Sequences per forward pass when several patches run side by side (copies of the prompt set)."""
 
-
-def head_node(layer: int, head: int) -> str:
-    """The node id of a head, e.g. ``L0H1`` (as in the rest of the toolkit's head labels)."""
-    return f"L{layer}H{head}"
 
 
 def first_pairs(pairs: PromptPairs, n: int) -> PromptPairs:
@@ -117,7 +114,7 @@ class EdgeGraph:
         """``(node id, rank)`` in forward order; a sender is upstream of a receiver of lower rank."""
         out = [("embed", -1)]
         for layer in range(self.n_layers):
-            out += [(head_node(layer, h), 2 * layer) for h in range(self.n_heads)]
+            out += [(head_label(layer, h), 2 * layer) for h in range(self.n_heads)]
             out += [(f"MLP{layer}", 2 * layer + 1)] if self.has_mlp else []
         return out
 
@@ -126,7 +123,7 @@ class EdgeGraph:
         """``(node id, input, rank)``: input ``q`` / ``k`` / ``v`` of a head, ``mlp`` or ``logits``."""
         out = []
         for layer in range(self.n_layers):
-            out += [(head_node(layer, h), x, 2 * layer) for h in range(self.n_heads) for x in HEAD_INPUTS]
+            out += [(head_label(layer, h), x, 2 * layer) for h in range(self.n_heads) for x in HEAD_INPUTS]
             out += [(f"MLP{layer}", "mlp", 2 * layer + 1)] if self.has_mlp else []
         return out + [("logits", "logits", 2 * self.n_layers)]
 
@@ -145,7 +142,7 @@ class EdgeGraph:
         """Every node with its kind, layer (embeddings -1, logits ``n_layers``) and head (or None)."""
         out: list[dict[str, Any]] = [{"id": "embed", "kind": "embed", "layer": -1, "head": None}]
         for layer in range(self.n_layers):
-            out += [{"id": head_node(layer, h), "kind": "head", "layer": layer, "head": h} for h in range(self.n_heads)]
+            out += [{"id": head_label(layer, h), "kind": "head", "layer": layer, "head": h} for h in range(self.n_heads)]
             out += [{"id": f"MLP{layer}", "kind": "mlp", "layer": layer, "head": None}] if self.has_mlp else []
         return out + [{"id": "logits", "kind": "logits", "layer": self.n_layers, "head": None}]
 
@@ -243,7 +240,7 @@ def _sender_hooks(model: Model, graph: EdgeGraph, out: dict[int, Tensor]) -> lis
         def save(z: Tensor, hook) -> None:  # [batch, pos, head, d_head] -> each head's output
             result = torch.einsum("bphd,hdm->hbpm", z, model.blocks[layer].attn.W_O)
             for h in range(graph.n_heads):
-                out[index[head_node(layer, h)]] = result[h]
+                out[index[head_label(layer, h)]] = result[h]
         return save
 
     def mlp(layer: int) -> Callable:
@@ -267,7 +264,7 @@ def _receiver_hook_names(graph: EdgeGraph) -> list[tuple[str, list[int]]]:
     for layer in range(graph.n_layers):
         for x in HEAD_INPUTS:
             out.append((get_act_name(f"{x}_input", layer),
-                        [index[(head_node(layer, h), x)] for h in range(graph.n_heads)]))
+                        [index[(head_label(layer, h), x)] for h in range(graph.n_heads)]))
         if graph.has_mlp:
             out.append((get_act_name("mlp_in", layer), [index[(f"MLP{layer}", "mlp")]]))
     return out + [(get_act_name("resid_post", graph.n_layers - 1), [index[("logits", "logits")]])]
@@ -705,40 +702,3 @@ def edges_summary(records: list[dict[str, Any]], circuit_records: list[dict[str,
                              "max_abs_err": max((a["max_abs_err"] for a in late), default=None),
                              "n_edges": max((len(a["edges"]) for a in late), default=0)},
     }
-
-
-def stability(s: dict[str, Any], tau: int | None) -> str:
-    """Words for when the circuit settles, from :func:`edges_summary`."""
-    if s["stable_from"] is not None:
-        return f"stable (Jaccard >= {STABLE_JACCARD} with the last) from step {s['stable_from']}"
-    at_tau = None
-    if tau is not None:
-        known = [(step, j) for step, j in s["jaccard_to_last"][:-1] if j is not None]
-        at_tau = min(known, key=lambda sj: abs(sj[0] - tau))[1] if known else None
-    return (f"not stable before the last step (Jaccard with the last below {STABLE_JACCARD}"
-            + (f"; {at_tau:.2f} at tau)" if at_tau is not None else ")"))
-
-
-def format_edges(s: dict[str, Any] | None, t_form: int | None, tau: int | None) -> list[str]:
-    """Text lines of :func:`edges_summary` for ``plateauscope analyze``."""
-    if not s:
-        return []
-    lines = []
-    last = s["final_circuit"]
-    if last:
-        lines.append(f"edge circuit    {last['size']} of {s['n_edges']} edges recover {last['faithfulness']:.2f} of the "
-                     f"metric at step {s['final_step']} (target {last['target']}); {stability(s, tau)} "
-                     f"(t_form {na(t_form, '{}')}, tau {na(tau, '{}')})"
-                     + ("; faithfulness is not monotone in k (fewer edges can reach the target than more)"
-                        if last.get("monotone") is False else ""))
-        lines.append(f"strongest edges {'; '.join(last['strongest'])}")
-    a = s["agreement"]
-    if a["steps"]:
-        lines.append(f"edge attribution vs exact (top {a['n_edges']} edges, {a['steps']} steps): Spearman median "
-                     f"{na(a['spearman_median'])} (min {na(a['spearman_min'])}), max |error| {a['max_abs_err']:.3f} logits")
-    b = s.get("sample_agreement") or {}
-    if b.get("steps"):
-        lines.append(f"edge attribution vs exact ({b['n_edges']} random edges outside the top, {b['steps']} steps from "
-                     f"tau/2): Spearman median {na(b['spearman_median'])} (min {na(b['spearman_min'])}), "
-                     f"max |error| {b['max_abs_err']:.3f} logits")
-    return lines

@@ -32,7 +32,7 @@ Smoothing is an explicit option (``smooth``, default 1 = none): a centred moving
 many points (shrinking at the ends), applied to every series before its rule, and recorded with
 the result.
 
-tau comes from ``metrics.jsonl`` (``plateauscope.training.metrics.compute_tau``), bracketed by the previous
+tau comes from ``metrics.jsonl`` (``plateauscope.runs.metrics.compute_tau``), bracketed by the previous
 evaluation step. The lead fraction is ``(tau - t_form) / tau`` (the paper: about 0.5); its
 bracket is the range it takes over both brackets. Positive: the head forms before the drop.
 """

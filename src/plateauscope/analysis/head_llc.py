@@ -8,9 +8,9 @@ whole-model LLC) moves only the weights of one head, every other weight held at 
     LLC(head) = nbeta (E_chain[L(w)] - L(w*)),   w = w* outside the head's weights
 
 A head's weights (:data:`PARTS`) are its slices, along the head dimension, of ``W_Q``, ``b_Q``, ``W_K``,
-``b_K`` (where it looks: ``plateauscope.training.interventions.HEAD_WEIGHTS['qk']``) and ``W_V``,
+``b_K`` (where it looks: ``plateauscope.runs.interventions.HEAD_WEIGHTS['qk']``) and ``W_V``,
 ``b_V``, ``W_O`` (what it carries: ``HEAD_WEIGHTS['ov']``), found through the backend's views of the
-parameters in HookedTransformer's layout (``plateauscope.backend.hooked_parameters``), so the same
+parameters in HookedTransformer's layout (``plateauscope.model.backend.hooked_parameters``), so the same
 slices are restricted on both backends. ``b_O`` is shared by the layer's heads and stays fixed. The
 restriction is a boolean mask per parameter, applied by devinterp's own ``mask`` (the default), or by
 ours (``restriction="restore"``: every weight outside the mask copied back after each step); the two
@@ -81,7 +81,6 @@ from plateauscope.analysis.results import (
     analysis_dir,
     append_records,
     load_records,
-    na,
     pick_steps,
     read_routing_summary,
     strict_json,
@@ -90,14 +89,15 @@ from plateauscope.analysis.results import (
     write_json_result,
     writes_cache,
 )
-from plateauscope.backend import Model, hooked_parameters
+from plateauscope.model.backend import Model, hooked_parameters
+from plateauscope.model.fused import fused_logits, unsupported_reason
+from plateauscope.model.heads import head_label, parse_head_label
+from plateauscope.model.loss import fused_loss
 from plateauscope.processes import available_cores, spawn_pool
+from plateauscope.runs.interventions import HEAD_WEIGHTS, Interventions, has_interventions
+from plateauscope.runs.metrics import compute_tau
+from plateauscope.runs.run import Run, RunError
 from plateauscope.tasks.base import Task
-from plateauscope.training.fused import fused_logits, unsupported_reason
-from plateauscope.training.interventions import HEAD_WEIGHTS, Interventions, has_interventions
-from plateauscope.training.metrics import compute_tau
-from plateauscope.training.run import Run, RunError
-from plateauscope.training.train import fused_loss
 
 HEAD_LLC_SETTINGS = LLCSettings(num_chains=1, num_draws=300, num_burnin_steps=10, batch_size=16, lr=1e-3,
                                 localization=300.0, nbeta=100.0)
@@ -125,20 +125,6 @@ FORWARDS: tuple[str, ...] = ("fused", "hooked")
 # ---- heads and their weights --------------------------------------------------------------
 
 
-def head_label(layer: int, head: int) -> str:
-    """``L{layer}H{head}``."""
-    return f"L{layer}H{head}"
-
-
-def parse_head_label(label: str, n_layers: int, n_heads: int) -> tuple[int, int]:
-    """``"L0H1"`` (or ``"0.1"``) as (layer, head); a one-line ValueError for a head the model lacks."""
-    text = str(label).strip().upper()
-    layer, sep, head = text[1:].partition("H") if text.startswith("L") else text.partition(".")
-    if not sep or not layer.isdigit() or not head.isdigit():
-        raise ValueError(f"head {label!r}: write heads as L0H1 (or 0.1)")
-    if int(layer) >= n_layers or int(head) >= n_heads:
-        raise ValueError(f"head {label} does not exist: the model has {n_layers} layer(s) of {n_heads} heads")
-    return int(layer), int(head)
 
 
 def head_weight_names(layer: int, part: str | tuple[str, ...] = "head") -> tuple[str, ...]:
@@ -158,7 +144,7 @@ def head_weight_names(layer: int, part: str | tuple[str, ...] = "head") -> tuple
 def head_masks(model: Model, layer: int, head: int, part: str | tuple[str, ...] = "head") -> list[Bool[Tensor, "..."]]:
     """One boolean mask per ``model.parameters()`` (in that order): True on head ``head`` of ``layer``'s
     weights of ``part`` (:func:`head_weight_names`), found through the backend's HookedTransformer-layout views of the parameters
-    (``plateauscope.backend.hooked_parameters``; on the bridge they are views of fused tensors)."""
+    (``plateauscope.model.backend.hooked_parameters``; on the bridge they are views of fused tensors)."""
     names = head_weight_names(layer, part)
     probe = copy.deepcopy(model)
     for p in probe.parameters():
@@ -618,36 +604,3 @@ def head_llc_series(run_dir: str | Path, steps: list[int] | None = None, every: 
     }
     write_json_result(analysis_dir(run.path) / HEAD_LLC_SUMMARY_FILE, result)
     return result
-
-
-def format_head_summary(s: dict[str, Any]) -> str:
-    """The per-head summary as a compact table (heads x steps) and a few lines."""
-    steps, heads = s["steps"], s["heads"]
-    shown = steps if len(steps) <= 8 else [steps[i] for i in np.linspace(0, len(steps) - 1, 8).round().astype(int)]
-    idx = [steps.index(x) for x in shown]
-    tags = {lab: name for name, lab in s.get("marked", {}).items()}
-    lines = [f"per-head LLC ({s['part']}: {', '.join(s['weights'])}) at {len(steps)} checkpoints "
-             f"({steps[0]}..{steps[-1]}), {len(heads)} heads; settings {s['settings']}",
-             f"{'head':<6}{'cluster':>8}" + "".join(f"{x:>9}" for x in shown) + "  marked"]
-    for j, lab in enumerate(heads):
-        lines.append(f"{lab:<6}{s['clusters']['cluster'][j]:>8}" + "".join(f"{s['llc'][i][j]:>9.2f}" for i in idx)
-                     + (f"  {tags[lab]}" if lab in tags else ""))
-    lines.append(f"  stationary chains at {sum(map(sum, s['stationary']))}/{len(steps) * len(heads)} (step, head) "
-                 f"pairs (max |drift| {s['max_abs_drift']:.2f}, allowed {s['settings']['max_drift']}); weights "
-                 f"outside the head moved by at most {s['frozen_max_change']:g}")
-    for c in s["calibration"]:
-        worst = int(np.argmax(c["change"]))
-        lines.append(f"  doubled draws at step {c['step']}: largest change {100 * c['max_change']:.1f}% "
-                     f"({heads[worst]}: {c['llc'][worst]:.2f} -> {c['llc_doubled'][worst]:.2f}; relative to at least "
-                     f"{STABILITY_FLOOR}), allowed {100 * s['settings']['max_rel_change']:.0f}%: "
-                     f"{'stable' if c['stable'] else 'NOT stable'}")
-    cl = s["clusters"]
-    lines.append(f"  {cl['n_clusters']} clusters ({cl['method']}): "
-                 + "; ".join(f"{i}: {' '.join(m)}" for i, m in cl["members"].items()))
-    for name, m in cl["marked"].items():
-        lines.append(f"  {name} head {m['head']}: cluster {m['cluster']} ({' '.join(m['cluster_members'])}): "
-                     f"{'apart from the other heads' if m['apart'] else 'shared with unmarked heads'}")
-    if not cl["marked"]:
-        lines.append("  no marked heads (run plateauscope analyze first to mark the routing heads)")
-    lines.append(f"  tau {na(s['tau'], '{}')}, t_form {na(s['t_form'], '{}')}; wall time {s['seconds']:.1f} s")
-    return "\n".join(lines)

@@ -84,8 +84,8 @@ from plateauscope.analysis.results import (
     settings_key,
     with_task,
 )
+from plateauscope.runs.run import Run, RunError
 from plateauscope.tasks.base import Task
-from plateauscope.training.run import Run, RunError
 
 log = logging.getLogger(__name__)
 
@@ -277,37 +277,3 @@ def analyze_series(run_dir: str | Path, steps: Sequence[int] | None = None, *, k
 
 
 # ---- text and the CLI --------------------------------------------------------------------------
-
-
-def _pm(s: dict[str, Any], fmt: str = "{:.4g}") -> str:
-    if s["mean"] is None:
-        return "n/a"
-    return f"{fmt.format(s['mean'])} +- {fmt.format(s['std'])} [{fmt.format(s['min'])}, {fmt.format(s['max'])}]"
-
-
-def format_record(r: dict[str, Any]) -> str:
-    """A readable summary of one checkpoint's geometry."""
-    sp, st, nz = r["spectrum"], r["stability"], r["noise"]
-    flag = lambda p: "" if p["converged"] else "  FLAGGED"  # noqa: E731
-    top = ", ".join(f"{p['value']:.4g}" + ("*" if not p["converged"] else "") for p in sp["top"])
-    lines = [f"step {r['step']}: {r['n_params']} parameters, batch {r['batch']}, loss {r['batch_loss']:.4f}, "
-             f"|grad| {r['grad_norm']:.4g}, {sp['n_iter']} Lanczos steps, {r['n_hvp']} HVPs, {r['wall_s']:.1f} s",
-             f"  top-{len(sp['top'])} eigenvalues: {top}   (* = residual above tol {sp['tol']:g})",
-             f"  lambda_max {sp['top'][0]['value']:.5g} (rel residual {sp['top'][0]['rel_residual']:.1e}){flag(sp['top'][0])}"]
-    for i, p in enumerate(sp["bottom"]):
-        lines.append(f"  bottom[{i}]  {p['value']:+.5g} (residual {p['residual']:.2e}, rel {p['rel_residual']:.1e})"
-                     f"{flag(p)}")
-    lines += [f"  over {st['n_batches']} Hessian batches (seeds {st['seeds']}): lambda_max {_pm(st['lambda_max'])}; "
-              f"lambda_min {_pm(st['lambda_min'])}; lambda_min < 0 in {st['frac_lambda_min_negative']:.0%}"
-              f"{'' if st['all_converged'] else '  (some batches FLAGGED)'}"]
-    for name, e in r["escape"].items():
-        key = f"anisotropy_{name}"
-        lines.append(f"  escape {name:<12}: curvature {e['curvature']:+.4g}, anisotropy lambda_max/|curv| "
-                     f"{e['anisotropy']:.4g} (batches: {_pm(st[key])}), overlap with top-k {e['overlap_topk']:.3g}")
-    lines.append(f"  gradient noise ({nz['n_examples']} examples): share in top-{len(sp['top'])} "
-                 f"{nz['share_topk']:.3g} (isotropic {nz['isotropic_topk']:.2g}, x{nz['enrichment_topk']:.3g})"
-                 + "".join(f"; along {n} {nz[f'share_{n}']:.3g} (isotropic {nz['isotropic_one']:.2g}, "
-                           f"x{nz[f'enrichment_{n}']:.3g})" for n in r["escape"]))
-    if r.get("grad_share_topk") is not None:
-        lines.append(f"  batch gradient: share in top-{len(sp['top'])} {r['grad_share_topk']:.3g}")
-    return "\n".join(lines)

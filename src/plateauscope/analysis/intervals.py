@@ -4,7 +4,7 @@ A percentile bootstrap over a handful of seeds does not have the coverage it nam
 its "95% interval" of a mean is the range of the two, which covers the true mean about half the
 time; over three seeds the percentile interval of a median covers about 75%. The intervals here
 have a stated coverage at every n, checked on simulated data with a known truth
-(``tests/test_intervals.py``):
+(``tests/analysis/test_intervals.py``):
 
 * the mean of n >= 3 values: Student's t interval (exact for normal data);
 * a ratio of two conditions (n >= 3 each): a t interval on the difference of mean logs, with

@@ -32,19 +32,22 @@ reasons it was picked, which ``routing.json`` keeps. (The summary also reads hea
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from plateauscope.analysis import formation
-
+from plateauscope.runs.files import RunError
 
 DEFAULT_BUDGET = 7
 """Steps of the expensive pass by default: the landmarks that are always picked, on the selector task."""
 
 
-def nearest(steps: list[int], target: int) -> int:
-    """The step of ``steps`` nearest ``target`` (the earlier on a tie)."""
+def nearest(steps: Sequence[int], target: float | int) -> int:
+    """The step of ``steps`` nearest ``target`` (the earlier on a tie); a one-line RunError without steps."""
+    if not steps:
+        raise RunError("the run has no checkpoints")
     return min(steps, key=lambda s: (abs(s - target), s))
 
 

@@ -55,15 +55,14 @@ from plateauscope.analysis.results import (
     analysis_dir,
     cached_series,
     load_records,
-    na,
     pick_steps,
     read_routing_summary,
     with_task,
     write_json_result,
 )
+from plateauscope.runs.metrics import compute_tau
+from plateauscope.runs.run import Run, RunError, read_jsonl
 from plateauscope.tasks.base import Task
-from plateauscope.training.metrics import compute_tau
-from plateauscope.training.run import Run, RunError, read_jsonl
 
 log = logging.getLogger(__name__)
 
@@ -446,22 +445,3 @@ def llc_series(run_dir: str | Path, steps: list[int] | None = None, every: int =
     }
     write_json_result(analysis_dir(run.path) / LLC_SUMMARY_FILE, result)
     return result
-
-
-def format_summary(s: dict[str, Any]) -> str:
-    """The series summary as a few plain lines."""
-    lines = [f"LLC at {len(s['steps'])} checkpoints ({s['steps'][0]}..{s['steps'][-1]}), settings {s['settings']}"]
-    for name, at in s["at"].items():
-        if at:
-            lines.append(f"  {name:<14} step {at['step']:>6}: LLC {at['llc']:.2f}")
-    lines.append(f"  LLC half-change step {na(s['llc_half_change_step'], '{}')}; t_form {na(s['t_form'], '{}')} "
-                 f"({s['routing_head'] or 'no routing.json'}); tau {na(s['tau'], '{}')}")
-    lines.append(f"  stationary chains at {sum(s['stationary'])}/{len(s['stationary'])} checkpoints "
-                 f"(max |drift| {s['max_abs_drift']:.2f}, allowed {s['settings']['max_drift']})")
-    c = s["calibration"]
-    if c:
-        lines.append(f"  doubled draws at step {c['step']}: LLC {c['llc']:.2f} -> {c['llc_doubled']:.2f} "
-                     f"(change {100 * c['rel_change']:.1f}%, allowed {100 * s['settings']['max_rel_change']:.0f}%): "
-                     f"{'stable' if c['stable'] else 'NOT stable'}")
-    lines.append(f"  wall time {s['seconds']:.1f} s")
-    return "\n".join(lines)

@@ -56,7 +56,6 @@ from transformer_lens.utilities import get_act_name
 from plateauscope.analysis.components import (
     PatchResult,
     PatchSpec,
-    component_label,
     normalise,
     patch_spec,
 )
@@ -68,8 +67,7 @@ from plateauscope.analysis.prefix import (
     forward_from,
     suffix_run,
 )
-from plateauscope.backend import Model
-from plateauscope.cli.common import format_table
+from plateauscope.model.backend import Model
 
 PairMetric = Callable[[Float[Tensor, "N vocab"], PromptPairs], Float[Tensor, " N"]]
 """A patching metric: the prediction position's logits of N prompts -> one value per pair."""
@@ -215,34 +213,3 @@ def patch_mlp_out(model: Model, pairs: PromptPairs, by_pos: bool = True, **kw) -
 
 
 # ---------------------------------------------------------------------------------------- CLI
-
-
-def _score(res: PatchResult) -> Tensor:
-    """What tables show: normalised when the gap can carry shares, else the raw effect in logits."""
-    return res.effect if res.gap_problem else res.normalised
-
-
-def format_result(res: PatchResult, pos_names: list[str], top: int) -> str:
-    """A grid (layers x heads / positions) for 2-D results and the top components by |effect|."""
-
-    problem = res.gap_problem
-    unit = "raw effect, logits" if problem else "normalised (1 = clean, 0 = corrupted)"
-    lines = [f"{res.method} patching of {res.target}, {res.n_pairs} pairs: "
-             f"clean metric {res.clean_metric:+.4f}, corrupted {res.corrupt_metric:+.4f}"]
-    if problem:
-        lines.append(f"warning: {problem}; nothing is normalised by it, raw effects shown")
-    score = _score(res)
-    if score.dim() == 2:
-        cols = [f"H{h}" for h in range(score.shape[1])] if res.axes[1] == "head" else pos_names[: score.shape[1]]
-        rows = [[f"L{l}", *map(float, score[l])] for l in range(score.shape[0])]
-        lines += ["", f"{unit}:", format_table(rows, ["layer", *cols])]
-    flat = score.flatten()
-    order = torch.argsort(flat.abs().nan_to_num(-1.0), descending=True)[:top]
-    rows = []
-    for i in order.tolist():
-        idx = tuple(int(x) for x in torch.unravel_index(torch.tensor(i), score.shape))
-        rows.append([component_label(res.target, idx, pos_names), float(flat[i]),
-                     float(res.raw.flatten()[i])])
-    col = "effect (logits)" if problem else "normalised"
-    lines += ["", f"top {len(rows)} by |effect|:", format_table(rows, ["component", col, "patched metric"])]
-    return "\n".join(lines)

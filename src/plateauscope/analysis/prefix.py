@@ -7,13 +7,13 @@ causal, so every activation at those positions is identical in the two runs, at 
 A run of the corrupted prompts therefore only has to compute the positions from there on,
 reading the keys and values of the earlier positions from the clean run
 (``TransformerLensKeyValueCacheEntry``, frozen); and a run that changes activations only
-from layer ``l`` and position ``s`` on can start there (:func:`plateauscope.training.hooked_forward.run_blocks`
+from layer ``l`` and position ``s`` on can start there (:func:`plateauscope.model.hooked_forward.run_blocks`
 on the cached residual stream: HookedTransformer's own ``forward(..., start_at_layer=l)``, or the
 same blocks through the bridge's hook points), with the keys and values of the positions before
 ``s`` taken from the run it modifies. Only the prediction position's logits are read, so only
 that position is unembedded.
 
-Both backends run this way (:func:`plateauscope.backend.shares_prefixes`, the one place the choice
+Both backends run this way (:func:`plateauscope.model.backend.shares_prefixes`, the one place the choice
 is made). Any other model (the tests' plain-torch reference) runs every position from layer 0
 with the same hooks (:func:`forward_from`, :func:`cached_run`, :func:`suffix_run`): exact, just
 slower. The hooks therefore see the positions from ``start`` (prefix sharing) or all of them (full
@@ -36,8 +36,8 @@ from transformer_lens.cache.key_value_cache_entry import (
 )
 from transformer_lens.utilities import get_act_name
 
-from plateauscope.backend import Model, hooks_added, shares_prefixes
-from plateauscope.training.hooked_forward import embed_at, run_blocks
+from plateauscope.model.backend import Model, hooks_added, shares_prefixes
+from plateauscope.model.hooked_forward import embed_at, run_blocks
 
 Hook = tuple[str, Callable]
 

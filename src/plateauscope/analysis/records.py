@@ -50,7 +50,7 @@ class PatchingAtStep:
 
 
 @dataclass(frozen=True)
-class HeadAblation:
+class AblationOfEachHead:
     """Each head ablated alone at one step (one kind: ``zero`` or ``mean``)."""
 
     kind: str
@@ -65,7 +65,7 @@ class HeadAblation:
 @dataclass(frozen=True)
 class AblationAtStep:
     step: int
-    kinds: dict[str, HeadAblation]
+    kinds: dict[str, AblationOfEachHead]
     """``zero`` / ``mean`` -> the per-head ablation."""
 
 
@@ -174,15 +174,15 @@ CACHE_METRIC_NAMES = {"candidate_loss": "progress", "delta_z": "cue_effect"}
 names in the typed records: the task's progress measure and its cue effect."""
 
 
-def _head_ablation(r: dict[str, Any]) -> HeadAblation:
+def _ablation_of_each_head(r: dict[str, Any]) -> AblationOfEachHead:
     metrics = [k for k in r if k not in ("kind", "n_groups", "base") and not k.startswith("d_")]
     name = lambda m: CACHE_METRIC_NAMES.get(m, m)  # noqa: E731
-    return HeadAblation(r["kind"], {name(k): v for k, v in r["base"].items()}, {name(m): _array(r[m]) for m in metrics},
+    return AblationOfEachHead(r["kind"], {name(k): v for k, v in r["base"].items()}, {name(m): _array(r[m]) for m in metrics},
                         {name(m): _array(r[f"d_{m}"]) for m in metrics if f"d_{m}" in r})
 
 
 def _ablation(r: dict[str, Any]) -> AblationAtStep:
-    return AblationAtStep(r["step"], {k: _head_ablation(v) for k, v in r.items()
+    return AblationAtStep(r["step"], {k: _ablation_of_each_head(v) for k, v in r.items()
                                       if isinstance(v, dict) and "kind" in v})
 
 

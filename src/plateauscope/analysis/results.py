@@ -7,7 +7,7 @@ and :func:`load_records` returns only the records whose settings match the ones 
 call with other settings recomputes instead of silently reusing. Records with other settings
 stay in the file (keeping both costs a few kilobytes, and switching back is free).
 
-Files are written atomically (a temporary file, then one rename: ``plateauscope.training.run.atomic_write``),
+Files are written atomically (a temporary file, then one rename: ``plateauscope.runs.run.atomic_write``),
 so a killed analysis never leaves a torn record behind; appending rewrites the file that way.
 Records are strict JSON: NaN and infinities become ``null`` (:func:`strict_json`). One process writes a
 run's caches at a time (:func:`writes_cache`, a lock file in ``RUN/analysis/``); readers take no lock.
@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from plateauscope.training.files import ANALYSIS_DIR, LOCK_FILE, ROUTING_FILE, writer_lock
-from plateauscope.training.run import (
+from plateauscope.runs.files import ANALYSIS_DIR, LOCK_FILE, ROUTING_FILE, writer_lock
+from plateauscope.runs.run import (
     Run,
     RunError,
     read_jsonl,
@@ -180,13 +180,13 @@ def load_records(path: Path, settings: Mapping[str, Any] | None = None) -> list[
 
 
 def with_task(run_dir: str | Path, settings: Mapping[str, Any]) -> dict[str, Any]:
-    """``settings`` with the run's task (``plateauscope.training.run.Run.task_fingerprint``): the key of a cache's records."""
+    """``settings`` with the run's task (``plateauscope.runs.run.Run.task_fingerprint``): the key of a cache's records."""
     return {**settings, "task": Run(run_dir).task_fingerprint()}
 
 
 def task_changed(path: Path, key: Mapping[str, Any]) -> bool:
     """Whether the cache file ``path`` holds records of the settings ``key`` (which names the run's
-    task, ``plateauscope.training.run.Run.task_fingerprint``) made by another version of the task, or
+    task, ``plateauscope.runs.run.Run.task_fingerprint``) made by another version of the task, or
     before records stored it, and none made by this one: then a changed task recomputes."""
     key = settings_key(key)
     others = [r for r in load_records(path) if {**(r.get("settings") or {}), "task": key["task"]} == key]
@@ -237,8 +237,3 @@ def median(values: Sequence[float | int | None]) -> float | None:
     """The median of the values that are not None (the mean of the middle two on an even count)."""
     xs = [float(v) for v in values if v is not None]
     return float(np.median(xs)) if xs else None
-
-
-def na(x: float | int | None, fmt: str = "{:.3f}") -> str:
-    """``fmt.format(x)``, or "n/a" for a missing value."""
-    return "n/a" if x is None else fmt.format(x)

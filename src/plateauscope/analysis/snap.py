@@ -1,7 +1,7 @@
 """Collective snap: do the tracked groups switch on together or one by one?
 
 Method. From the per-group exact-match accuracies ``group_acc`` of the tracked groups in
-``metrics.jsonl`` (``plateauscope.training.metrics``):
+``metrics.jsonl`` (``plateauscope.runs.metrics``):
 
 * ``share_above_at_half_tau``: the share of tracked groups with accuracy >= ``hi`` (80%) at the
   last evaluated step <= tau/2 (the paper: none);

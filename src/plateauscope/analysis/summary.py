@@ -19,12 +19,11 @@ from plateauscope.analysis import formation
 from plateauscope.analysis.ablate import MARGINAL_TOL, near_height
 from plateauscope.analysis.attention import chance_attention
 from plateauscope.analysis.attribution import agreement
-from plateauscope.analysis.circuit import circuit_summary, format_circuit, head_effects, head_shares
+from plateauscope.analysis.circuit import circuit_summary, head_effects, head_shares
 from plateauscope.analysis.components import PatchResult
-from plateauscope.analysis.edges import format_edges
-from plateauscope.analysis.results import median, na, strict_json
-from plateauscope.tasks.base import ProgressMeasure
-from plateauscope.training.run import Run, RunError
+from plateauscope.analysis.results import strict_json
+from plateauscope.model.heads import head_label
+from plateauscope.runs.run import Run, RunError
 
 
 def _previous(values: list[int], x: int) -> int | None:
@@ -83,7 +82,7 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
         # the head that follows a named attention rule most at the end, and when it formed
         at, formed = formation.rule_follower(attn, name, rules_start)
         lo = formed["t_form_bracket"][0] if formed["t_form_bracket"] else None
-        return {"head": list(at), "label": f"L{at[0]}H{at[1]}",
+        return {"head": list(at), "label": head_label(*at),
                 **formed, **formation.lead_fraction(tau, tau_lo, formed["t_form"], lo)}
 
     # the task's other attention rules (e.g. induction's previous-token head), when it names any
@@ -111,7 +110,7 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
     chance = chance_attention(run.task())
     return {
         "head": [layer, head],
-        "label": f"L{layer}H{head}",
+        "label": head_label(layer, head),
         "chance": chance,
         "above_chance": form["final_value"] is not None and form["final_value"] > chance,
         "rule": "argmax over heads of attention to the cue x max(normalised head patching effect, 0) at the final analysed step",
@@ -144,7 +143,7 @@ def with_damage(circuit: dict[str, Any] | None, ablations: list[dict], height: f
         return circuit
     rec = min(ablations, key=lambda r: abs(r["step"] - circuit["step"]))
     values = rec["mean"]["candidate_loss"]  # the cache's name for the progress measure, for any task
-    heads = {f"L{la}H{h}": v for la, row in enumerate(values) for h, v in enumerate(row)}
+    heads = {head_label(la, h): v for la, row in enumerate(values) for h, v in enumerate(row)}
     over = [k for k, v in heads.items() if v is not None and v > (1 + MARGINAL_TOL) * height]
     return {**circuit, "damage": {"kind": "mean", "step": rec["step"], "heads": heads, "past_height": over}}
 
@@ -156,56 +155,3 @@ def _result(d: dict) -> PatchResult:
 
     return PatchResult(d["target"], tuple(d["axes"]), tensor(d["raw"]), tensor(d["normalised"]),
                        d["clean_metric"], d["corrupt_metric"], d["method"], d["n_pairs"])
-
-
-def format_summary(s: dict[str, Any], progress: ProgressMeasure | None = None) -> str:
-    """The routing-head summary as text lines (what ``plateauscope analyze`` prints), in the words
-    of the task's progress measure (default: the selector task's candidate loss and log K)."""
-    label, hl = (progress.label, progress.height_label) if progress else ("candidate loss", "log K")
-    lead_bracket = [round(x, 3) for x in s["lead_bracket"]] if s["lead_bracket"] else None
-    chance = s.get("chance")
-    routing = (f"routing head    {s['label']}  (rule: {s['rule']})" if s.get("above_chance", True) else
-               f"routing head    none: the best head, {s['label']}, ends at {na(s['final_value'])} attention to the cue, "
-               f"not above chance ({chance:.3f}: uniform over the keys the prediction position can attend to)")
-    lines = [
-        routing,
-        f"attention-to-cue {na(s['start_value'])} at the rules' start (step {s.get('rules_start', s['plateau_start'])}) -> "
-        f"{na(s['final_value'])} at the end" + (f" (chance {chance:.3f})" if chance is not None else ""),
-        f"t_form          {na(s['t_form'], '{}')}  bracket {s['t_form_bracket']}",
-        f"tau             {na(s['tau'], '{}')}  bracket {s['tau_bracket']}",
-        f"lead fraction   {na(s['lead_fraction'])}  bracket {lead_bracket}" + ("  (paper: ~0.5)" if hl == "log K" else ""),
-    ]
-    if s.get("release"):
-        r = s["release"]
-        at = lambda e: f"{e['value']:.3f} (step {e['step']})" if e else "n/a"  # noqa: E731
-        lines.append(f"cue released  at step {r['step']}: {label} {at(r['before'])} just before, {at(r['after'])} "
-                     f"just after; the t_form rules start at step {s['rules_start']}")
-    for name, a in s["ablation"].items():
-        if a:
-            lines.append(f"ablation {name:<12} step {a['step']:>6}: {label} {a['unablated']:.3f} -> "
-                         f"zero {a['zero_ablated']:.3f}, mean {a['mean_ablated']:.3f} ({hl} = {s['height']:.3f})")
-    lines.append(f"falls back to the marginal when ablated at the end: {s['falls_back_to_marginal']}")
-    cue_effect = progress.cue_effect_key if progress and progress.cue_effect_key else "cue effect"
-    for rule, r in (s.get("t_form_rules") or {}).items():
-        lb = [round(x, 3) for x in r["lead_bracket"]] if r["lead_bracket"] else None
-        rule = cue_effect if rule == "cue_effect" else rule  # the threshold rule, named by the task's field
-        lines.append(f"t_form {rule:<12} {na(r['t_form'], '{}'):>6}  bracket {r['t_form_bracket']}  lead "
-                     f"{na(r['lead_fraction'])}  bracket {lb}")
-    for name, r in (s.get("attention_rules") or {}).items():
-        lines.append(f"{name + ' head':<15} {r['label']}: attention {na(r['start_value'])} -> {na(r['final_value'])}; "
-                     f"t_form {na(r['t_form'], '{}')} bracket {r['t_form_bracket']}, lead {na(r['lead_fraction'])}")
-    if s.get("smoothing"):
-        lines.append(f"smoothing       {s['smoothing']['window']} point(s), {s['smoothing']['kind']}")
-    lines += format_circuit(s.get("circuit"), s["height"], s["head"], label, hl)
-    damage = (s.get("circuit") or {}).get("damage")
-    if damage:
-        lines.append(f"damage          each head mean-ablated alone at step {damage['step']} (over every example; "
-                     f"not a verdict): " + ", ".join(f"{k} {na(v)}" for k, v in damage["heads"].items())
-                     + f"; past 1.25 {hl}: {', '.join(damage['past_height']) or 'none'}")
-    lines += format_edges(s.get("edges"), s["t_form"], s["tau"])
-    if s["agreement"]:
-        rho = [a["spearman"] for a in s["agreement"] if a["spearman"] is not None]
-        lines.append(f"attribution vs exact (heads, {len(s['agreement'])} steps): Spearman median "
-                     f"{na(median(rho))} (min {na(min(rho) if rho else None)}), "
-                     f"max |error| {max(a['max_abs_err'] for a in s['agreement']):.3f} logits")
-    return "\n".join(lines)

@@ -7,6 +7,7 @@ error path (one line on stderr, exit code 2, before any progress bar) are in :mo
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
 import sys
 
 VERBS: dict[str, str] = {
@@ -50,8 +51,7 @@ def main(argv: list[str] | None = None) -> int:
         print(usage())
         return 0
     if argv[0] == "--version":
-        from plateauscope import __version__
-        print(f"plateauscope {__version__}")
+        print(f"plateauscope {importlib.metadata.version('plateauscope')}")
         return 0
     verb, rest = argv[0], argv[1:]
     if verb not in VERBS:

@@ -12,15 +12,9 @@ from plateauscope.analysis.ablate import (
     falls_back_to_marginal,
 )
 from plateauscope.analysis.attention import head_table
-from plateauscope.cli.common import (
-    CliError,
-    add_ckpt_args,
-    format_table,
-    resolve_ckpt,
-    run_cli,
-    write_json,
-)
-from plateauscope.training.train import OneLineParser
+from plateauscope.cli.common import CliError, add_ckpt_args, resolve_ckpt, run_cli, write_json
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.cli.text.tables import format_table
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,12 +10,23 @@ import plateauscope.analysis.analyze as _module
 from plateauscope.analysis.ablate import KINDS
 from plateauscope.analysis.analyze import MAX_WORKERS, AnalysisSettings, analyze_run
 from plateauscope.analysis.edges import CIRCUIT_PAIRS, FAITHFULNESS_TARGET
+from plateauscope.analysis.follow import POLL_S, follow
 from plateauscope.analysis.landmarks import DEFAULT_BUDGET
 from plateauscope.analysis.results import analysis_dir
-from plateauscope.analysis.summary import format_summary
 from plateauscope.cli.common import CliError, add_backend_arg, run_cli
-from plateauscope.training.run import Run
-from plateauscope.training.train import OneLineParser
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.cli.text.analysis import format_summary
+from plateauscope.runs.run import Run
+from plateauscope.views.pages import live_status
+
+
+def write_pages(run_dir: Path, live: str | None = None) -> None:
+    """The run's report and time view (``live``: the banner of a run still being followed)."""
+    from plateauscope.views.report import write_report  # the pages need the views' extras
+    from plateauscope.views.view import write_view
+
+    write_report(run_dir, live=live)
+    write_view(run_dir, live=live)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -88,12 +99,12 @@ def main(argv: list[str] | None = None) -> int:
                                "not with --steps, --every, --full or --workers")
             if args.poll is not None and args.poll <= 0:
                 raise CliError(f"--poll must be positive, got {args.poll}")
-            from plateauscope.views.live import POLL_S, follow  # the pages need the views' extras
-
             logging.basicConfig(level=logging.INFO, format="%(message)s")
             try:
                 result = follow(args.run, settings, args.n_exact, args.poll or POLL_S, device=args.device,
-                                backend=args.backend, edges=not args.no_edges, wait=not args.no_wait)
+                                backend=args.backend, edges=not args.no_edges, wait=not args.no_wait,
+                                on_refresh=lambda step, max_steps: write_pages(args.run, live_status(step, max_steps)),
+                                on_complete=lambda: write_pages(args.run))
             except KeyboardInterrupt:
                 raise CliError(f"stopped following {args.run}: every cache file is whole; analyze it again "
                                "to continue") from None

@@ -6,14 +6,9 @@ import argparse
 
 import plateauscope.analysis.attention as _module
 from plateauscope.analysis.attention import attention_to_z, head_table
-from plateauscope.cli.common import (
-    add_ckpt_args,
-    format_table,
-    resolve_ckpt,
-    run_cli,
-    write_json,
-)
-from plateauscope.training.train import OneLineParser
+from plateauscope.cli.common import add_ckpt_args, resolve_ckpt, run_cli, write_json
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.cli.text.tables import format_table
 
 
 def build_parser() -> argparse.ArgumentParser:

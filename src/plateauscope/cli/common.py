@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from plateauscope.analysis.results import write_json_result
-from plateauscope.backend import BACKENDS, BackendError
-from plateauscope.training.run import Run, RunError
+from plateauscope.model.backend import BACKENDS, BackendError
+from plateauscope.runs.run import Run, RunError
 
 
 class CliError(Exception):
@@ -69,10 +69,3 @@ def run_cli(body, argv: list[str] | None, parser: argparse.ArgumentParser) -> in
         print(f"error: {e}", file=sys.stderr)
         return 2
     return 0
-
-
-def format_table(rows: list[list[Any]], header: list[str]) -> str:
-    """A plain fixed-width table."""
-    cells = [header] + [[f"{c:+.3f}" if isinstance(c, float) else str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(header))]
-    return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in cells)

@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 from plateauscope.cli import analyze, report, train, view
-from plateauscope.training import run as rd
-from plateauscope.training.machine import machine_record
-from plateauscope.training.train import OneLineParser
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.runs import run as rd
+from plateauscope.runs.machine import machine_record
 
 DEFAULT_OUT = Path("checkpoints/demo")
 

@@ -14,35 +14,27 @@ from plateauscope.analysis.results import (
     VARIANTS_CSV_FILE,
 )
 from plateauscope.cli.common import CliError, run_cli, write_json
-from plateauscope.dynamics import (
-    analyze_sweep,
-    load_sweep,
-    seed_lines,
-    summary_lines,
-    sweep_runs,
-    table_csv,
-    table_text,
-    variant_table,
-    variant_table_text,
-)
-from plateauscope.dynamics.interventions import (
-    intervention_rows,
-    intervention_table,
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.cli.text.dynamics import (
     intervention_table_text,
     lead_table_text,
-    reading,
-)
-from plateauscope.dynamics.llc import (
-    llc_rows,
-    llc_summary,
     llc_summary_lines,
     llc_table_text,
+    noise_lines,
+    reading,
+    seed_lines,
+    table_text,
+    variant_table_text,
 )
-from plateauscope.dynamics.noise import noise_lines
-from plateauscope.training import run as rd
-from plateauscope.training.run import Run, write_text_atomic
-from plateauscope.training.train import OneLineParser
+from plateauscope.dynamics.fits import analyze_sweep
+from plateauscope.dynamics.interventions import intervention_rows, intervention_table
+from plateauscope.dynamics.llc import llc_rows, llc_summary
+from plateauscope.dynamics.sweep import load_sweep, sweep_runs, table_csv
+from plateauscope.dynamics.variants import variant_table
+from plateauscope.runs import run as rd
+from plateauscope.runs.run import Run, write_text_atomic
 from plateauscope.views.pages import write_page
+from plateauscope.views.phrases import summary_lines
 from plateauscope.views.sweep_report import build_sweep_report
 
 

@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from plateauscope.cli.common import format_table, run_cli, write_json
+from plateauscope.cli.common import run_cli, write_json
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.cli.text.tables import format_table
 from plateauscope.dynamics.graft import bisection_dir, boundary_table, graft_bisection
-from plateauscope.training import run as rd
-from plateauscope.training.config import PART_FORMS
-from plateauscope.training.interventions import has_interventions
-from plateauscope.training.train import OneLineParser
+from plateauscope.model.config import PART_FORMS
+from plateauscope.runs import run as rd
+from plateauscope.runs.interventions import has_interventions
 
 
 def build_parser() -> argparse.ArgumentParser:

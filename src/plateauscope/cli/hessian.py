@@ -15,7 +15,6 @@ from plateauscope.analysis.hessian import (
     analyze_series,
     default_escape,
     displacement,
-    format_record,
     geometry,
     hessian_path,
     log,
@@ -29,7 +28,8 @@ from plateauscope.analysis.hessian_engine import (
 )
 from plateauscope.analysis.results import settings_key
 from plateauscope.cli.common import CliError, resolve_ckpt, run_cli, write_json
-from plateauscope.training.train import OneLineParser
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.cli.text.analysis import format_record
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -13,22 +13,14 @@ from pathlib import Path
 import torch
 
 import plateauscope.analysis.llc as _module
-from plateauscope.analysis.head_llc import (
-    HEAD_LLC_SETTINGS,
-    format_head_summary,
-    head_llc_series,
-)
-from plateauscope.analysis.llc import (
-    LLCSettings,
-    MissingExtraError,
-    format_summary,
-    llc_series,
-    require_devinterp,
-)
+from plateauscope.analysis.head_llc import HEAD_LLC_SETTINGS, head_llc_series
+from plateauscope.analysis.llc import LLCSettings, MissingExtraError, llc_series, require_devinterp
 from plateauscope.analysis.results import HEAD_LLC_SUMMARY_FILE, LLC_SUMMARY_FILE, analysis_dir
 from plateauscope.cli.common import CliError, run_cli
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.cli.text.analysis import format_head_summary
+from plateauscope.cli.text.analysis import format_llc_summary as format_summary
 from plateauscope.processes import available_cores, sigterm_as_interrupt
-from plateauscope.training.train import OneLineParser
 
 
 def build_parser() -> argparse.ArgumentParser:

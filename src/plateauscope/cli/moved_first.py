@@ -16,12 +16,14 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from plateauscope.analysis.changepoint import DIRECTIONS, ChangePointRule, moved_first, moved_first_text
+from plateauscope.analysis.changepoint import DIRECTIONS, ChangePointRule, moved_first
 from plateauscope.analysis.results import MOVED_FIRST_FILE, analysis_dir
 from plateauscope.cli.common import CliError, run_cli, write_json
-from plateauscope.dynamics.moved_first import over_seeds, over_seeds_text, sweep_moved_first
-from plateauscope.training.run import METRICS_FILE
-from plateauscope.training.train import OneLineParser
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.cli.text.analysis import moved_first_text
+from plateauscope.cli.text.dynamics import over_seeds_text
+from plateauscope.dynamics.moved_first import over_seeds, sweep_moved_first
+from plateauscope.runs.run import METRICS_FILE
 
 
 def build_parser() -> argparse.ArgumentParser:

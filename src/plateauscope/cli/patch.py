@@ -10,7 +10,7 @@ import plateauscope.analysis.patch as _module
 from plateauscope.analysis.attribution import agreement, attribute
 from plateauscope.analysis.components import TARGETS, PatchResult
 from plateauscope.analysis.inputs import prompt_pairs
-from plateauscope.analysis.patch import format_result, patch
+from plateauscope.analysis.patch import patch
 from plateauscope.cli.common import (
     CliError,
     add_ckpt_args,
@@ -18,7 +18,8 @@ from plateauscope.cli.common import (
     run_cli,
     write_json,
 )
-from plateauscope.training.train import OneLineParser
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.cli.text.analysis import format_result
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,8 +10,8 @@ import plateauscope.views.report as _module
 from plateauscope.analysis.analyze import analyze_run
 from plateauscope.analysis.results import REPORT_FILE, analysis_dir, routing_summary_path
 from plateauscope.cli.common import run_cli
-from plateauscope.training.run import Run, RunError
-from plateauscope.training.train import OneLineParser
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.runs.run import Run, RunError
 from plateauscope.views.report import write_report
 
 

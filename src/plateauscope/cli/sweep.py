@@ -10,14 +10,15 @@ from pathlib import Path
 from typing import Any
 
 import plateauscope.sweeps.spec as _module
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.errors import ConfigError
+from plateauscope.model.config import CHECKPOINT_POLICIES
 from plateauscope.processes import sigterm_as_interrupt
+from plateauscope.runs import run as rd
+from plateauscope.runs.presets import get_preset
 from plateauscope.sweeps.catalogue import SWEEPS, get_sweep
 from plateauscope.sweeps.executors import run_sweep
 from plateauscope.sweeps.spec import EXECUTORS, SweepSpec, expand, is_complete
-from plateauscope.training import run as rd
-from plateauscope.training.config import CHECKPOINT_POLICIES, ConfigError
-from plateauscope.training.presets import get_preset
-from plateauscope.training.train import OneLineParser
 
 
 def _parse_value(text: str) -> Any:

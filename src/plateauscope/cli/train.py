@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import logging
 import sys
 from pathlib import Path
 
-from plateauscope.backend import BACKENDS, BackendError
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.errors import ConfigError
+from plateauscope.model.backend import BACKENDS, BackendError
+from plateauscope.model.config import CHECKPOINT_POLICIES, FORWARDS, PART_FORMS
+from plateauscope.runs import run as rd
+from plateauscope.runs.config import RunConfig
+from plateauscope.runs.presets import PRESETS, run_config
 from plateauscope.tasks.loading import BUILTIN_TASKS, task_class
-from plateauscope.training import run as rd
-from plateauscope.training.config import CHECKPOINT_POLICIES, FORWARDS, PART_FORMS, ConfigError, RunConfig
-from plateauscope.training.presets import PRESETS, get_preset, task_defaults
-from plateauscope.training.train import OneLineParser, _fmt, default_run_name, train
+from plateauscope.training.train import default_run_name, train
+
+
+def _fmt(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.2f}"
 
 
 def head_list(text: str) -> tuple[str, ...]:
@@ -85,14 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The preset (or, with ``--task`` alone, the task's defaults) with the command line's overrides
-    applied, validated."""
-    if args.task is not None and args.preset is None:
-        cfg = task_defaults(args.task)
-    else:
-        cfg = get_preset(args.preset or "demo")
-        if args.task is not None and args.task != cfg.task_name:
-            cfg = dataclasses.replace(cfg, task=task_class(args.task).Config(), task_name=args.task)
-    cfg = cfg.with_options(args.set)
+    applied, validated (:func:`plateauscope.runs.presets.run_config`)."""
     overrides = {name: getattr(args, attr) for name, attr in [
         ("seed", "seed"), ("lr", "lr"), ("batch_size", "batch_size"), ("max_steps", "max_steps"),
         ("stop_after_tau", "stop_after_tau"), ("threads", "threads"), ("forward", "forward"),
@@ -102,12 +101,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         ("clamp_rule", "clamp_rule"), ("clamp_strength", "clamp_strength"), ("clamp_from", "clamp_from"),
         ("clamp_until", "clamp_until"), ("mean_value_heads", "mean_value_heads"),
         ("frozen_qk_heads", "freeze_qk_heads"), ("ablate_from", "ablate_from")] if getattr(args, attr) is not None}
-    cfg = cfg.replace(**overrides)
-    if args.data_seed is not None:
-        if "seed" not in {f.name for f in dataclasses.fields(cfg.task)}:
-            raise ConfigError(f"--data-seed: the {cfg.task_name} task has no seed option")
-        cfg = dataclasses.replace(cfg, task=dataclasses.replace(cfg.task, seed=args.data_seed))
-    return cfg.validate()
+    return run_config(args.preset, args.task, args.set, data_seed=args.data_seed, **overrides)
 
 
 def main(argv: list[str] | None = None) -> int:

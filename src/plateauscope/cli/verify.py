@@ -2,7 +2,7 @@
 
 One pass over each run: a file listed in ``checksums.json`` that is missing, truncated or
 altered, and a checkpoint that is not listed, each get one line naming the file
-(``plateauscope.training.files.verify_run``). Exit code 0 when every run verifies, 1 when one
+(``plateauscope.runs.files.verify_run``). Exit code 0 when every run verifies, 1 when one
 does not, 2 on a usage error.
 
     plateauscope verify checkpoints/demo [more runs ...]
@@ -15,9 +15,9 @@ import sys
 from pathlib import Path
 
 from plateauscope.cli.common import run_cli
-from plateauscope.training.files import verified_files, verify_run
-from plateauscope.training.run import Run
-from plateauscope.training.train import OneLineParser
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.runs.files import verified_files, verify_run
+from plateauscope.runs.run import Run
 
 
 def build_parser() -> argparse.ArgumentParser:

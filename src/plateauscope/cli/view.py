@@ -10,8 +10,8 @@ import plateauscope.views.view as _module
 from plateauscope.analysis.analyze import analyze_run, load_analysis
 from plateauscope.analysis.results import VIEW_FILE
 from plateauscope.cli.common import CliError, run_cli
-from plateauscope.training.run import Run
-from plateauscope.training.train import OneLineParser
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.runs.run import Run
 from plateauscope.views.view import write_view
 
 

@@ -3,7 +3,7 @@
     plateauscope graft --run RUN --part layer0 [--criterion 0.5]
 
 The observational t_form says when a head's attention looks ready. A graft asks the model: take
-the part (:data:`plateauscope.training.interventions.PARTS`: the embeddings, a layer, a head's QK
+the part (:data:`plateauscope.runs.interventions.PARTS`: the embeddings, a layer, a head's QK
 or OV) from the run's checkpoint at step c, put it into the run's own step-0 weights, and train.
 The part *suffices* at c when the grafted run's tau is at most ``criterion * tau_0``, tau_0 the
 run's own. Each trial stops as soon as that is settled: at its tau, or at ``criterion * tau_0``
@@ -25,12 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from plateauscope.analysis.formation import RULES
 from plateauscope.analysis.intervals import median_interval
 from plateauscope.analysis.results import median, read_routing_summary
-from plateauscope.analysis.formation import RULES
-from plateauscope.training import run as rd
-from plateauscope.training.config import ConfigError
-from plateauscope.training.interventions import check_part
+from plateauscope.errors import ConfigError
+from plateauscope.runs import run as rd
+from plateauscope.runs.interventions import check_part
 from plateauscope.training.train import train
 
 GRAFT_FILE = "graft.json"

@@ -2,7 +2,7 @@
 
     plateauscope dynamics --sweep sweeps/plateau-interventions
 
-One row per intervention run (``plateauscope.training.interventions``), against its baseline, the run of the
+One row per intervention run (``plateauscope.runs.interventions``), against its baseline, the run of the
 same seed without intervention (tau_0, its tau):
 
 * ``S``: the step at which the hidden cue was released (0 for the other interventions);
@@ -37,13 +37,12 @@ import json
 from pathlib import Path
 from typing import Any
 
-from plateauscope.analysis.results import median, na, read_routing_summary
 from plateauscope.analysis.formation import RULES
-from plateauscope.cli.common import format_table
 from plateauscope.analysis.intervals import median_interval
-from plateauscope.training import run as rd
-from plateauscope.training.interventions import INTERVENTION_OPTIONS, has_interventions
-from plateauscope.training.metrics import compute_tau
+from plateauscope.analysis.results import median, read_routing_summary
+from plateauscope.runs import run as rd
+from plateauscope.runs.interventions import INTERVENTION_OPTIONS, has_interventions
+from plateauscope.runs.metrics import compute_tau
 
 SAME_WAIT = (0.8, 1.25)
 """A wait within this factor of tau_0 reads as "about tau_0" when its interval also holds 1."""
@@ -201,49 +200,7 @@ def _lead_summary(rs: list[dict]) -> dict[str, Any]:
     return out
 
 
-def _coverage(ci) -> str:
-    """How much an interval of a median covers at its n: ``75%``, or ``range`` for 2 seeds."""
-    return "range" if ci.coverage is None else f"{100 * ci.coverage:.0f}%"
-
-
-def _interval(row: dict) -> str:
-    ci, ge = row["wait_ratio_ci"], ">=" if row["lower_bound"] else ""
-    return f"{ge}{na(row['wait_ratio'], '{:.2f}')}" + (
-        f" [{ge}{ci.low:.2f}, {ci.high:.2f}] {_coverage(ci)}" if ci else "")
-
-
-def intervention_table_text(table: list[dict]) -> str:
-    """The table as aligned text."""
-    header = ["condition", "seeds", "reached tau", "median S", "(tau - S) / tau_0 [interval] coverage", "per seed",
-              "verdicts",
-              "start loss / log K", "set loss at S (unmodified)"]
-    body = [[r["condition"], f"{r['seeds']}" + (f" ({r['unfinished']} unfinished)" if r["unfinished"] else ""),
-             r["reached"], na(r["median_S"], "{:.0f}"), _interval(r),
-             " ".join(f"{'>=' if c else ''}{v:.2f}" for v, c in r["wait_ratios"]) or "-",
-             ", ".join(f"{k} x{v}" for k, v in r["verdicts"].items()), na(r["start_loss"], "{:.2f}"),
-             f"{na(r['set_loss_at_S'], '{:.2f}')} ({na(r['baseline_set_loss_at_S'], '{:.2f}')})"
-             if r["set_loss_at_S"] is not None else "-"]
-            for r in table]
-    return format_table(body, header)
-
-
-def _lead(row: dict, rule: str) -> str:
-    ci = row[f"lead_{rule}_ci"]
-    return na(row[f"lead_{rule}"], "{:.2f}") + (f" {ci.text()} {_coverage(ci)}" if ci else "")
-
-
-def lead_table_text(table: list[dict]) -> str:
-    """Per condition: the median lead from the release by each t_form rule [interval, its coverage], over the analysed
-    seeds that had one (their count in brackets after the rule's value); empty when none was analysed."""
-    if not any(r[f"lead_{rule}_n"] for r in table for rule in RULES):
-        return ""
-    header = ["condition", *(f"lead by {rule} [interval] (seeds)" for rule in RULES), "attention at start / final"]
-    body = [[r["condition"], *(f"{_lead(r, rule)} ({r[f'lead_{rule}_n']})" for rule in RULES),
-             na(r["attention_start"], "{:.2f}")] for r in table]
-    return format_table(body, header)
-
-
-def _compare_to_one(row: dict) -> str:
+def compare_to_one(row: dict) -> str:
     """``same``, ``shorter``, ``longer`` or ``unclear`` for a condition's wait against tau_0."""
     ci = row["wait_ratio_ci"]
     if row["wait_ratio"] is None or ci is None:
@@ -255,83 +212,3 @@ def _compare_to_one(row: dict) -> str:
     if ci.low > 1:
         return "longer"
     return "same" if SAME_WAIT[0] <= row["wait_ratio"] <= SAME_WAIT[1] else "unclear"
-
-
-def reading(table: list[dict]) -> list[str]:
-    """Plain sentences from the table: what each kind of intervention did to the wait."""
-    lines = []
-    by = {r["condition"]: r for r in table}
-    hidden = [r for r in table if r["condition"].startswith("cue hidden")]
-    if hidden:
-        kinds = {r["condition"]: _compare_to_one(r) for r in hidden}
-        text = "; ".join(f"{c}: {_interval(by[c])} ({k})" for c, k in kinds.items())
-        if all(k == "same" for k in kinds.values()):
-            verdict = ("the wait after the release is about tau_0 whatever came before it: nothing learned "
-                       "without the cue shortens it, so the plateau waits for the routing")
-        elif all(k == "shorter" for k in kinds.values()):
-            verdict = ("the wait after the release is shorter than tau_0: part of the plateau is spent on "
-                       "something learnable without the cue")
-        elif all(k == "longer" for k in kinds.values()):
-            verdict = ("the wait after the release is longer than tau_0: training without the cue does not "
-                       "shorten the wait for the routing, it lengthens it")
-        else:
-            verdict = "the intervals do not agree on one reading"
-        lines.append(f"Cue hidden, (tau - S) / tau_0 over seeds: {text}. Reading: {verdict}.")
-    given = {c: by[c] for c in (f"{EARLY_GIVEN} (trained)", f"{EARLY_GIVEN} (frozen)", f"{READOUT_GIVEN} (trained)")
-             if c in by}
-    if given:
-        text = "; ".join(f"{c}: tau / tau_0 {_interval(r)}, {r['reached']} of {r['seeds']} seeds reached tau, "
-                         f"starting at {na(r['start_loss'], '{:.2f}')} log K" for c, r in given.items())
-        routing, readout = given.get(f"{EARLY_GIVEN} (trained)"), given.get(f"{READOUT_GIVEN} (trained)")
-        verdict = "the intervals overlap: neither half alone is shown to be the bottleneck"
-        if routing and readout and routing["wait_ratio_ci"] and readout["wait_ratio_ci"] and \
-                not (routing["lower_bound"] and readout["lower_bound"]):
-            if routing["wait_ratio_ci"].high < readout["wait_ratio_ci"].low and not routing["lower_bound"]:
-                verdict = ("given the embeddings and layer 0, tau comes sooner than given the readout: the wait is "
-                           "in the embeddings and layer 0 (this transplant cannot tell where to look from what is "
-                           "carried)")
-            elif readout["wait_ratio_ci"].high < routing["wait_ratio_ci"].low and not readout["lower_bound"]:
-                verdict = ("given the readout, tau comes sooner than given the embeddings and layer 0: the readout "
-                           "is the bottleneck")
-        lines.append(f"Transplants: {text}. Reading: {verdict}.")
-    routes = [r for r in table if r["condition"].startswith("one route")]
-    if routes:
-        text = "; ".join(f"{r['condition']}: tau / tau_0 {_interval(r)}, {r['reached']} of {r['seeds']} reached tau"
-                         for r in routes)
-        lines.append(f"One route in layer 0: {text}.")
-    clamped = [r for r in table if " clamped to " in r["condition"] and r["wait_ratio_ci"] and not r["lower_bound"]]
-    if clamped:
-        text = "; ".join(f"{r['condition']}: tau / tau_0 {_interval(r)} ({_compare_to_one(r)})" for r in clamped)
-        least = min(r["wait_ratio_ci"].low for r in clamped)
-        helped = [r for r in clamped if _compare_to_one(r) == "shorter"]
-        if least > 1:
-            verdict = (f"every clamp lengthens the wait, to at least {least:.2f} tau_0 (the low ends of the "
-                       "intervals): where to look, forced from step 0, costs more than it gives")
-        elif least > 0.5:
-            verdict = (f"every clamp leaves at least {least:.2f} tau_0 of the wait (the low ends of the intervals): "
-                       "where to look, given from step 0, is not what most of the plateau waits for"
-                       + (f"; it shortens the wait by at most {1 - least:.0%}" if helped else ""))
-        elif max(r["wait_ratio_ci"].high for r in clamped) < 0.5:
-            verdict = "a clamp leaves less than half the wait: the plateau waits mostly for where to look"
-        else:
-            verdict = "the intervals do not settle how much of the wait is where to look"
-        longer = [r["condition"] for r in clamped if _compare_to_one(r) == "longer"]
-        if longer and least <= 1:
-            verdict += f"; {', '.join(longer)} lengthens it"
-        lines.append(f"Attention clamped from step 0: {text}. Reading: {verdict}.")
-    analysed = [r for r in table if r["lead_attention_n"] or r["lead_cue_effect_n"]]
-    if analysed:
-        text = "; ".join(f"{r['condition']}: {na(r['lead_attention'], '{:.2f}')} by attention, "
-                         f"{na(r['lead_cue_effect'], '{:.2f}')} by the cue effect" for r in analysed)
-        line = f"Lead from the release, (tau - t_form) / (tau - S), medians over the analysed seeds: {text}."
-        given = [r for r in analysed if r["condition"].startswith(EARLY_GIVEN) and r["attention_start"] is not None]
-        if given:
-            starts = "; ".join(f"{r['condition']}: {r['attention_start']:.2f}" for r in given)
-            base = f"; unmodified: {na(by['unmodified']['attention_start'], '{:.2f}')}" if "unmodified" in by else ""
-            routed = all(r["attention_start"] >= ROUTED_AT_START for r in given)
-            line += (f" Attention to z at the plateau start, as a fraction of its final value: {starts}{base}. "
-                     + ("Given layer 0, the attention to z is there from step 0, and its t_form times a small rise."
-                        if routed else f"Given layer 0, the attention still starts below {ROUTED_AT_START:g} of its "
-                        "final value, so its t_form times the routing's formation."))
-        lines.append(line)
-    return lines

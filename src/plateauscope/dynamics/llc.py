@@ -30,13 +30,12 @@ from typing import Any
 
 import numpy as np
 
-from plateauscope.analysis.results import LLC_SUMMARY_FILE, analysis_dir, median, na, read_routing_summary
 from plateauscope.analysis.formation import RULES
-from plateauscope.cli.common import format_table
-from plateauscope.dynamics import sweep_runs
 from plateauscope.analysis.intervals import median_interval
-from plateauscope.training import run as rd
-from plateauscope.training.run import Run
+from plateauscope.analysis.results import LLC_SUMMARY_FILE, analysis_dir, median, read_routing_summary
+from plateauscope.dynamics.sweep import sweep_runs
+from plateauscope.runs import run as rd
+from plateauscope.runs.run import Run
 
 LLC_SD = 3.0
 """The LLC has left its plateau value when it is above the plateau mean plus this many sd."""
@@ -131,26 +130,3 @@ def llc_summary(rows: list[dict]) -> dict[str, Any]:
         out["quantities"][what] = {"median": median(vals) if vals else None, "ci": median_interval(vals),
                                    "n": len(vals), "values": vals}
     return out
-
-
-def llc_table_text(rows: list[dict]) -> str:
-    """One line per run: the plateau value, t_llc, t_loss, the t_form rules and tau."""
-    header = ["run", "seed", "LLC plateau (mean +- sd, n)", "t_llc", "loss fall at t_llc", "t_loss (-5%)",
-              *[f"t_form {rule}" for rule in RULES], "tau", "stationary"]
-    body = [[r["name"], r["seed"],
-             "n/a" if r["baseline_mean"] is None else
-             f"{r['baseline_mean']:.2f} +- {r['baseline_sd']:.2f} ({r['baseline_n']})",
-             na(r["t_llc"], "{}"), na(r["loss_fall_at_llc"], "{:.1%}"), na(r["t_loss"], "{}"), *[na(r[f"t_form_{rule}"], "{}") for rule in RULES],
-             na(r["tau"], "{}"), "yes" if r["all_stationary"] else "no"] for r in rows]
-    return format_table(body, header)
-
-
-def llc_summary_lines(s: dict[str, Any]) -> list[str]:
-    """The summary as text: each median with its interval, and the reading."""
-    lines = [f"over {s['runs']} runs (median [order-statistic interval of the median, its coverage]; per run):"]
-    for what, q in s["quantities"].items():
-        ci = f"{q['ci'].text('{:+.3f}')} {q['ci'].label}" if q["ci"] else "(no interval)"
-        lines.append(f"  {what:<32} {na(q['median'], '{:+.3f}')} {ci}  ({', '.join(f'{v:+.2f}' for v in q['values'])})")
-    lines.append(f"  who moves first is not read: t_llc departs by {LLC_SD:g} sd of the LLC's own noise, t_loss by a "
-                 f"fixed {LOSS_FALL:.0%} fall; different rules make a lead close to guaranteed")
-    return lines

@@ -31,9 +31,8 @@ from typing import Any
 from plateauscope.analysis.changepoint import ChangePointRule, moved_first
 from plateauscope.analysis.intervals import LEVEL, median_interval
 from plateauscope.analysis.results import median
-from plateauscope.cli.common import format_table
-from plateauscope.dynamics import sweep_runs
-from plateauscope.training.run import METRICS_FILE, RunError
+from plateauscope.dynamics.sweep import sweep_runs
+from plateauscope.runs.run import METRICS_FILE, RunError
 
 
 def sweep_moved_first(sweep_dir: str | Path, rule: ChangePointRule = ChangePointRule(),
@@ -119,42 +118,3 @@ def seeds_agreeing(signals: dict[str, dict[str, Any]], first: str, second: str) 
     return {"first": first, "second": second, "agree": ahead, "ties": ties, "against": len(both) - ahead - ties,
             "n": len(both),
             "text": f"{first} before {second} in {ahead} of {len(both)} seeds" + (f" ({ties} tied)" if ties else "")}
-
-
-def over_seeds_text(summary: dict[str, Any]) -> str:
-    """The over-seeds table: one line per signal in median order, its interval with the coverage it has,
-    each seed's value; then the agreement of each adjacent pair, the signals never read and the skipped runs."""
-    signals = summary["signals"]
-    body = []
-    for rank, name in enumerate(summary["order"], 1):
-        s = signals[name]
-        ci = s["interval"]
-        ways = ", ".join(f"{way} {n}" for way, n in sorted(s["directions"].items()))
-        body.append([rank, name, f"{s['median']:.3f}", ci.text("{:.3f}") if ci else "n/a",
-                     ci.label if ci else "one seed", f"{s['n']}/{s['n_runs']}", ways,
-                     " ".join(f"{v:.2f}" for v in s["values"].values())])
-    lines = [f"which signal moved first over {len(summary['runs'])} runs (change point / tau; median, the "
-             "order-statistic interval of the median and the coverage it has at that many seeds)",
-             f"rule: {summary['rule_text']}",
-             format_table(body, ["rank", "signal", "median", "interval", "interval is", "read in", "way", "per seed"])]
-    if summary["pairs"]:
-        lines.append("adjacent pairs of the median order, seed by seed:")
-        lines += [f"  {p['text']}" for p in summary["pairs"]]
-    if summary.get("sparse"):
-        lines.append("read in fewer than half the runs (left out of the order): " + ", ".join(
-            f"{n} ({signals[n]['n']}/{signals[n]['n_runs']}, median {signals[n]['median']:.3f})"
-            for n in summary["sparse"]))
-    if summary["unread"]:
-        lines.append(f"never read (no change point in any run): {', '.join(summary['unread'])}")
-    stages = summary.get("stages")
-    if stages:
-        lines.append(f"the ladder's stages over {stages['n_runs']} runs: on the plateau "
-                     + ", ".join(f"{k} in {n}" for k, n in stages["plateau"].items())
-                     + "; at the end " + ", ".join(f"{k} in {n}" for k, n in stages["final"].items()))
-        lines += [f"  first at {name}: {r['median']:.3f} tau "
-                  + (f"{r['interval'].text('{:.3f}')} ({r['interval'].label}), " if r["interval"] else "")
-                  + f"in {r['n']} of {stages['n_runs']} runs" for name, r in stages["first_reached"].items()]
-    for s in summary["skipped"]:
-        lines.append(f"skipped {s['run']}: {s['error']}")
-    return "\n".join(lines)
-

@@ -2,7 +2,7 @@
 
 The paper (claim 4): smaller batches delay the transition, 1.8x counted in tokens (the smallest
 batch against the largest); higher learning rates delay it monotonically, up to 3.6x (the
-largest against the smallest). The effects are ``plateauscope.dynamics.factor_effect``'s: the geometric
+largest against the smallest). The effects are ``plateauscope.dynamics.fits.factor_effect``'s: the geometric
 mean tau per value over seeds, its ratio to the reference value, and Welch's 95% t interval of that
 ratio on the log scale (``plateauscope.analysis.intervals``).
 
@@ -32,9 +32,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from plateauscope.cli.common import format_table
-from plateauscope.dynamics import PAPER
 from plateauscope.analysis.intervals import MIN_SEEDS_FOR_A_CLAIM, enough_seeds
+from plateauscope.dynamics.fits import PAPER
 
 CLAIMS: tuple[tuple[str, str, str, str, str | None], ...] = (
     # (the effect's key in analyze_sweep's fits, the claim, its extreme value, the paper's factor, the trend it needs)
@@ -98,13 +97,6 @@ def claim_reading(effect: dict | None, paper_factor: float, extreme: str, monoto
     return {**out, "verdict": "reproduced", "because": "the interval lies above 1 and holds the paper's factor" + without}
 
 
-def beyond_text(u: dict[str, Any]) -> str:
-    """A value past the one a reading rests on: its ratio, as the bound or the few seeds it is."""
-    if u["censored"]:
-        return f"{u['bound']}{u['ratio']:.2f}x ({_runs(u['censored'])} of {u['n']} stopped before tau)"
-    return f"{u['ratio']:.2f}x from {_runs(u['n'])}"
-
-
 def noise_claims(fits: dict[str, Any]) -> list[dict[str, Any]]:
     """Both claims read from one set of fits (``analyze_sweep(...)["main"]``)."""
     out = []
@@ -114,68 +106,8 @@ def noise_claims(fits: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def claim_text(c: dict[str, Any]) -> str:
-    """One claim as a line: the ratio with its interval, the verdict and why."""
-    if c["ratio"] is None:
-        return f"{c['claim']}: {c['verdict']} ({c['because']})"
-    ci = f" {c['ci'].text()} ({c['ci'].label})" if c["ci"] else ""
-    beyond = "".join(f"; at {u['value']:g}: {beyond_text(u)}" for u in c.get("beyond", []))
-    return (f"{c['claim']}: {c['value']:g} against {c['reference']:g}: {c['bound']}{c['ratio']:.2f}x{ci} "
-            f"(paper {c['paper']:g}x){beyond}"
-            f" - {c['verdict']}: {c['because']}")
-
-
-def _mean(v: dict, fmt: str = "{:,.0f}") -> str:
-    ci = v["mean_ci"]
-    return (">=" if v["censored"] else "") + fmt.format(v["mean"]) + (f" {ci.text(fmt)}" if ci else "")
-
-
-def _seeds(v: dict) -> str:
-    return f"{v['n']}" + (f" ({v['censored']} without tau)" if v["censored"] else "")
-
-
-def _ratio(v: dict) -> str:
-    ci = v["ratio_ci"]
-    return f"{v['bound']}{v['ratio']:.2f}" + (f" {ci.text()}" if ci else "")
-
-
-def noise_table_text(fits: dict[str, Any]) -> str:
-    """Per batch size: tau in steps and in tokens, the tokens' ratio to the largest batch; per learning
-    rate: tau in steps and its ratio to the smallest; geometric means over seeds with their intervals."""
-    rows = []
-    batch, steps, lr = fits.get("batch"), fits.get("batch_steps"), fits.get("lr")
-    if batch and steps:
-        by_value = {v["value"]: v for v in steps["values"]}
-        for v in batch["values"]:
-            rows.append([f"batch {v['value']:g}", f"lr {batch['family']['lr']:g}", _seeds(v),
-                         _mean(by_value[v["value"]]), _mean(v), f"{_ratio(v)} (vs {batch['reference']:g})"])
-    if lr:
-        for v in lr["values"]:
-            rows.append([f"lr {v['value']:g}", f"batch {lr['family']['batch_size']:g}", _seeds(v), _mean(v), "",
-                         f"{_ratio(v)} (vs {lr['reference']:g})"])
-    return format_table(rows, ["point", "at", "seeds", "tau (steps)", "tau (tokens)", "ratio"]) if rows else ""
-
-
-def compare_lines(ours: list[dict], theirs: list[dict], label: str) -> list[str]:
-    """Each claim here against the same claim in another sweep (``label``): the same reading or not."""
-    lines = []
-    for a, b in zip(ours, theirs):
-        same = "the same reading" if a["verdict"] == b["verdict"] else "a different reading"
-        lines.append(f"  {a['claim']}: here {a['verdict']}"
-                     + (f" ({a['bound']}{a['ratio']:.2f}x)" if a["ratio"] is not None else "")
-                     + f"; {label}: {b['verdict']}" + (f" ({b['bound']}{b['ratio']:.2f}x)" if b["ratio"] is not None else "")
-                     + f" - {same}")
-    return lines
-
-
-def noise_lines(fits: dict[str, Any], compare: tuple[str, dict[str, Any]] | None = None) -> list[str]:
-    """The noise table, both claims' readings and (``compare``: a label and another sweep's fits) how
-    that sweep reads them."""
-    lines = ["gradient noise (geometric mean over seeds [95% t interval from 3 seeds, the range of 2 seeds "
-             "below; >= marks an end from runs that never reached tau]):", noise_table_text(fits)]
-    claims = noise_claims(fits)
-    lines += [claim_text(c) for c in claims]
-    if compare:
-        label, other = compare
-        lines += [f"against {label}:", *compare_lines(claims, noise_claims(other), label)]
-    return lines
+def beyond_text(u: dict[str, Any]) -> str:
+    """A value past the one a reading rests on: its ratio, as the bound or the few seeds it is."""
+    if u["censored"]:
+        return f"{u['bound']}{u['ratio']:.2f}x ({_runs(u['censored'])} of {u['n']} stopped before tau)"
+    return f"{u['ratio']:.2f}x from {_runs(u['n'])}"

@@ -2,9 +2,8 @@
 
 from __future__ import annotations
 
-from plateauscope.training.config import ConfigError
-from plateauscope.sweeps.spec import (SweepSpec)
-
+from plateauscope.errors import ConfigError
+from plateauscope.sweeps.spec import SweepSpec
 
 # The `quick` grids use the `ci` model (2 layers, d_model 64; about 20 ms a step on 2 cores, tau
 # about 500 steps at D = 3,000, 1,000 at 5,000 and 2,900 at 10,000 with K = 10), evaluate every
@@ -119,6 +118,31 @@ def _clamp_grids(seeds: tuple[dict, ...], heads: tuple[str, ...], strengths: tup
     return tuple(grids)
 
 
+_MARGINAL_TINY = {"lr": 3e-3, "stop_after_tau": 1.5, "max_steps": 300, "eval_every": 10, "ckpt_every": 50}
+"""The machinery checks of the marginal searches: the 1-layer tiny model, a few hundred steps."""
+
+_MARGINAL_SEARCH = SweepSpec(
+    name="marginal-search", base="ci", fixed=_MARGINAL,
+    grids=tuple({**variant, "seed": (0, 1, 2)} for variant in _MARGINAL_VARIANTS),
+    description="task variants (short A, tails by first character, z before B, private selectors, "
+                "the no-z control, and pairs): which plateau - marginal or know-nothing shelf - each has",
+    cost="30 runs (10 variants x 3 seeds), 40-90k steps")
+_MARGINAL_SEARCH_2 = SweepSpec(
+    name="marginal-search-2", base="ci", fixed=_MARGINAL,
+    grids=tuple({**variant, "seed": (0, 1, 2)} for variant in _MARGINAL_VARIANTS_2),
+    description="task variants with a cheap marginal (a shared pool of M = 20, 50, 200 targets; Zipf "
+                "first characters) and their control: is there a marginal stage before the drop?",
+    cost="15 runs (5 variants x 3 seeds) of <= 3,000 steps")
+
+
+def _machinery_check(search: SweepSpec, seeds: tuple[int, ...], cost: str) -> SweepSpec:
+    """A marginal search's machinery check: its variants on the 1-layer tiny model for a few hundred steps."""
+    return SweepSpec(name=f"{search.name}-tiny", base="tiny", fixed=_MARGINAL_TINY,
+                     grids=tuple({**grid, "seed": seeds} for grid in search.grids),
+                     description=f"machinery check of {search.name}: the same variants on the 1-layer tiny model, "
+                                 f"{len(seeds)} seed{'s' if len(seeds) > 1 else ''}", cost=cost)
+
+
 SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
     SweepSpec(
         name="quick-k", base="ci", fixed=_QUICK,
@@ -190,31 +214,11 @@ SWEEPS: dict[str, SweepSpec] = {s.name: s for s in [
         grids=({"D": (2500, 5000, 10000), "direction": ("backward", "forward"), "seed": (0, 1, 2)},),
         description="forward A -> B against backward (B, z) -> A at D = 2,500, 5,000 and 10,000, 3 seeds",
         cost="~80k steps (forward up to ~4x backward)"),
-    SweepSpec(
-        # Each block is one hypothesis about what keeps the marginal from coming first (see _MARGINAL).
-        name="marginal-search", base="ci", fixed=_MARGINAL,
-        grids=tuple({**variant, "seed": (0, 1, 2)} for variant in _MARGINAL_VARIANTS),
-        description="task variants (short A, tails by first character, z before B, private selectors, "
-                    "the no-z control, and pairs): which plateau - marginal or know-nothing shelf - each has",
-        cost="30 runs (10 variants x 3 seeds), 40-90k steps"),
-    SweepSpec(
-        name="marginal-search-tiny", base="tiny",
-        fixed={"lr": 3e-3, "stop_after_tau": 1.5, "max_steps": 300, "eval_every": 10, "ckpt_every": 50},
-        grids=tuple({**variant, "seed": (0, 1)} for variant in _MARGINAL_VARIANTS),
-        description="machinery check of marginal-search: the same variants on the 1-layer tiny model, 2 seeds",
-        cost="20 runs, ~5k steps"),
-    SweepSpec(
-        name="marginal-search-2", base="ci", fixed=_MARGINAL,
-        grids=tuple({**variant, "seed": (0, 1, 2)} for variant in _MARGINAL_VARIANTS_2),
-        description="task variants with a cheap marginal (a shared pool of M = 20, 50, 200 targets; Zipf "
-                    "first characters) and their control: is there a marginal stage before the drop?",
-        cost="15 runs (5 variants x 3 seeds) of <= 3,000 steps"),
-    SweepSpec(
-        name="marginal-search-2-tiny", base="tiny",
-        fixed={"lr": 3e-3, "stop_after_tau": 1.5, "max_steps": 300, "eval_every": 10, "ckpt_every": 50},
-        grids=tuple({**variant, "seed": (0,)} for variant in _MARGINAL_VARIANTS_2),
-        description="machinery check of marginal-search-2: the same variants on the 1-layer tiny model, 1 seed",
-        cost="5 runs, ~1.5k steps"),
+    # Each block is one hypothesis about what keeps the marginal from coming first (see _MARGINAL).
+    _MARGINAL_SEARCH,
+    _machinery_check(_MARGINAL_SEARCH, (0, 1), "20 runs, ~5k steps"),
+    _MARGINAL_SEARCH_2,
+    _machinery_check(_MARGINAL_SEARCH_2, (0,), "5 runs, ~1.5k steps"),
     SweepSpec(
         name="seeds-ci", base="ci", grids=_SEEDS,
         description="5 seeds of the ci preset (model and data seed varied): the lead and the circuit over seeds",

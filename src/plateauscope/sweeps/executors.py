@@ -8,14 +8,26 @@ import subprocess
 import time
 from pathlib import Path
 from typing import Any
+
 import torch
 from tqdm.auto import tqdm
+
+from plateauscope.errors import ConfigError
 from plateauscope.processes import available_cores, spawn_pool
-from plateauscope.training import run as rd
-from plateauscope.training.config import ConfigError
+from plateauscope.runs import run as rd
+from plateauscope.sweeps.spec import (
+    EXECUTORS,
+    SUBMITIT_DIR,
+    Job,
+    Point,
+    SweepSpec,
+    expand,
+    plan_jobs,
+    resolve_relative,
+    write_manifest,
+)
 from plateauscope.training.ensemble import train_ensemble
 from plateauscope.training.train import train
-from plateauscope.sweeps.spec import (SUBMITIT_DIR, EXECUTORS, SweepSpec, Point, Job, resolve_relative, expand, write_manifest, plan_jobs)
 
 log = logging.getLogger(__name__)
 

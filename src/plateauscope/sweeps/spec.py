@@ -18,7 +18,7 @@ names (``K``, ``n_b``, ``lr``, ``batch_size``, ``direction``, ``seed``, ``max_st
 Sweep directory::
 
     sweep.json     the sweep's name, base, fixed options and its points (name + options)
-    <run name>/    one run directory per point (the ``plateauscope.training.run`` layout), named by its
+    <run name>/    one run directory per point (the ``plateauscope.runs.run`` layout), named by its
                    options in a fixed order, e.g. ``backward_K10_D5000_lr0.001_bs128_seed0``
 
 Idempotent: a point whose ``summary.json`` says ``complete`` is skipped; any other is trained
@@ -42,11 +42,12 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from plateauscope.training import run as rd
-from plateauscope.training.config import ConfigError, RunConfig
-from plateauscope.training.interventions import INTERVENTION_OPTIONS, has_interventions, top_head
-from plateauscope.training.presets import get_preset
 
+from plateauscope.errors import ConfigError
+from plateauscope.runs import run as rd
+from plateauscope.runs.config import RunConfig
+from plateauscope.runs.interventions import INTERVENTION_OPTIONS, has_interventions, top_head
+from plateauscope.runs.presets import get_preset
 
 SUBMITIT_DIR = ".submitit"
 EXECUTORS: tuple[str, ...] = ("local", "serial", "submitit-local", "slurm")
@@ -132,7 +133,7 @@ RELATIVE_OPTIONS: dict[str, str] = {
 # (``only_head="L.H"`` and ``clamp_layer=L`` are resolved without a baseline: every other head of layer L
 # masked; every head of layer L clamped.)
 """Point options resolved from the point's baseline run once it has trained (interventions relative
-to each seed's own run, ``plateauscope.training.interventions``)."""
+to each seed's own run, ``plateauscope.runs.interventions``)."""
 
 
 def _is_relative(options: dict[str, Any]) -> bool:

@@ -31,6 +31,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 
 from plateauscope.errors import ConfigError
+from plateauscope.model.config import ModelConfig, hooked_config_dict
 
 CAPABILITIES: dict[str, str] = {
     "cue": "a cue the routing must read (attention to the cue, patching by position, the circuit's read positions)",
@@ -111,7 +112,7 @@ class ReferencePredictor:
 
     The training loop logs ``kl_<name>``, the model's KL divergence *from* the reference,
     ``KL(reference || model)``, averaged over the reference sequences and the loss positions
-    (``plateauscope.training.references``). It is finite where the reference is one-hot (then it is the
+    (``plateauscope.runs.references``). It is finite where the reference is one-hot (then it is the
     model's cross-entropy on that token) and 0 for a model that is exactly the reference.
     """
 
@@ -152,7 +153,7 @@ class Task(ABC):
     """A task: its data set, its loss and the named positions the analyses read.
 
     A subclass sets ``name`` and ``Config`` (a frozen dataclass with ``to_dict`` / ``from_dict``
-    and ``validate``, e.g. built on ``plateauscope.training.config.JsonConfig``), and implements the abstract
+    and ``validate``, e.g. built on ``plateauscope.JsonConfig``), and implements the abstract
     members. ``generate(cfg)`` must be deterministic in the config. ``Config.validate()`` raises a
     one-line ``plateauscope.errors.ConfigError`` for an impossible config (``JsonConfig``'s accepts
     everything); ``plateauscope train --set KEY=VALUE`` sets a ``Config`` field.
@@ -205,6 +206,11 @@ class Task(ABC):
         """The positions of the task, as ``config.json`` stores them (plain JSON types)."""
         return {"seq_len": self.seq_len, "input_len": self.input_len, "loss_positions": self.loss_positions,
                 "pred_pos": self.pred_pos}
+
+    def hooked_config(self, model: ModelConfig) -> dict[str, Any]:
+        """The HookedTransformerConfig kwargs of a model of this architecture on this task's vocabulary and
+        context (what ``config.json`` stores as ``hooked_transformer_config``)."""
+        return hooked_config_dict(model, len(self.vocab), self.seq_len)
 
     def decode(self, tokens: Int[Tensor, " seq"]) -> list[str]:
         """Token ids back to text."""
@@ -320,7 +326,7 @@ class Task(ABC):
 
     def candidate_tree(self, evalset: Any) -> tuple[Int[Tensor, "G K K seq"], tuple[int, ...]]:
         """Capability ``candidates``: the ``[group, prompt j, candidate k]`` sequences of an evaluation
-        set, and the positions where their shared prefixes split (``plateauscope.training.scoring``)."""
+        set, and the positions where their shared prefixes split (``plateauscope.model.scoring``)."""
         raise self.missing("candidates", "candidate scoring")
 
     def candidate_metrics(self, scores: Float[Tensor, "G K K"], evalset: Any) -> dict[str, float]:

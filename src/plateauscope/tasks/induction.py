@@ -33,13 +33,9 @@ import torch
 from jaxtyping import Bool, Int
 from torch import Tensor, nn
 
+from plateauscope.errors import ConfigError
+from plateauscope.model.config import JsonConfig, ModelConfig, TrainConfig
 from plateauscope.tasks.base import AttentionRule, ProgressMeasure, PromptPairs, ReferencePredictor, Task
-from plateauscope.training.config import (
-    ConfigError,
-    JsonConfig,
-    ModelConfig,
-    TrainConfig,
-)
 
 BOS = "<BOS>"
 

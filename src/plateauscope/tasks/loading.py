@@ -172,6 +172,6 @@ def _check_class(spec: str, source: str, cls: Any) -> None:
     if not (inspect.isclass(config) and dataclasses.is_dataclass(config)
             and callable(getattr(config, "from_dict", None)) and callable(getattr(config, "to_dict", None))):
         raise TaskError(f"{where}: missing Config, a dataclass with to_dict and from_dict "
-                        "(build it on plateauscope.training.config.JsonConfig)")
+                        "(build it on plateauscope.JsonConfig)")
     if not getattr(cls, "name", None):
         cls.name = spec

@@ -43,8 +43,9 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from plateauscope.errors import ConfigError
+from plateauscope.model.config import JsonConfig, ModelConfig, TrainConfig
 from plateauscope.tasks.base import AttentionRule, ProgressMeasure, PromptPairs, ReferencePredictor, Task, TaskError
-from plateauscope.training.config import ConfigError, JsonConfig, ModelConfig, TrainConfig
 
 BOS = "<BOS>"
 LOSS_FROM = 1

@@ -26,6 +26,7 @@ from torch import Tensor, nn
 
 from plateauscope.tasks import selector_metrics as metrics
 from plateauscope.tasks.base import ProgressMeasure, PromptPairs, ReferencePredictor, Task
+from plateauscope.tasks.selector_config import TaskConfig
 from plateauscope.tasks.selector_layout import (
     BOS,
     SEP,
@@ -33,7 +34,6 @@ from plateauscope.tasks.selector_layout import (
     Layout,
     vocabulary,
 )
-from plateauscope.training.config import TaskConfig
 
 
 def _distinct_codes(rng: np.random.Generator, n: int, space: int) -> np.ndarray:

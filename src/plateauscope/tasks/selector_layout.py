@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plateauscope.training.config import TaskConfig
+from plateauscope.tasks.selector_config import TaskConfig
 
 BOS = "<BOS>"
 SEP = "<SEP>"

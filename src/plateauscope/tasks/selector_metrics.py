@@ -48,9 +48,9 @@ import torch
 from jaxtyping import Bool, Float, Int
 from torch import Tensor, nn
 
-from plateauscope.backend import shares_prefixes
+from plateauscope.model.backend import shares_prefixes
+from plateauscope.model.scoring import shared_prefix_logprobs, target_logprobs
 from plateauscope.tasks.base import Task
-from plateauscope.training.scoring import shared_prefix_logprobs, target_logprobs
 
 
 @dataclass

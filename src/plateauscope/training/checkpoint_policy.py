@@ -17,10 +17,10 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
+from plateauscope.model.config import TrainConfig
+from plateauscope.runs.files import _CKPT_RE, CHECKPOINT_DIR, checkpoint_name, forget_verified
+from plateauscope.runs.metrics import compute_tau, plateau_span
 from plateauscope.tasks.base import ProgressMeasure
-from plateauscope.training.config import TrainConfig
-from plateauscope.training.files import CHECKPOINT_DIR, _CKPT_RE, checkpoint_name, forget_verified
-from plateauscope.training.metrics import compute_tau, plateau_span
 from plateauscope.training.schedule import resume_steps, scheduled_steps
 
 WINDOW_END_TAU = 1.3

@@ -4,7 +4,7 @@ Method. The members' parameters are stacked along a new leading dimension, one l
 per parameter (what ``torch.func.stack_module_state`` does, here from state dicts so that fresh
 and resumed members stack alike). The forward follows the run's ``train.forward``:
 
-* ``fused`` (the default) or ``trimmed``: :func:`plateauscope.training.fused.fused_logits` member by member, on its
+* ``fused`` (the default) or ``trimmed``: :func:`plateauscope.model.fused.fused_logits` member by member, on its
   slices of the stacked tensors: the very kernels of a solo run, so a member is its solo run to the
   last bit.
 * ``hooked``: one pass for all members, ``torch.vmap`` over ``torch.func.functional_call`` of one
@@ -23,7 +23,7 @@ the hot path), tau, ``stop_after_tau`` (an ``EvaluationLog``), and every file of
 loop below takes the solo loop's steps, in its order, through the same ``Schedule`` and ``take_step``.
 A member run therefore has the solo layout and can be resumed, analysed or reported like any other run.
 
-Agreement with solo runs (same torch thread count). ``fused``: identical (``tests/test_sweep.py``).
+Agreement with solo runs (same torch thread count). ``fused``: identical (``tests/sweeps/test_sweep.py``).
 ``hooked``: vmap turns the solo matmuls into batched ones, whose float32 rounding may differ in the
 last bits, and such differences can grow through training. Measured on one thread: identical
 metrics on the ``tiny`` preset, at most 3e-6 apart after 200 steps of ``ci``.
@@ -55,7 +55,8 @@ from torch import Tensor
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
-from plateauscope.backend import (
+from plateauscope.errors import ConfigError
+from plateauscope.model.backend import (
     build_model,
     hooked_parameter_shapes,
     hooked_state_dict,
@@ -63,13 +64,14 @@ from plateauscope.backend import (
     load_hooked_state_dict,
     resolve_backend,
 )
+from plateauscope.model.loss import fused_loss
+from plateauscope.runs import run as rd
+from plateauscope.runs.config import RunConfig
+from plateauscope.runs.files import load_resume_point, resume_state_file
+from plateauscope.runs.interventions import has_interventions
+from plateauscope.runs.machine import machine_record
 from plateauscope.tasks.base import Task
 from plateauscope.tasks.loading import build_task, canonical_task_name
-from plateauscope.training import run as rd
-from plateauscope.training.config import ConfigError, RunConfig
-from plateauscope.training.files import load_resume_point, resume_state_file
-from plateauscope.training.interventions import has_interventions
-from plateauscope.training.machine import machine_record
 from plateauscope.training.train import (
     NO_HOOKS,
     RunState,
@@ -80,7 +82,6 @@ from plateauscope.training.train import (
     deterministic,
     evaluation_sets,
     finish,
-    fused_loss,
     locks_runs,
     prepare_run_dir,
     resolve_device,

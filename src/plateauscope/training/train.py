@@ -4,7 +4,7 @@ The loop's steps are built from pieces that the seed ensemble (``plateauscope.tr
 builds its loop from too, so the two cannot drift apart: :class:`Schedule` (which steps evaluate,
 checkpoint, write a resume state), :class:`RunState` (per run: its :class:`DataOrder`, its
 :class:`EvaluationLog`, the machines and wall clock, and its checkpoints and resume states, written
-through ``plateauscope.training.files``) and :func:`take_step` (the update, with the hooks).
+through ``plateauscope.runs.files``) and :func:`take_step` (the update, with the hooks).
 
 A run is fully determined by its RunConfig: same config and seed, same numbers, bit for bit,
 on the same kind of CPU with the same thread count (float kernels differ between CPU types, and
@@ -15,7 +15,6 @@ and RNG state, so the weights after N + M steps equal those of an uninterrupted 
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import functools
@@ -23,7 +22,7 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec, TypeVar
@@ -33,7 +32,8 @@ from jaxtyping import Float, Int
 from torch import Tensor
 from tqdm.auto import tqdm
 
-from plateauscope.backend import (
+from plateauscope.errors import ConfigError
+from plateauscope.model.backend import (
     backend_optimizer_state,
     build_model,
     hooked_optimizer_state,
@@ -43,12 +43,12 @@ from plateauscope.backend import (
     load_hooked_state_dict,
     resolve_backend,
 )
-from plateauscope.tasks.base import ProgressMeasure, Task, TaskError
-from plateauscope.tasks.loading import build_task, canonical_task_name
-from plateauscope.training import run as rd
-from plateauscope.training.checkpoint_policy import CheckpointPolicy, transition_window
-from plateauscope.training.config import ConfigError, RunConfig, TrainConfig
-from plateauscope.training.files import (
+from plateauscope.model.config import TrainConfig
+from plateauscope.model.fused import unsupported_reason
+from plateauscope.model.loss import fused_loss
+from plateauscope.runs import run as rd
+from plateauscope.runs.config import RunConfig
+from plateauscope.runs.files import (
     TRAIN_LOCK_FILE,
     ResumePoint,
     disk_error,
@@ -57,17 +57,18 @@ from plateauscope.training.files import (
     save_checkpoint_and_state,
     writer_lock,
 )
-from plateauscope.training.fused import fused_logits, unsupported_reason
-from plateauscope.training.interventions import (
+from plateauscope.runs.interventions import (
     Interventions,
     in_part,
     load_donor,
     transplanted,
 )
-from plateauscope.training.machine import describe, machine_record, same_machine
-from plateauscope.training.metrics import compute_tau, summarize
-from plateauscope.training.model import hooked_config_dict
-from plateauscope.training.references import ReferenceLadder, ladder_summary
+from plateauscope.runs.machine import describe, machine_record, same_machine
+from plateauscope.runs.metrics import compute_tau, summarize
+from plateauscope.runs.references import ReferenceLadder, ladder_summary
+from plateauscope.tasks.base import ProgressMeasure, Task, TaskError
+from plateauscope.tasks.loading import build_task, canonical_task_name
+from plateauscope.training.checkpoint_policy import CheckpointPolicy, transition_window
 from plateauscope.training.schedule import resume_steps, scheduled_steps
 
 log = logging.getLogger(__name__)
@@ -125,7 +126,7 @@ NO_HOOKS = TrainingHooks()
 
 def locks_runs(fn: Callable) -> Callable:
     """Train (``fn(cfg_or_cfgs, out_dir_or_dirs, ...)``) holding each run directory's training lock
-    (``plateauscope.training.files.writer_lock``): a second process that trains the same run waits
+    (``plateauscope.runs.files.writer_lock``): a second process that trains the same run waits
     for the first, saying so in one line, then resumes it or stops with one line."""
     @functools.wraps(fn)
     def locked(cfg: Any, out: Any, *args: Any, **kwargs: Any) -> Any:
@@ -165,9 +166,9 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     task = build_task(cfg.task_name, cfg.task)
     check_forward(cfg, task)
     evalsets = evaluation_sets(task, tc, tc.seed)
-    # Interventions (plateauscope.training.interventions) and a transplant's donor are checked before anything is written.
+    # Interventions (plateauscope.runs.interventions) and a transplant's donor are checked before anything is written.
     interventions = Interventions.build(tc, task, cfg.model.n_layers, cfg.model.n_heads)
-    model = build_model(hooked_config_dict(cfg.model, task), backend=backend, seed=cfg.model.seed, device=dev)
+    model = build_model(task.hooked_config(cfg.model), backend=backend, seed=cfg.model.seed, device=dev)
     fresh = not (resume and resume_state_file(out) is not None)
     donor = load_donor(tc, hooked_state_dict(model)) if tc.transplant and fresh else None
     prepare_run_dir(cfg, task, out, resume)
@@ -350,7 +351,7 @@ class RunState:
         """A fresh run (``point`` None), or one resumed from ``point`` (not a complete one): its data order,
         metrics up to the saved step (``metrics.jsonl`` cut back to them and opened), machines and clock.
         ``measure``: what defines tau (the task's progress measure); ``here``: this machine
-        (:func:`plateauscope.training.machine.machine_record`)."""
+        (:func:`plateauscope.runs.machine.machine_record`)."""
         records = [] if point is None else point.records
         return cls(out=out, tc=tc, evalsets=evalsets, order=DataOrder(tc.seed, n_examples, point),
                    evaluations=EvaluationLog(out, records, measure, tc),
@@ -441,20 +442,9 @@ def check_forward(cfg: RunConfig, task: Task) -> None:
                           "pass --forward fused")
 
 
-def fused_loss(model_cfg: object, params: Mapping[str, Tensor], batch: Int[Tensor, "batch seq"], task: Task,
-               trimmed: bool, **interventions: Any) -> Float[Tensor, ""]:
-    """The task's loss of ``batch`` through :func:`plateauscope.training.fused.fused_logits` (``trimmed``: its logits
-    at the task's loss positions alone, and :meth:`Task.loss_at_positions`)."""
-    inputs = batch[:, : task.input_len]
-    if trimmed:
-        logits = fused_logits(model_cfg, params, inputs, positions=task.loss_positions, **interventions)
-        return task.loss_at_positions(logits, batch)
-    return task.loss(fused_logits(model_cfg, params, inputs, **interventions), batch)
-
-
 def adamw(params: Iterable[Tensor], tc: TrainConfig) -> torch.optim.AdamW:
     """The run's AdamW. ``foreach=True``: on a CPU, torch's default is the single-tensor loop, and
-    the multi-tensor one computes the same numbers bit for bit (``tests/test_train.py`` checks a run
+    the multi-tensor one computes the same numbers bit for bit (``tests/training/test_train.py`` checks a run
     against a loop with the default) in about a third less time on the ``ci`` model
     (``bench/train_step.py --only-optimizer``; the numbers and their CPU are in the performance page
     of the docs). On CUDA it is already the default."""
@@ -488,7 +478,7 @@ def prepare_run_dir(cfg: RunConfig, task: Task, out: Path, resume: bool) -> dict
     config when resuming; return the HookedTransformerConfig kwargs of the run."""
     if len(task.tokens) < cfg.train.batch_size:
         raise ConfigError(f"batch_size={cfg.train.batch_size} is larger than the data set (D={len(task.tokens)})")
-    hooked_cfg = hooked_config_dict(cfg.model, task)
+    hooked_cfg = task.hooked_config(cfg.model)
     existing = out / rd.CONFIG_FILE
     if existing.exists():
         if not resume:
@@ -596,10 +586,6 @@ def finish(out: Path, records: list[dict], task: Task, step: int, evalset: Any, 
     return summary
 
 
-def _fmt(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:.2f}"
-
-
 def _bar_fields(record: dict, progress: ProgressMeasure) -> dict:
     if not progress.falls or record.get(progress.key) is None:
         return {"loss": f"{record['loss']:.3f}", "acc": f"{record['accuracy']:.2f}"}
@@ -616,11 +602,3 @@ def default_run_name(cfg: RunConfig) -> str:
     label = cfg.task.run_label() if hasattr(cfg.task, "run_label") else \
         Path(cfg.task_name.rpartition(":")[2] or cfg.task_name).stem.lower()
     return f"{cfg.preset or 'custom'}_{label}_lr{tr.lr:g}_bs{tr.batch_size}_seed{tr.seed}"
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose usage errors are one line on stderr (exit code 2), not usage + error."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        """Print a usage error as one line and exit with code 2."""
-        self.exit(2, f"error: {message} (see {self.prog} --help)\n")

@@ -21,16 +21,17 @@ from plotly.subplots import make_subplots
 
 from plateauscope.analysis.components import GAP_FLOOR, gap_problem
 from plateauscope.analysis.hessian import PAPER_ANISOTROPY
-from plateauscope.analysis.results import na
 from plateauscope.analysis.snap import (
     SNAP_HI,
     SNAP_LO,
     group_accuracies,
     snap_statistics,
 )
+from plateauscope.model.heads import head_label
+from plateauscope.runs.metrics import MARGINAL_REL, plateau_span
+from plateauscope.runs.references import kl_key
 from plateauscope.tasks.base import ProgressMeasure
-from plateauscope.training.metrics import MARGINAL_REL, plateau_span
-from plateauscope.training.references import kl_key
+from plateauscope.views.phrases import na
 
 SELECTOR_COLOR = "#d62728"
 OTHER_COLOR = "rgba(120, 120, 120, 0.55)"
@@ -44,10 +45,6 @@ Captioned = tuple[go.Figure, str]
 
 # ---- helpers ------------------------------------------------------------------------------
 
-
-def head_label(layer: int, head: int) -> str:
-    """``L{layer}H{head}``, the name of a head everywhere in this project."""
-    return f"L{layer}H{head}"
 
 
 def _landmarks(tau: int | None, t_form: int | None) -> list[tuple[str, float]]:
@@ -91,12 +88,17 @@ def _nan_to_none(a: np.ndarray) -> list:
     return np.where(np.isnan(a), None, a).tolist()
 
 
-def _layout(fig: go.Figure, title: str, x_title: str, y_title: str, height: int = FIGURE_HEIGHT) -> go.Figure:
+def layout(fig: go.Figure, title: str, x_title: str, y_title: str, height: int = FIGURE_HEIGHT,
+           legend: bool = True, top: int = 80, log: bool | None = None) -> go.Figure:
+    """The house style of every figure: the title on the left, ``plotly_white``, hover on the nearest point,
+    the legend to the right (``legend``), ``top`` pixels above the plot, and the axes' titles; ``log``:
+    both axes logarithmic (True) or linear (False), said explicitly (None: plotly's choice)."""
+    legend_ = {"legend": {"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0}} if legend else {}
     fig.update_layout(title={"text": title, "x": 0.0, "xanchor": "left"}, height=height, template="plotly_white",
-                      legend={"orientation": "v", "x": 1.02, "xanchor": "left", "y": 1.0},
-                      margin={"l": 70, "r": 30, "t": 80, "b": 55}, hovermode="closest")
-    fig.update_xaxes(title_text=x_title)
-    fig.update_yaxes(title_text=y_title)
+                      **legend_, margin={"l": 70, "r": 30, "t": top, "b": 55}, hovermode="closest")
+    axis_type = {} if log is None else {"type": "log" if log else "linear"}
+    fig.update_xaxes(title_text=x_title, **axis_type)
+    fig.update_yaxes(title_text=y_title, **axis_type)
     return fig
 
 
@@ -175,7 +177,7 @@ def loss_curves(records: list[dict[str, Any]], progress: ProgressMeasure, tau: i
                                  "font": {"size": 11, "color": "#e377c2"}}, row=1, col=1)
         verdict = f"; plateau: {plateau.get('verdict') or 'none'}"
     _add_landmarks(fig, tau, t_form, rows=(1, 2))
-    _layout(fig, f"Loss across training ({hl} = {height:.3f}{verdict})", "", "", height=560)
+    layout(fig, f"Loss across training ({hl} = {height:.3f}{verdict})", "", "", height=560)
     fig.update_xaxes(title_text="step", row=2, col=1)
     fig.update_yaxes(title_text=f"{progress.label} / {hl}", row=1, col=1, secondary_y=False, rangemode="tozero")
     fig.update_yaxes(title_text="nats", row=1, col=1, secondary_y=True, rangemode="tozero", showgrid=False,
@@ -232,7 +234,7 @@ def attention_heatmap(records: list[dict[str, Any]], head: Sequence[int] | None 
         fig.add_shape(type="rect", xref="paper", x0=0, x1=1, yref="y", y0=row - 0.5, y1=row + 0.5,
                       line={"color": SELECTOR_COLOR, "width": 2.5})
     _add_landmarks(fig, tau, t_form)
-    _layout(fig, "Attention to the cue from the prediction position, per head", "step", "head")
+    layout(fig, "Attention to the cue from the prediction position, per head", "step", "head")
     fig.update_yaxes(autorange="reversed", type="category")
     caption = (f"Each row is a head's attention from the prediction position to the cue; the routing head "
                f"{sel or '(none)'} (★, boxed) goes halfway up at t_form = "
@@ -245,7 +247,7 @@ def _attention_lines(steps: list[int], grid: np.ndarray, head: Sequence[int] | N
     """One attention line per head over steps (``head`` highlighted), landmarks, a 0..1 axis."""
     fig = _per_head_lines(steps, grid, head, "lines", 0.7)
     _add_landmarks(fig, tau, t_form)
-    _layout(fig, title, "step", y_title)
+    layout(fig, title, "step", y_title)
     fig.update_yaxes(range=[0, 1])
     _log_x_toggle(fig)
     return fig
@@ -315,7 +317,7 @@ def patching_slider(records: list[dict[str, Any]], head: Sequence[int] | None = 
               "steps": [{"label": str(s), "method": "animate",
                          "args": [[str(s)], {"mode": "immediate", "frame": {"duration": 0, "redraw": True},
                                              "transition": {"duration": 0}}]} for s in steps]}
-    _layout(fig, title(last), "head", "layer", height=380 + 40 * n_layers)
+    layout(fig, title(last), "head", "layer", height=380 + 40 * n_layers)
     fig.update_layout(sliders=[slider])
     fig.update_yaxes(autorange="reversed")
     what = "logits restored (patched - corrupt)" if value == "effect" else "normalised effect (1 = fully restored)"
@@ -346,7 +348,7 @@ def routing_patching_lines(exact: list[dict[str, Any]], attribution: list[dict[s
                              name="clean - corrupt gap (full restoration)", mode="lines",
                              line={"color": "#7f7f7f", "dash": "dash", "width": 1.5}))
     _add_landmarks(fig, tau, t_form)
-    _layout(fig, f"Patching effect of the routing head {head_label(l, h)} over training", "step",
+    layout(fig, f"Patching effect of the routing head {head_label(l, h)} over training", "step",
             "logit difference restored (patched - corrupt)")
     _log_x_toggle(fig)
 
@@ -403,7 +405,7 @@ def ablation_lines(records: list[dict[str, Any]], log_k: float, head: Sequence[i
     fig.add_hline(y=log_k, line={"color": "#1f77b4", "dash": "dot", "width": 1},
                   label={"text": height_label, "textposition": "end", "font": {"size": 11, "color": "#1f77b4"}})
     _add_landmarks(fig, tau, t_form)
-    _layout(fig, f"{label[0].upper() + label[1:]} with one head ablated (zero: solid, mean: dashed)", "step",
+    layout(fig, f"{label[0].upper() + label[1:]} with one head ablated (zero: solid, mean: dashed)", "step",
             f"{label} (nats)")
     fig.update_yaxes(rangemode="tozero")
     _log_x_toggle(fig)
@@ -430,7 +432,7 @@ def head_share_lines(records: list[dict[str, Any]], head: Sequence[int] | None =
     grid = np.stack([_array(r["shares"]["share"]) for r in records]) if records else np.zeros((0, 0, 0))
     fig = _per_head_lines(steps, grid, head, "lines+markers", 0.75)
     _add_landmarks(fig, tau, t_form)
-    _layout(fig, "Each head's share of the positive head-patching effect", "step", "share of summed positive effect")
+    layout(fig, "Each head's share of the positive head-patching effect", "step", "share of summed positive effect")
     fig.update_yaxes(range=[0, 1])
     _log_x_toggle(fig)
     if records:
@@ -468,7 +470,7 @@ def snap_raster(records: list[dict[str, Any]], tau: int | None = None, t_form: i
                              name="mean group accuracy", line={"color": "#1f77b4", "width": 1.5, "dash": "dash"}),
                   row=2, col=1)
     _add_landmarks(fig, tau, t_form, rows=(1, 2))
-    _layout(fig, f"Collective snap: exact-match accuracy of {n_groups} tracked groups", "", "", height=620)
+    layout(fig, f"Collective snap: exact-match accuracy of {n_groups} tracked groups", "", "", height=620)
     fig.update_layout(legend={"y": 0.27, "yanchor": "top"})
     fig.update_xaxes(title_text="step", row=2, col=1)
     fig.update_yaxes(title_text="group (ordered by snap step)", showticklabels=False, row=1, col=1)
@@ -586,7 +588,7 @@ def llc_figure(summary: dict[str, Any], title: str = "Local learning coefficient
         fig.add_trace(go.Scatter(x=[steps[i] for i in bad], y=[llc[i] for i in bad], mode="markers",
                                  name="chains not stationary", marker={"symbol": "x", "size": 10, "color": SELECTOR_COLOR}))
     _add_landmarks(fig, summary.get("tau"), summary.get("t_form"))
-    _layout(fig, title, "step", "LLC estimate (SGLD)")
+    layout(fig, title, "step", "LLC estimate (SGLD)")
     _log_x_toggle(fig)
     s = summary["settings"]
     calib = summary.get("calibration")
@@ -606,7 +608,7 @@ def ladder_lines(records: list[dict[str, Any]], ladder: dict[str, Any], tau: int
                  t_form: int | None = None) -> Captioned:
     """The model's KL from each reference predictor over steps (log scale), the stages shaded.
 
-    ``ladder`` is the ``ladder`` block of ``summary.json`` (``plateauscope.training.references.ladder_summary``):
+    ``ladder`` is the ``ladder`` block of ``summary.json`` (``plateauscope.runs.references.ladder_summary``):
     the rungs in order, the stage segments and the plateau's stage.
     """
     refs = ladder["references"]
@@ -623,7 +625,7 @@ def ladder_lines(records: list[dict[str, Any]], ladder: dict[str, Any], tau: int
         fig.add_trace(go.Scatter(x=steps, y=[max(r[kl_key(x["name"])], 1e-4) for r in rec], mode="lines",
                                  name=f"KL from {x['label']}", line={"color": colors[x["name"]], "width": 2}))
     _add_landmarks(fig, tau, t_form)
-    _layout(fig, "Distance to each reference predictor", "step", "KL(reference || model), nats per token")
+    layout(fig, "Distance to each reference predictor", "step", "KL(reference || model), nats per token")
     fig.update_yaxes(type="log")
     _log_x_toggle(fig)
     reached = sorted(ladder.get("first_reached", {}).items(), key=lambda kv: kv[1])

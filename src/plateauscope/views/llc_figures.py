@@ -15,17 +15,17 @@ import numpy as np
 import plotly.graph_objects as go
 
 from plateauscope.analysis.head_llc import STABILITY_FLOOR
-from plateauscope.analysis.results import na
+from plateauscope.model.heads import head_label
 from plateauscope.views.figures import (
     HEAD_COLORS,
     SELECTOR_COLOR,
     Captioned,
     _add_landmarks,
-    _layout,
     _log_x_toggle,
     _nan_to_none,
-    head_label,
+    layout,
 )
+from plateauscope.views.phrases import na
 
 
 def _grid(summary: dict[str, Any]) -> np.ndarray:
@@ -76,7 +76,7 @@ def head_llc_heatmap(summary: dict[str, Any], step: int | None = None) -> Captio
                                z=_nan_to_none(z), text=text, texttemplate="%{text}", colorscale="Viridis",
                                colorbar={"title": {"text": "LLC"}}, name="per-head LLC",
                                hovertemplate="%{x}, %{y}<br>LLC %{z:.2f}<extra></extra>"))
-    _layout(fig, f"Per-head LLC at step {step}", "layer", "head")
+    layout(fig, f"Per-head LLC at step {step}", "layer", "head")
     fig.update_yaxes(autorange="reversed", type="category")
     values = grid[i]
     top, low = int(np.nanargmax(values)), int(np.nanargmin(values))
@@ -103,7 +103,7 @@ def head_llc_time_heatmap(summary: dict[str, Any]) -> Captioned:
                       line={"color": SELECTOR_COLOR, "width": 2.5})
     tau, t_form = summary.get("tau"), summary.get("t_form")
     _add_landmarks(fig, tau, t_form)
-    _layout(fig, "Per-head LLC over training", "step", "head")
+    layout(fig, "Per-head LLC over training", "step", "head")
     fig.update_yaxes(autorange="reversed", type="category")
     change = grid[-1] - grid[0]
     up = int(np.nanargmax(change))
@@ -133,7 +133,7 @@ def head_llc_curves(summary: dict[str, Any]) -> Captioned:
             marker={"size": 6 if marked else 3}, opacity=1.0 if marked else 0.75))
     tau, t_form = summary.get("tau"), summary.get("t_form")
     _add_landmarks(fig, tau, t_form)
-    _layout(fig, "Per-head LLC over training, coloured by cluster", "step", "per-head LLC")
+    layout(fig, "Per-head LLC over training, coloured by cluster", "step", "per-head LLC")
     _log_x_toggle(fig)
     k = clusters.get("n_clusters", 1)
     parts = []

@@ -10,7 +10,7 @@ report writes it next to ``report.html`` and shows it first; ``make figures`` co
 ``docs/pages/images/demo.svg`` for the README. A static SVG (no script): it renders on GitHub, in
 the docs and in the report, and the demo's is about 30 kB. Axis ticks are ``<text>`` elements whose
 ``x`` (or ``y``) is the tick's position, so the drawn values can be read back from the file
-(``tests/test_overview.py`` does).
+(``tests/views/test_overview.py`` does).
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from typing import Any
 
 import numpy as np
 
-from plateauscope.analysis.results import na
+from plateauscope.model.heads import head_label
+from plateauscope.runs.metrics import plateau_span
 from plateauscope.tasks.base import ProgressMeasure
-from plateauscope.training.metrics import plateau_span
+from plateauscope.views.phrases import na
 
 WIDTH, HEIGHT = 780, 440
 LEFT, RIGHT = 64, 150
@@ -145,7 +146,7 @@ def overview_svg(metrics: list[dict[str, Any]], attention: list[dict[str, Any]],
         routing = head is not None and h == head[1]
         parts.append(_polyline(attn_ax, att_steps, grid[:, layer, h].tolist(),
                                ROUTING_COLOR if routing else OTHER_HEAD_COLOR, 2.2 if routing else 1.0,
-                               "routing-head" if routing else f"head-L{layer}H{h}", label=f"L{layer}H{h}"))
+                               "routing-head" if routing else f"head-{head_label(layer, h)}", label=head_label(layer, h)))
     if head is not None:
         legend.append((ROUTING_COLOR, f"routing head {selector.get('label')}"))
         legend.append((OTHER_HEAD_COLOR, f"other layer-{layer} heads"))

@@ -9,10 +9,11 @@ first figure inlines plotly.js (``figure_section(..., include_plotlyjs=True)``).
 from __future__ import annotations
 
 import html
+import time
 from pathlib import Path
 from typing import Any
 
-from plateauscope.training.run import write_text_atomic
+from plateauscope.runs.run import write_text_atomic
 
 CSS = """
 body { font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; margin: 0; color: #222;
@@ -58,6 +59,12 @@ def page(title: str, parts: list[str]) -> str:
 
 LIVE_RELOAD_S = 30
 """How often a live page (:func:`with_live_status`) reloads itself in the browser, in seconds."""
+
+
+def live_status(step: int, max_steps: int) -> str:
+    """The banner of a live page: the last analysed step of the run's planned steps, and the time now."""
+    return (f"live: last analysed step {step} of {max_steps}, refreshed {time.strftime('%H:%M:%S')}; until training "
+            "ends, attribution patching stands in for exact patching and the landmarks are not yet analysed")
 
 
 def with_live_status(text: str, live: str | None) -> str:

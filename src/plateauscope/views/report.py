@@ -32,9 +32,9 @@ import circuitsvis as cv
 from circuitsvis.utils.render import RenderedHTML
 
 from plateauscope.analysis.analyze import load_analysis
-from plateauscope.analysis.attention import attention_patterns
-from plateauscope.analysis.circuit import reads_cue_text
+from plateauscope.analysis.attention import example_patterns
 from plateauscope.analysis.changepoint import moved_first
+from plateauscope.analysis.landmarks import nearest
 from plateauscope.analysis.results import (
     HEAD_LLC_SUMMARY_FILE,
     LLC_SUMMARY_FILE,
@@ -42,17 +42,18 @@ from plateauscope.analysis.results import (
     REPORT_FILE,
     analysis_dir,
     median,
-    na,
     routing_summary_path,
 )
 from plateauscope.analysis.snap import snap_statistics
-from plateauscope.training.machine import describe
-from plateauscope.training.run import Run, RunError, read_json, write_text_atomic
-from plateauscope.views.figures import all_figures, head_label, llc_figure
+from plateauscope.model.heads import head_label
+from plateauscope.runs.machine import describe
+from plateauscope.runs.run import Run, RunError, read_json, write_text_atomic
+from plateauscope.views.figures import all_figures, llc_figure
 from plateauscope.views.llc_figures import head_llc_curves
-from plateauscope.views.timeline_figures import run_timeline
 from plateauscope.views.overview import overview_svg
 from plateauscope.views.pages import figure_section, page, table_html, write_page
+from plateauscope.views.phrases import na, reads_cue_text
+from plateauscope.views.timeline_figures import run_timeline
 
 MOMENTS: tuple[str, ...] = ("plateau start", "t_form", "tau/2", "tau", "end")
 """The moments at which attention patterns are shown (each at the nearest checkpoint)."""
@@ -63,13 +64,6 @@ _CV_RENDER = "CircuitsVis.render("
 _SOURCE_MAP = re.compile(r"^//# sourceMappingURL=.*$", re.MULTILINE)
 
 # ---- the pieces ---------------------------------------------------------------------------
-
-
-def nearest(steps: Sequence[int], target: float | int) -> int:
-    """The checkpoint step nearest ``target`` (the earlier one on a tie)."""
-    if not steps:
-        raise RunError("the run has no checkpoints")
-    return min(steps, key=lambda s: (abs(s - target), s))
 
 
 def moment_targets(steps: Sequence[int], plateau_start: int | None, tau: int | None,
@@ -102,13 +96,10 @@ def _views(run: Run, step: int, layers: Sequence[int], examples: Sequence[int],
            routing_head: Sequence[int] | None, top_heads: Sequence[Sequence[int]]
            ) -> tuple[list[tuple[int, int, RenderedHTML]], list[tuple[int, RenderedHTML]]]:
     """Per-layer views and, when ``top_heads`` is not empty, one view per example of just those heads."""
-    task = run.task()
-    tokens = task.tokens[list(examples)]
-    patterns = attention_patterns(run.model(step), tokens, task.input_len)  # [N, L, H, q, k]
+    inputs, patterns = example_patterns(run, step, examples)  # patterns: [N, L, H, q, k]
     sel = tuple(routing_head) if routing_head is not None else None
     out, top = [], []
-    for n, ex in enumerate(examples):
-        words = task.decode(tokens[n, : task.input_len])
+    for n, (ex, words) in enumerate(zip(examples, inputs)):
         for layer in layers:
             names = [head_label(layer, h) + (" (selector)" if (layer, h) == sel else "")
                      for h in range(patterns.shape[2])]
@@ -346,7 +337,7 @@ def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str
     parts += _attention_section(run, sel, n_examples, seed)
     parts.append('<p class="note">Written by <code>plateauscope report</code>; definitions: '
                  "<code>plateauscope.analysis.formation</code> (selector head, t_form, lead fraction), "
-                 "<code>plateauscope.analysis.snap</code> (snap statistics), <code>plateauscope.training.metrics</code> (tau, plateau), "
+                 "<code>plateauscope.analysis.snap</code> (snap statistics), <code>plateauscope.runs.metrics</code> (tau, plateau), "
                  "<code>plateauscope.analysis.llc</code> (local learning coefficient).</p>")
     return page(f"Report: {run.path.name}", parts)
 
@@ -387,7 +378,7 @@ def write_report(run_dir: str | Path, out: str | Path | None = None, n_examples:
                  live: str | None = None) -> Path:
     """Write the report (default ``RUN/report.html``) and, next to it, the run at a glance
     (``overview.svg``); return the report's path. ``live``: the status line of a run still being
-    followed (``plateauscope.views.live``)."""
+    followed (``plateauscope.analysis.follow``)."""
     path = Path(out) if out is not None else Path(run_dir) / REPORT_FILE
     write_text_atomic(path.parent / OVERVIEW_FILE, build_overview(run_dir)[0])
     return write_page(path, build_report(run_dir, n_examples, seed), live)

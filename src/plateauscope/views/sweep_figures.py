@@ -1,6 +1,6 @@
 """Figures of a sweep: the fits of ``plateauscope.dynamics`` in, ``(plotly Figure, one-sentence caption)`` out.
 
-Pure functions, as in ``plateauscope.views.figures``: rows and fits (``plateauscope.dynamics.load_sweep`` /
+Pure functions, as in ``plateauscope.views.figures``: rows and fits (``plateauscope.dynamics.sweep.load_sweep`` /
 ``analyze_sweep``) in, figures out; nothing is read or written.
 """
 
@@ -12,18 +12,18 @@ import numpy as np
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from plateauscope.dynamics import Sweep, direction_text, effect_text, fit_text
 from plateauscope.dynamics.noise import noise_claims
+from plateauscope.dynamics.sweep import Sweep
+from plateauscope.views.figures import layout
+from plateauscope.views.phrases import direction_text, effect_text, fit_text
 
 Captioned = tuple[go.Figure, str]
 
 
-def _layout(fig: go.Figure, title: str, x: str, y: str, log: bool = True) -> go.Figure:
-    fig.update_layout(title={"text": title, "x": 0.0, "xanchor": "left"}, height=440, template="plotly_white",
-                      margin={"l": 70, "r": 30, "t": 70, "b": 55}, hovermode="closest")
-    fig.update_xaxes(title_text=x, type="log" if log else "linear")
-    fig.update_yaxes(title_text=y, type="log" if log else "linear")
-    return fig
+SWEEP_STYLE = {"height": 440, "legend": False, "top": 70, "log": True}
+"""The sweep's figures: shorter, no legend box, log-log axes."""
+SWEEP_LINEAR = {**SWEEP_STYLE, "log": False}
+"""The same with linear axes."""
 
 
 def tau_against(rows: list[dict], fit: dict | None, factor: str, label: str) -> Captioned:
@@ -37,7 +37,7 @@ def tau_against(rows: list[dict], fit: dict | None, factor: str, label: str) -> 
         xs = np.geomspace(min(fit["values"]), max(fit["values"]), 50)
         fig.add_trace(go.Scatter(x=xs, y=fit["c"] * xs ** fit["slope"], mode="lines",
                                  name=f"fit: slope {fit['slope']:.2f}", line={"color": "#d62728"}))
-    _layout(fig, f"tau against {label}", label, "tau (steps)")
+    layout(fig, f"tau against {label}", label, "tau (steps)", **SWEEP_STYLE)
     caption = (f"Each dot is a run; the line is the least-squares fit of log tau on log {label}, slope "
                f"{fit_text(fit)}.")
     return fig, caption
@@ -51,7 +51,7 @@ def noise_figure(batch: dict | None, batch_steps: dict | None, lr: dict | None, 
               (lr, "steps at tau", "learning rate"))
     fig = make_subplots(rows=1, cols=3, subplot_titles=("tau in tokens vs batch size", "tau in steps vs batch size",
                                                         "tau in steps vs learning rate"))
-    _layout(fig, "Gradient noise and the waiting time (mean over seeds, 95% interval)", "", "")
+    layout(fig, "Gradient noise and the waiting time (mean over seeds, 95% interval)", "", "", **SWEEP_STYLE)
     for col, (eff, y_title, x_title) in enumerate(panels, start=1):
         fig.update_xaxes(title_text=x_title, row=1, col=col)
         fig.update_yaxes(title_text=y_title, row=1, col=col)
@@ -76,7 +76,7 @@ def direction_figure(ratios: list[dict]) -> Captioned:
     labels = [f"D={d['D']}" for d in ratios]
     fig = go.Figure([go.Bar(x=labels, y=[d["backward"] for d in ratios], name="backward (B, z) -> A"),
                      go.Bar(x=labels, y=[d["forward"] for d in ratios], name="forward A -> B")])
-    _layout(fig, "Directional asymmetry (steps to 50% exact-match accuracy)", "", "steps", log=False)
+    layout(fig, "Directional asymmetry (steps to 50% exact-match accuracy)", "", "steps", **SWEEP_LINEAR)
     return fig, f"Forward / backward: {direction_text(ratios)} (the paper: 1.7x to 4.4x)."
 
 
@@ -87,7 +87,7 @@ def snap_figure(rows: list[dict]) -> Captioned:
     names = [r["name"] for r in rs]
     fig.add_trace(go.Bar(x=names, y=[r["snap_share_at_half_tau"] for r in rs], name="share at tau/2"), row=1, col=1)
     fig.add_trace(go.Bar(x=names, y=[r["snap_window_tau"] for r in rs], name="window / tau"), row=1, col=2)
-    _layout(fig, "Collective snap per run", "", "", log=False)
+    layout(fig, "Collective snap per run", "", "", **SWEEP_LINEAR)
     fig.update_yaxes(range=[0, 1], row=1, col=1)
     return fig, ("Left: no group should be accurate at tau/2 (the paper: 0 of 200); right: each group goes from "
                  "< 20% to >= 80% within a short window (the paper: about 0.5 tau).")
@@ -101,7 +101,7 @@ def collapse_figure(rows: list[dict], curves: dict[str, tuple[list[int], list[fl
             steps, loss = curves[r["name"]]
             fig.add_trace(go.Scatter(x=[s / r["tau"] for s in steps], y=loss, mode="lines", name=r["name"],
                                      line={"width": 1.2}, opacity=0.75))
-    _layout(fig, "Every run, time in units of its own tau", "step / tau", "candidate loss / log K", log=False)
+    layout(fig, "Every run, time in units of its own tau", "step / tau", "candidate loss / log K", **SWEEP_LINEAR)
     return fig, ("If one mechanism sets the waiting time, the curves fall onto one another once time is measured "
                  "in units of tau: a plateau at 1, then the drop through 0.5 at step / tau = 1.")
 

@@ -18,8 +18,9 @@ from __future__ import annotations
 import html
 from typing import Any
 
-from plateauscope.dynamics import TABLE_COLUMNS, Sweep, summary_lines
+from plateauscope.dynamics.sweep import Sweep
 from plateauscope.views.pages import figure_section, page, table_html
+from plateauscope.views.phrases import TABLE_COLUMNS, summary_lines
 from plateauscope.views.sweep_figures import sweep_figures
 
 
@@ -35,7 +36,7 @@ def build_sweep_report(sweep: Sweep, result: dict[str, Any]) -> str:
                      for r in sweep.rows)
     parts += ["<h2>Runs</h2>", f'<table class="summary"><tr>{header}</tr>\n{body}\n</table>',
               '<p class="note">Written by <code>plateauscope dynamics</code>; definitions in its module '
-              "docstring; tau: <code>plateauscope.training.metrics.compute_tau</code>.</p>"]
+              "docstring; tau: <code>plateauscope.runs.metrics.compute_tau</code>.</p>"]
     return page(f"Sweep: {sweep.name}", parts)
 
 

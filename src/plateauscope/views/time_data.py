@@ -23,11 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from plateauscope.analysis.analyze import AnalysisSettings, load_analysis
-from plateauscope.analysis.edges import edges_summary, graph_of_record, stability
-from plateauscope.analysis.head_llc import parse_head_label
-from plateauscope.analysis.results import HEAD_LLC_SUMMARY_FILE, analysis_dir, na
-from plateauscope.training.references import kl_key
-from plateauscope.training.run import Run, RunError, read_json
+from plateauscope.analysis.edges import edges_summary, graph_of_record
+from plateauscope.analysis.results import HEAD_LLC_SUMMARY_FILE, analysis_dir
+from plateauscope.model.heads import parse_head_label
+from plateauscope.runs.references import kl_key
+from plateauscope.runs.run import Run, RunError, read_json
+from plateauscope.views.phrases import na, stability
 
 CURVE_KEYS = ("set_loss", "loss")
 """Logged fields drawn next to the progress measure and the cue effect, when a run has them."""

@@ -13,7 +13,6 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-
 Captioned = tuple[go.Figure, str]
 
 SIGNAL_COLOR = "#1f77b4"
@@ -23,7 +22,8 @@ ROW_HEIGHT = 26
 """Pixels per signal row."""
 
 
-def _layout(fig: go.Figure, title: str, rows: list[str], xs: list[float]) -> go.Figure:
+def _frame(fig: go.Figure, title: str, rows: list[str], xs: list[float]) -> go.Figure:
+    """A timeline's frame: one row per signal, change points in units of tau, lines at tau/2 and tau."""
     fig.update_layout(title={"text": title, "x": 0.0, "xanchor": "left"}, template="plotly_white",
                       height=max(320, 140 + ROW_HEIGHT * len(rows)), margin={"l": 200, "r": 30, "t": 70, "b": 55},
                       hovermode="closest", legend={"orientation": "h", "x": 0.0, "y": -0.18})
@@ -61,7 +61,7 @@ def run_timeline(result: dict[str, Any], title: str | None = None) -> Captioned:
                                  marker={"size": 10, "color": ALTERNATIVE_COLOR, "symbol": "diamond-open"},
                                  hovertemplate="%{y}: %{x:.3f} τ<extra></extra>"))
     lo, hi = result["baseline_window"]
-    _layout(fig, title or f"{result['run']}: which signal moved first", order + list(others),
+    _frame(fig, title or f"{result['run']}: which signal moved first", order + list(others),
             [at[n] for n in order] + list(others.values()) + [lo / tau])
     fig.add_vrect(x0=lo / tau, x1=hi / tau, fillcolor="#2ca02c", opacity=0.08, line_width=0,
                   annotation_text="band read here", annotation_position="top left")
@@ -109,7 +109,7 @@ def seeds_timeline(summary: dict[str, Any], title: str | None = None) -> Caption
     fig.add_trace(go.Scatter(x=xs, y=ys, mode="markers", name="each seed", text=runs,
                              marker={"size": 5, "color": SEED_COLOR},
                              hovertemplate="%{text}: %{x:.3f} τ<extra></extra>"))
-    _layout(fig, title or f"Which signal moved first over {len(summary['runs'])} runs", order, xs)
+    _frame(fig, title or f"Which signal moved first over {len(summary['runs'])} runs", order, xs)
     labels = sorted({ends[n][2] for n in order if ends[n]})
     pairs = summary.get("pairs") or []
     weakest = min(pairs, key=lambda p: (p["agree"] / p["n"] if p["n"] else 0.0), default=None)

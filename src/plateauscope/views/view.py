@@ -23,6 +23,6 @@ from plateauscope.views.time_view import render_time_view
 
 def write_view(run_dir: str | Path, out: str | Path | None = None, live: str | None = None) -> Path:
     """Write the view (default ``RUN/view.html``) from the run's cached analyses; return its path.
-    ``live``: the status line of a run still being followed (``plateauscope.views.live``)."""
+    ``live``: the status line of a run still being followed (``plateauscope.analysis.follow``)."""
     path = Path(out) if out is not None else Path(run_dir) / VIEW_FILE
     return write_page(path, render_time_view(time_view_data(run_dir)), live)

@@ -1,0 +1,122 @@
+"""The run at a glance (``plateauscope.views.overview``): the drawn values read back from the SVG's own axis
+ticks equal the data, its caption equals the data's landmarks, and the committed demo figure agrees
+with itself and with the README caption under it."""
+
+import math
+import re
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from plateauscope.analysis.results import OVERVIEW_FILE
+from plateauscope.runs.metrics import compute_tau
+from plateauscope.runs.run import Run
+from plateauscope.tasks.base import ProgressMeasure
+from plateauscope.views.overview import overview_svg
+from plateauscope.views.report import build_overview, write_report
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_FIGURE = ROOT / "docs" / "pages" / "images" / "demo.svg"
+NS = {"svg": "http://www.w3.org/2000/svg"}
+
+
+def _axis(root: ET.Element, tick_class: str, coord: str) -> tuple[float, float]:
+    """Slope and intercept of value = a * pixel + b, fitted to the tick labels of one axis."""
+    ticks = [t for t in root.iter(f"{{{NS['svg']}}}text") if t.get("class") == tick_class]
+    assert len(ticks) >= 2, tick_class
+    px = np.array([float(t.get(coord)) for t in ticks])
+    values = np.array([float(t.text) for t in ticks])
+    a, b = np.polyfit(px, values, 1)
+    assert np.allclose(a * px + b, values, atol=1e-3 * np.ptp(values)), "ticks are not linear"
+    return a, b
+
+
+def _read_back(root: ET.Element, element_id: str, y_ticks: str) -> tuple[np.ndarray, np.ndarray]:
+    """(steps, values) of a polyline, through the axes' tick labels (not the drawing code's scale)."""
+    line = root.find(f".//svg:polyline[@id='{element_id}']", NS)
+    assert line is not None, element_id
+    pts = np.array([[float(v) for v in p.split(",")] for p in line.get("points").split()])
+    ax, bx = _axis(root, "xtick", "x")
+    ay, by = _axis(root, y_ticks, "y")
+    return ax * pts[:, 0] + bx, ay * pts[:, 1] + by
+
+
+def _vline_step(root: ET.Element, element_id: str) -> float:
+    ax, bx = _axis(root, "xtick", "x")
+    return ax * float(root.find(f".//svg:line[@id='{element_id}']", NS).get("x1")) + bx
+
+
+def _synthetic() -> tuple[list[dict], list[dict], dict, ProgressMeasure]:
+    """A plateau at log 4 until a drop at step 600, and head L0H1's attention rising from step 300."""
+    log_k = math.log(4)
+    steps = list(range(0, 1001, 50))
+    metrics = [{"step": s, "candidate_loss": log_k * (1.0 if s < 550 else 0.2), "delta_z": 0.0 if s < 550 else 2.0,
+                "set_loss": 9.0, "loss": 1.0} for s in steps]
+    attention = [{"step": s, "to_z_first": [[0.1, 0.1 + 0.8 * min(max((s - 300) / 400, 0), 1), 0.2]]}
+                 for s in steps]
+    selector = {"head": [0, 1], "label": "L0H1", "tau": 550, "t_form": 500, "lead_fraction": (550 - 500) / 550}
+    progress = ProgressMeasure(key="candidate_loss", height=log_k, cue_effect_key="delta_z")
+    return metrics, attention, selector, progress
+
+
+def test_drawn_values_read_back_through_the_axis_ticks():
+    metrics, attention, selector, progress = _synthetic()
+    plateau = {"verdict": "shelf", "know_nothing": {"metric": "set_loss", "set_loss": 9.5}}
+    svg, caption = overview_svg(metrics, attention, selector, progress, plateau, machine="Test CPU")
+    root = ET.fromstring(svg)
+    steps, values = _read_back(root, "progress", "ytick-loss")
+    assert np.allclose(steps, [r["step"] for r in metrics], atol=0.02)
+    assert np.allclose(values, [r["candidate_loss"] / progress.height for r in metrics], atol=2e-3)
+    _, ref = _read_back(root, "reference-loss", "ytick-loss")
+    assert np.allclose(ref, 9.0 / 9.5, atol=2e-3)
+    _, routing = _read_back(root, "routing-head", "ytick-attention")
+    assert np.allclose(routing, [r["to_z_first"][0][1] for r in attention], atol=2e-3)
+    assert {e.get("id") for e in root.iter(f"{{{NS['svg']}}}polyline")} >= {"head-L0H0", "head-L0H2"}
+    assert _vline_step(root, "tau-line") == pytest.approx(550, abs=0.05)
+    assert _vline_step(root, "t-form-line") == pytest.approx(500, abs=0.05)
+    assert root.find("svg:desc", NS).text == caption
+    assert "τ = 550" in caption and "t_form = 500" in caption and "lead of 0.09 τ" in caption
+    assert "from step 0 to 500" in caption and "0.947 of a know-nothing model's: verdict shelf" in caption
+    assert caption.endswith("One run, trained on Test CPU.")
+
+
+def test_no_records_to_draw_is_an_error():
+    _, attention, selector, progress = _synthetic()
+    with pytest.raises(ValueError, match="candidate_loss"):
+        overview_svg([], attention, selector, progress)
+
+
+@pytest.mark.slow
+def test_report_writes_the_overview_of_an_analysed_run(ci_analysed, tmp_path):
+    run = Run(ci_analysed)
+    svg, caption = build_overview(ci_analysed)
+    root = ET.fromstring(svg)
+    summary = run.summary
+    assert f"τ = {summary['tau']}" in caption and summary["plateau"]["verdict"] in caption
+    assert summary["machines"] and summary["machines"][-1]["cpu"] in caption
+    steps, values = _read_back(root, "progress", "ytick-loss")
+    recs = run.metrics()
+    assert np.allclose(values, [r["candidate_loss"] / run.log_k for r in recs], atol=2e-3)
+    assert _vline_step(root, "tau-line") == pytest.approx(summary["tau"], abs=0.05)
+    out = tmp_path / "report.html"
+    write_report(ci_analysed, out)
+    assert (tmp_path / OVERVIEW_FILE).read_text() == svg and svg in out.read_text()
+
+
+def test_the_committed_demo_figure_agrees_with_itself_and_with_the_readme():
+    root = ET.parse(DEMO_FIGURE).getroot()
+    caption = root.find("svg:desc", NS).text
+    tau = int(re.search(r"τ = (\d+)", caption).group(1))
+    t_form = int(re.search(r"t_form = (\d+)", caption).group(1))
+    # tau drawn where the caption says, and where the drawn candidate loss first falls below half of log K
+    assert _vline_step(root, "tau-line") == pytest.approx(tau, abs=0.5)
+    assert _vline_step(root, "t-form-line") == pytest.approx(t_form, abs=0.5)
+    steps, values = _read_back(root, "progress", "ytick-loss")
+    records = [{"step": round(s), "candidate_loss": float(v)} for s, v in zip(steps, values)]
+    assert compute_tau(records, ProgressMeasure(key="candidate_loss", height=1.0)) == tau
+    # the README shows this figure with this caption
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "docs/pages/images/demo.svg" in readme
+    assert " ".join(caption.split()) in readme.replace("*", ""), "README's caption differs from the figure's <desc>"
