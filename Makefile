@@ -83,7 +83,7 @@ $(STAMP_DOCS): $(STAMP) pyproject.toml
 	touch $(STAMP_DOCS)
 
 docs: $(STAMP_DOCS)
-	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict --quiet -f docs/mkdocs.yml
+	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict -f docs/mkdocs.yml
 	@echo "manual: build/site/index.html (opens from disk)"
 
 # After make demo: the report writes the run's overview.svg; the README and the docs show the demo's.

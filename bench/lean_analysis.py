@@ -23,6 +23,12 @@ run (timed). Printed and saved (``bench/record.py``):
   trained; evaluations not counted). At equal FLOP rates that ratio is the time ratio, so it says
   how far the target needs the analysis to run its arithmetic faster than the training does.
   ``--no-flops`` skips it.
+
+What the arithmetic says on the demo: the adaptive analysis does about a quarter of the FLOPs of the
+training steps, most of them in the landmarks' ablations and edge patching, which score hundreds of
+patched or ablated copies of the prompts. Its time therefore falls under a quarter of the
+training's only where it runs its arithmetic faster than the training step does (both rates are in
+the Performance page's table).
 """
 
 from __future__ import annotations

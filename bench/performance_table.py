@@ -2,9 +2,12 @@
 
     .venv/bin/python bench/performance_table.py [--check]
 
-The table sits between the page's ``<!-- performance-table:start -->`` and ``:end -->`` markers; one
-row per measure of every saved bench result, with its target, whether it was met, the machine and
-the commit. ``--check`` exits 1 if the page differs from what the files give (the tests run it).
+The table sits between the page's ``<!-- performance-table:start -->`` and ``:end -->`` markers: one row per
+measure that has a target, from the newest saved result that measured it (by date, then by commit), with its
+value, the target, whether it was met, and the machine (a short tag of its CPU) and commit. A measure without a
+target, and an older machine's value, stay in the result files (``bench/results/*.json``, one per bench and
+machine, each with the whole machine record), which the page links. ``--check`` exits 1 if the page differs
+from what the files give (the tests run it).
 """
 
 from __future__ import annotations
@@ -24,17 +27,29 @@ def _value(v: float) -> str:
     return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
 
 
+def machine_tag(machine: dict) -> str:
+    """A short name for a machine record: its CPU's maker and family, and its widest vector extension."""
+    cpu = machine["cpu"]
+    family = "EPYC" if "EPYC" in cpu else "Xeon" if "Xeon" in cpu else cpu.split()[0]
+    isa = set(machine["isa"])
+    width = "AMX" if "amx_tile" in isa else "AVX-512" if "avx512f" in isa else "AVX2" if "avx2" in isa else ""
+    return f"{family} {width}".strip()
+
+
 def table(results_dir: Path = RESULTS) -> str:
-    """The markdown table of every saved result, by bench then measure."""
-    lines = ["| bench | measure | value | target | met | machine | commit |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    """The markdown table: each measure with a target, from the newest result that measured it, by bench."""
+    newest: dict[tuple[str, str], tuple[tuple[str, str], dict, dict]] = {}
     for path in sorted(results_dir.glob("*.json")):
         result = json.loads(path.read_text())
-        m = result["machine"]
-        machine = f"{m['cpu']} [{' '.join(m['isa'])}], {m['threads']} threads, torch {m['torch']}"
         for r in result["rows"]:
-            met = {True: "met", False: "**not met**", None: ""}[r.get("met")]
-            lines.append(f"| `bench/{result['bench']}.py` | {r['measure']} | {_value(r['value'])} {r['unit']} | "
-                         f"{r.get('target') or ''} | {met} | {machine} | {result['commit']}, {result['date']} |")
+            key, when = (result["bench"], r["measure"]), (result["date"], result["commit"])
+            if r.get("target") and (key not in newest or when > newest[key][0]):
+                newest[key] = (when, result, r)
+    lines = ["| bench | measure | value | target | met | machine, commit |", "| --- | --- | --- | --- | --- | --- |"]
+    for (bench, _), (_, result, r) in sorted(newest.items(), key=lambda kv: kv[0]):
+        met = "met" if r.get("met") else "**not met**"
+        lines.append(f"| `{bench}` | {r['measure']} | {_value(r['value'])} {r['unit']} | {r['target']} | {met} | "
+                     f"{machine_tag(result['machine'])}, {result['commit']} |")
     return "\n".join(lines)
 
 

@@ -13,9 +13,10 @@ and the solo runs' is printed as a check. A profile of one training step follows
 backward and AdamW of the vectorised S-member step against S solo steps, then the roofline: the step's
 GFLOP/s against this machine's best matmul, and the time its matrix products take alone, so a
 missed target comes with the reason. ``--compile`` also times the vectorised loss through
-``torch.compile`` (not used for training: see the README). ``--forward`` picks the training forward
-of both sides (default ``fused``, where a member runs its solo run's kernels one member after
-another; the profile and roofline are of the ``hooked`` forward's one vmapped pass). The figures
+``torch.compile`` (not used for training: ``bench/train_step.py``'s docstring says why).
+``--forward`` picks the training forward of both sides (default ``fused``, where a member runs its
+solo run's kernels one member after another; the profile and roofline are of the ``hooked``
+forward's one vmapped pass). The figures
 are saved (``bench/record.py``; another preset than ``ci`` or another forward than ``fused`` as a
 part of their own).
 """

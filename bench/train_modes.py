@@ -9,7 +9,11 @@ Trains a preset (default ``ci``) for each seed (model and data seed varied toget
 * ``hooked``: ``--forward hooked``, HookedTransformer's own forward, float32 (every run before
   the fused forward existed);
 * ``bf16``: the fused forward and backward under CPU bf16 autocast (a ``TrainingHooks.step_context``). Not a
-  training option: it is measured here to decide whether it should become one.
+  training option: it is measured here to decide whether it should become one (on the CPUs it was
+  measured on it was slower, so it is not).
+
+``trimmed`` is not the default because it rounds differently from the stored runs; over seeds it
+gives the same tau, plateau, verdict and lead as ``fused``.
 
 Each run is analysed (``plateauscope.analysis.analyze``, every 10th checkpoint; cached), and the bench prints
 per mode the median over seeds, with the order-statistic interval of the median (its coverage stated), of tau, the plateau's
