@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from math import log
 
 import torch
-from plateauscope.training.config import JsonConfig, ModelConfig, TrainConfig
 from torch import Tensor
 
+from plateauscope.training.config import JsonConfig, ModelConfig, TrainConfig
 from plateauscope.tasks.base import AttentionRule, ProgressMeasure, PromptPairs, Task
 
 
