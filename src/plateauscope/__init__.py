@@ -41,6 +41,7 @@ _API: dict[str, str] = {
     "load_task": "plateauscope.api:load_task",
     "Task": "plateauscope.tasks.base:Task",
     "TaskError": "plateauscope.tasks.base:TaskError",
+    "Measure": "plateauscope.tasks.base:Measure",
     "ProgressMeasure": "plateauscope.tasks.base:ProgressMeasure",
     "PromptPairs": "plateauscope.tasks.base:PromptPairs",
     "AttentionRule": "plateauscope.tasks.base:AttentionRule",
@@ -146,7 +147,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from plateauscope.sweeps.catalogue import SWEEPS, get_sweep
     from plateauscope.sweeps.executors import run_sweep
     from plateauscope.sweeps.spec import SweepSpec
-    from plateauscope.tasks.base import AttentionRule, ProgressMeasure, PromptPairs, ReferencePredictor, Task, TaskError
+    from plateauscope.tasks.base import AttentionRule, Measure, ProgressMeasure, PromptPairs, ReferencePredictor, Task, TaskError
     from plateauscope.views import figures
     from plateauscope.views.report import attention_views, moment_steps, write_report
     from plateauscope.views.sweep_figures import sweep_figures

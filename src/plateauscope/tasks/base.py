@@ -95,6 +95,36 @@ class ProgressMeasure:
         return abs(value - self.height) <= rel_tol * self.height and cue_unused
 
 
+MEASURE_SHAPES = ("model", "layer", "head")
+"""What one value of a :class:`Measure` describes: the whole model, each layer, or each head."""
+
+
+@dataclass(frozen=True)
+class Measure:
+    """A named quantity of the model, computed at every analysed checkpoint like any other signal.
+
+    ``compute(model, task, evalset)`` returns a number (``per="model"``), or one number per layer
+    (``[n_layers]``) or per head (``[n_layers, n_heads]``). It runs under ``torch.no_grad()`` on the
+    run's evaluation set; it must not change the model. A task declares its measures in
+    :meth:`Task.measures`; the built-in ones live in :mod:`plateauscope.model.measures`.
+    """
+
+    name: str
+    """The signal's name in the cache, the report and ``moved_first`` (letters, digits and ``_``)."""
+    compute: Callable[[nn.Module, Any, Any], float | Tensor]
+    """``(model, task, evalset) -> value``."""
+    per: str = "model"
+    """One of :data:`MEASURE_SHAPES`."""
+    description: str = ""
+    """One line for the report and ``--help`` listings."""
+
+    def __post_init__(self) -> None:
+        if not self.name.replace("_", "").isalnum():
+            raise TaskError(f"measure name {self.name!r}: use letters, digits and '_'")
+        if self.per not in MEASURE_SHAPES:
+            raise TaskError(f"measure {self.name!r}: per must be one of {', '.join(MEASURE_SHAPES)}, not {self.per!r}")
+
+
 @dataclass(frozen=True)
 class AttentionRule:
     """A named attention pattern: the query positions it is scored at, and where each should look."""
@@ -262,6 +292,10 @@ class Task(ABC):
         own name -> its value for a model that knows nothing, and optionally ``global_marginal``
         (``{metric: value}`` for a model that knows the data set's global marginal)."""
         return None
+
+    def measures(self) -> tuple[Measure, ...]:
+        """The task's own named measures (default: none); the built-in ones are added by the analysis."""
+        return ()
 
     def reference_predictors(self) -> list[ReferencePredictor]:
         """The ladder of reference predictors (capability ``references``), from the one that knows
