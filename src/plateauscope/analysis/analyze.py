@@ -70,6 +70,7 @@ from plateauscope.analysis.edges import (
 )
 from plateauscope.analysis.inputs import prompt_pairs
 from plateauscope.analysis.landmarks import DEFAULT_BUDGET, landmark_steps, nearest
+from plateauscope.analysis.measures import MEASURE_RECORD_VERSION, MeasureInputs, measure_inputs, measure_record
 from plateauscope.analysis.patch import patch
 from plateauscope.analysis.results import (
     ABLATION_FILE,
@@ -80,6 +81,7 @@ from plateauscope.analysis.results import (
     EDGE_EXACT_FILE,
     EDGES_FILE,
     LEGACY_ROUTING_FILE,
+    MEASURES_FILE,
     PATCH_FILE,
     PATTERNS_FILE,
     ROUTING_FILE,
@@ -104,11 +106,12 @@ log = logging.getLogger(__name__)
 
 CACHE_FILES = {"attention": ATTENTION_FILE, "attribution": ATTRIBUTION_FILE, "patch": PATCH_FILE,
                "circuit": CIRCUIT_FILE, "ablation": ABLATION_FILE, "edges": EDGES_FILE,
-               "edge_circuit": EDGE_CIRCUIT_FILE, "edge_exact": EDGE_EXACT_FILE, "patterns": PATTERNS_FILE}
+               "edge_circuit": EDGE_CIRCUIT_FILE, "edge_exact": EDGE_EXACT_FILE, "patterns": PATTERNS_FILE,
+               "measures": MEASURES_FILE}
 """The per-step caches of :func:`analyze_run`, by analysis name, in the order a step computes them
 (the circuit reuses the head patching; the head ablation of the circuit's kind reuses its set
 ablations; the edge circuit and exact edges reuse the edge attribution)."""
-CHEAP = ("attention", "attribution", "edges", "patterns")
+CHEAP = ("attention", "attribution", "edges", "patterns", "measures")
 """The cheap pass: a fixed few forwards and backwards per checkpoint, at every chosen step."""
 EXPENSIVE = ("patch", "circuit", "ablation", "edge_circuit", "edge_exact")
 """The expensive pass: at the landmarks (adaptive) or at the exact steps (``full``)."""
@@ -154,19 +157,21 @@ class AnalysisSettings:
         """The inverse of :meth:`to_dict` (fields added since a summary was written take their defaults)."""
         return cls(**{**d, "patch_targets": tuple(d["patch_targets"])})
 
-    def for_cache(self, name: str, task: str) -> dict[str, Any]:
+    def for_cache(self, name: str, task: str, reference_step: int | None = None) -> dict[str, Any]:
         """The settings that analysis ``name`` depends on, and ``task`` (the run's
-        :meth:`plateauscope.runs.run.Run.task_fingerprint`): the key its records are stored under."""
+        :meth:`plateauscope.runs.run.Run.task_fingerprint`): the key its records are stored under. The
+        measures also depend on ``reference_step``, the run's last checkpoint (each head's pattern distance)."""
         keys = {"attention": ("n_examples", "seed"), "attribution": ("n_examples", "seed", "patch_targets"),
                 "patch": ("n_examples", "seed", "patch_targets"), "ablation": ("ablation_groups", "seed"),
                 "circuit": ("n_examples", "seed", "ablation_groups", "circuit_ablation"),
                 "edges": ("n_examples", "seed"), "edge_circuit": ("n_examples", "seed", "edge_target", "circuit_pairs"),
                 "edge_exact": ("n_examples", "seed", "n_exact_edges"),
-                "patterns": ("pattern_examples", "seed")}[name]
+                "patterns": ("pattern_examples", "seed"), "measures": ("n_examples", "seed")}[name]
         key = {k: v for k, v in self.to_dict().items() if k in keys}
         version = {"circuit": RECORD_VERSION, "edges": EDGE_RECORD_VERSION, "edge_circuit": EDGE_RECORD_VERSION,
-                   "edge_exact": EDGE_RECORD_VERSION}.get(name)
-        return {**key, **({"record": version} if version else {}), "task": task}
+                   "edge_exact": EDGE_RECORD_VERSION, "measures": MEASURE_RECORD_VERSION}.get(name)
+        reference = {"reference_step": reference_step} if name == "measures" else {}
+        return {**key, **({"record": version} if version else {}), **reference, "task": task}
 
 
 def stored_settings(run_dir: str | Path) -> AnalysisSettings:
@@ -184,8 +189,9 @@ def load_analysis(run_dir: str | Path, settings: AnalysisSettings | None = None)
     """
     settings = settings or stored_settings(run_dir)
     folder = analysis_dir(run_dir)
-    task = Run(run_dir).task_fingerprint()
-    out: dict[str, Any] = {name: load_records(folder / file, settings.for_cache(name, task))
+    run = Run(run_dir)
+    task, last = run.task_fingerprint(), (run.steps or [None])[-1]
+    out: dict[str, Any] = {name: load_records(folder / file, settings.for_cache(name, task, last))
                            for name, file in CACHE_FILES.items()}
     routing = read_routing_summary(run_dir)
     same = routing and routing.get("settings") == settings.to_dict() and routing.get("task") == task
@@ -275,6 +281,8 @@ class SeriesAnalysis:
         if task_changed(self.folder / ATTENTION_FILE, settings.for_cache("attention", self.fingerprint)):
             log.warning("%s: the task (%s) changed since its analysis cache was written: recomputing", run.path,
                         run.config.task_name)
+        self.reference_step = run.steps[-1] if run.steps else None
+        self.inputs: MeasureInputs | None = None
         self.held: queue.SimpleQueue[torch.nn.Module | None] = queue.SimpleQueue()
         for _ in range(workers):
             self.held.put(None)
@@ -350,8 +358,11 @@ class SeriesAnalysis:
 
     def cached(self, name: str) -> dict[int, dict[str, Any]]:
         """The cached records of analysis ``name`` made with these settings, by step."""
-        key = self.settings.for_cache(name, self.fingerprint)
-        return {r["step"]: r for r in load_records(self.folder / CACHE_FILES[name], key)}
+        return {r["step"]: r for r in load_records(self.folder / CACHE_FILES[name], self.key(name))}
+
+    def key(self, name: str) -> dict[str, Any]:
+        """The key analysis ``name``'s records are stored under (:meth:`AnalysisSettings.for_cache`)."""
+        return self.settings.for_cache(name, self.fingerprint, self.reference_step)
 
     def compute(self, name: str, step: int, model: torch.nn.Module, fresh: dict[str, Any],
                 before: dict[str, dict[int, dict[str, Any]]]) -> dict[str, Any]:
@@ -380,6 +391,9 @@ class SeriesAnalysis:
             return exact_edge_record(model, pairs, settings.n_exact_edges, (earlier("edges") or {}).get("effect"))
         if name == "patterns":
             return pattern_record(model, task, settings.pattern_examples, settings.seed)
+        if name == "measures":
+            assert self.inputs is not None  # run_pass prepares them before any step
+            return measure_record(model, task, self.inputs)
         if name == "circuit":
             return circuit_record(model, task, pairs, settings.circuit_ablation, settings.ablation_groups,
                                   settings.seed, (earlier("patch") or {}).get("heads"))
@@ -400,6 +414,10 @@ class SeriesAnalysis:
         def missing(step: int) -> list[str]:
             return [name for name in CACHE_FILES if step in wanted.get(name, ()) and step not in before[name]]
 
+        if self.inputs is None and any("measures" in missing(s) for s in todo):
+            self.inputs = measure_inputs(self.run, self.settings.n_examples, self.settings.seed, self.device,
+                                         self.backend)
+
         def analyse(step: int) -> dict[str, Any]:
             model = self.held.get()
             try:
@@ -419,5 +437,5 @@ class SeriesAnalysis:
                                           disable=not self.progress, dynamic_ncols=True)):
             for name in missing(step):
                 append_records(self.folder / CACHE_FILES[name],
-                               [{"step": step, "settings": self.settings.for_cache(name, self.fingerprint),
+                               [{"step": step, "settings": self.key(name),
                                  **fresh[name]}])
