@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from plateauscope.analysis.analyze import analyze_run, load_analysis
+from plateauscope.analysis.changepoint import ChangePointRule, change_point, measure_signals
 from plateauscope.analysis.measures import (
     BUILT_IN,
     MeasureInputs,
@@ -103,3 +104,30 @@ def test_a_measure_of_the_wrong_shape_is_one_line(tiny_run):
         task_measure(Measure("per_head", lambda m, t, e: [1.0, 2.0, 3.0], per="head"), model, task, None)
     with pytest.raises(TaskError, match="name of a built-in measure"):
         measure_record(model, _task_with(tiny_run, Measure("collapse", lambda m, t, e: 0.0)), _inputs(task))
+
+
+def _records(values_of_step, steps):
+    return [{"step": s, "per": {"rank": "model", "collapse": "layer", "dist": "head"},
+             "values": values_of_step(s)} for s in steps]
+
+
+def test_measures_enter_the_one_change_point_rule_with_a_known_change():
+    steps = list(range(0, 400, 10))
+    rng = np.random.default_rng(0)
+
+    def values(s):  # the rank steps up at 200; layer 1's collapse falls at 300; head (0, 1) moves most
+        return {"rank": 1.0 + (s >= 200) + 0.01 * rng.normal(), "collapse": [0.5, 0.9 - 0.5 * (s >= 300)],
+                "dist": [[0.1, 1.0 - s / 400]]}
+
+    signals = measure_signals(_records(values, steps))
+    assert set(signals) == {"measure:rank", "measure:collapse[L0]", "measure:collapse[L1]", "measure:dist:mean",
+                            "measure:dist:top"}
+    assert signals["measure:dist:top"].head == "L0H1"
+    rule = ChangePointRule()
+    assert change_point(*_series(signals["measure:rank"]), (0, 100), 0, rule).step == 200
+    found = change_point(*_series(signals["measure:collapse[L1]"]), (0, 100), 0, rule)
+    assert found.step == 300 and found.direction == "fall"
+
+
+def _series(signal):
+    return signal.steps, signal.values

@@ -65,6 +65,9 @@ from seed to seed; :func:`read_signals` records it):
   patching, at the exact steps only (often too few for a band); ``edge_circuit_mass``
   (the final faithful edge circuit's share of the summed |attribution| over every edge, at every
   analysed step) and ``edge_circuit_effect`` (the summed attribution of those edges, logits);
+  ``measure:<name>`` for each measure of the cheap pass (``plateauscope.analysis.measures``: weight
+  norm, embedding rank, representation collapse ``measure:collapse[L0]``, repetition bias, each head's
+  pattern distance as its mean ``:mean`` and its largest mover ``:top``, and the task's own measures);
 * ``llc.json``: ``llc``; ``head_llc.json`` (the per-head LLC): ``head_llc:routing``, ``head_llc:top``
   (the head with the largest change from its first to its last value, when not the routing head)
   and ``head_llc:sum`` (over heads).
@@ -93,12 +96,14 @@ from jaxtyping import Float, Int
 from plateauscope.analysis.analyze import load_analysis
 from plateauscope.analysis.circuit import head_effects, head_shares
 from plateauscope.analysis.formation import SHARE_MIN_EFFECT, gated_shares, pick_routing_head, smooth_series
+from plateauscope.analysis.measures import measure_series
 from plateauscope.analysis.results import (
     ATTENTION_FILE,
     ATTRIBUTION_FILE,
     EDGES_FILE,
     HEAD_LLC_SUMMARY_FILE,
     LLC_SUMMARY_FILE,
+    MEASURES_FILE,
     MOVED_FIRST_FILE,
     PATCH_FILE,
     analysis_dir,
@@ -394,7 +399,18 @@ def cache_signals(cache: dict[str, Any], head: tuple[int, int] | None) -> dict[s
                                  "head attribution, every analysed step"))
         out.update(share_signals(cache["patch"], head, "patch", PATCH_FILE, "exact head patching, the exact steps"))
     out.update(edge_signals(cache["edges"], cache["edge_circuit"]))
+    out.update(measure_signals(cache.get("measures") or []))
     return out
+
+
+def measure_signals(records: list[dict[str, Any]]) -> dict[str, Signal]:
+    """The measures of the cheap pass (``plateauscope.analysis.measures``: the built-in ones and the task's
+    own), one signal per series of :func:`plateauscope.analysis.measures.measure_series`, named
+    ``measure:<series>``."""
+    return {f"measure:{key}": Signal(series["steps"], series["values"], MEASURES_FILE,
+                                     f"the measure {series['measure']!r}" + (f" ({series['per']})" if series["per"]
+                                                                              != "model" else ""), series["head"])
+            for key, series in measure_series(records).items()}
 
 
 def llc_signals(run: Run, head: tuple[int, int] | None) -> dict[str, Signal]:

@@ -35,6 +35,7 @@ from plateauscope.analysis.analyze import load_analysis
 from plateauscope.analysis.attention import example_patterns
 from plateauscope.analysis.changepoint import moved_first
 from plateauscope.analysis.landmarks import nearest
+from plateauscope.analysis.measures import descriptions, measure_series
 from plateauscope.analysis.results import (
     HEAD_LLC_SUMMARY_FILE,
     LLC_SUMMARY_FILE,
@@ -334,12 +335,46 @@ def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str
     figures = report_figures(run, analysis, sel)
     for i, (key, heading, fig, caption) in enumerate(figures):
         parts += figure_section(key, heading, fig, caption, include_plotlyjs=(i == 0))
+    parts += measures_section(run, analysis["measures"], tau)
     parts += _attention_section(run, sel, n_examples, seed)
     parts.append('<p class="note">Written by <code>plateauscope report</code>; definitions: '
                  "<code>plateauscope.analysis.formation</code> (selector head, t_form, lead fraction), "
                  "<code>plateauscope.analysis.snap</code> (snap statistics), <code>plateauscope.runs.metrics</code> (tau, plateau), "
                  "<code>plateauscope.analysis.llc</code> (local learning coefficient).</p>")
     return page(f"Report: {run.path.name}", parts)
+
+
+def measure_rows(records: list[dict[str, Any]], moved: dict[str, Any] | None) -> list[tuple[str, str]]:
+    """One row per series of the cheap pass's measures: its first and last value, and where the one
+    change-point rule reads its change (``moved``: :func:`plateauscope.analysis.changepoint.moved_first`'s
+    result, whose signals are ``measure:<series>``; None: no tau or plateau)."""
+    rows = []
+    for key, series in measure_series(records).items():
+        known = [(s, v) for s, v in zip(series["steps"], series["values"]) if v is not None]
+        if not known:
+            continue
+        text = f"{known[0][1]:.4g} at step {known[0][0]} -> {known[-1][1]:.4g} at step {known[-1][0]}"
+        row = ((moved or {}).get("signals") or {}).get(f"measure:{key}")
+        if row and row.get("step") is not None:
+            text += f"; changes at step {row['step']} ({row['fraction_of_tau']:.2f} tau, {row.get('direction')})"
+        elif moved is not None:
+            text += "; no change point"
+        label = key + (f" ({series['head']})" if series.get("head") else "")
+        rows.append((label, text))
+    return rows
+
+
+def measures_section(run: Run, records: list[dict[str, Any]], tau: int | None) -> list[str]:
+    """The report's measures (``plateauscope.analysis.measures``): a table and what each measures; none
+    without records (an analysis made before measures were cached)."""
+    if not records:
+        return []
+    moved = moved_first(run.path, write=False) if tau is not None and (run.summary or {}).get("plateau_span") else None
+    what = descriptions(run.task())
+    notes = "; ".join(f"{name}: {text}" for name, text in what.items() if name in records[-1]["values"])
+    return ["<h2>Measures</h2>", table_html(measure_rows(records, moved)),
+            (f'<p class="caption">{html.escape(notes)}. The change point is the one rule of '
+             "<code>plateauscope moved_first</code>.</p>")]
 
 
 def _attention_section(run: Run, sel: dict[str, Any], n_examples: int, seed: int) -> list[str]:

@@ -12,6 +12,8 @@ ablation, patterns) and ``metrics.jsonl`` and returns the dict that
   logits, the progress measure with the head mean-ablated (only at the exact steps), and the
   per-head LLC (``plateauscope llc --per-head``: only at the steps it was estimated at);
 * the attention patterns of a few examples, as cached (uint8, base64);
+* the measures of the cheap pass (``plateauscope.analysis.measures``): the per-head ones as heatmaps,
+  every series scaled to its range as curves;
 * the loss curves: the progress measure, the set loss and the cue effect where the task logs them;
   t_form and tau from the run's summary (``routing.json``);
 * a caption computed from the same numbers.
@@ -19,11 +21,13 @@ ablation, patterns) and ``metrics.jsonl`` and returns the dict that
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 from plateauscope.analysis.analyze import AnalysisSettings, load_analysis
 from plateauscope.analysis.edges import edges_summary, graph_of_record
+from plateauscope.analysis.measures import measure_series
 from plateauscope.analysis.results import HEAD_LLC_SUMMARY_FILE, analysis_dir
 from plateauscope.model.heads import parse_head_label
 from plateauscope.runs.references import kl_key
@@ -67,6 +71,8 @@ def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None
         {"name": f"{progress.label} with the head mean-ablated",
          "values": _by_step(cache["ablation"], steps, lambda r: r["mean"]["candidate_loss"])},
         {"name": "per-head LLC", "values": head_llc_grids(run, steps, graph.n_layers, graph.n_heads)},
+        *[{"name": name.replace("_", " "), "values": _by_step(cache["measures"], steps, lambda r, n=name: r["values"][n])}
+          for name in head_measures(cache["measures"])],
     ]
     patterns = cache["patterns"]
     records = run.metrics()
@@ -93,9 +99,34 @@ def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None
                    "series": [{"name": labels.get(k, k), "values": [r.get(k) for r in records]} for k in curve_keys]},
         "markers": {"t_form": sel.get("t_form"), "tau": sel.get("tau")},
         "ladder": ladder_curves(records, (run.summary or {}).get("ladder")),
+        "measures": measure_curves(cache["measures"]),
         **({"selected_head": sel["head"]} if sel.get("head") else {}),
         "score_unit": "attribution effect on the metric, logits",
     }
+
+
+def head_measures(records: list[dict[str, Any]]) -> list[str]:
+    """The measures of the cheap pass that hold one value per head (drawn as heatmaps)."""
+    return [name for name, per in (records[-1]["per"] if records else {}).items() if per == "head"]
+
+
+def measure_curves(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The view's ``measures``: every series of the cheap pass's measures
+    (``plateauscope.analysis.measures.measure_series``; the per-head ones as their mean) scaled to [0, 1]
+    over its range, the range in its name; None without measures."""
+    series = []
+    for key, s in measure_series(records).items():
+        if s["per"] == "head" and not key.endswith(":mean"):
+            continue
+        known = [v for v in s["values"] if v is not None and math.isfinite(v)]
+        if not known:
+            continue
+        low, high = min(known), max(known)
+        width = high - low or 1.0
+        series.append({"name": f"{key.replace('_', ' ')} ({low:.3g} to {high:.3g})",
+                       "values": [None if v is None or not math.isfinite(v) else (v - low) / width
+                                  for v in s["values"]]})
+    return {"steps": [int(r["step"]) for r in records], "series": series} if series else None
 
 
 def head_llc_grids(run: Run, steps: list[int], n_layers: int, n_heads: int) -> list[Any]:

@@ -26,7 +26,9 @@ steps; ``#step-label`` names the step. Each move updates together:
   t_form and tau when those are known;
 * with a ladder of reference predictors (``ladder``), the KL from each rung (``svg#ladder``), the
   stages shaded (``rect.stage`` with ``data-stage``, the rung's name) and the same step marker
-  (``#ladder-marker``).
+  (``#ladder-marker``);
+* with measures (``measures``), each measure's series scaled to its range (``svg#measures``) and the
+  same step marker (``#measures-marker``).
 
 The page opens at the last step, or, with a link such as ``view.html#step=1500``, at the analysed
 step nearest training step 1500 (for screenshots and for pointing a reader at a moment).
@@ -59,6 +61,8 @@ The data contract (keys the page reads)::
     markers: {"t_form": int | None, "tau": int | None}   optional: missing means both None
     ladder: {"steps": [int, ...], "series": [{"name": str, "stage": str, "values": [float | None, ...]}, ...],
              "segments": [{"stage": str | None, "start": int, "end": int}, ...]}    optional
+    measures: {"steps": [int, ...], "series": [{"name": str, "values": [float | None, ...]}, ...]}    optional:
+             the measures of the cheap pass, each scaled to [0, 1] over its range (the name gives the range)
     selected_head: [layer, head]                        optional: default the first head node
     score_unit: str                                     optional: what a score is measured in
                                                         (default DEFAULT_SCORE_UNIT)
@@ -243,6 +247,8 @@ def validate_view_data(data: Any) -> None:
             isinstance(g, dict) and (g.get("stage") is None or g.get("stage") in names) and _is_int(g.get("start"))
             and _is_int(g.get("end")) for g in ladder["segments"]),
             "ladder.segments must be a list of {stage: a series' stage or None, start: int, end: int}")
+    if data.get("measures") is not None:
+        _check_curves(data["measures"])
     markers = data.get("markers") or {}
     _check(isinstance(markers, dict) and all(markers.get(k) is None or _is_int(markers[k]) for k in ("t_form", "tau")),
            "markers must be a dict whose t_form and tau are ints or None")
@@ -286,6 +292,9 @@ def compact_view_data(data: dict[str, Any]) -> dict[str, Any]:
         "ladder": None if data.get("ladder") is None else {
             **data["ladder"], "steps": [int(s) for s in data["ladder"]["steps"]],
             "series": [{**s, "values": _rounded(s["values"])} for s in data["ladder"]["series"]]},
+        "measures": None if data.get("measures") is None else {
+            "steps": [int(s) for s in data["measures"]["steps"]],
+            "series": [{**s, "values": _rounded(s["values"])} for s in data["measures"]["series"]]},
         "selected_head": None if data.get("selected_head") is None else [int(v) for v in data["selected_head"]],
     }
 
@@ -339,6 +348,9 @@ def render_time_view(data: dict[str, Any]) -> str:
         *([_panel("Distance to each reference predictor", '<svg id="ladder"></svg>',
                   "KL(reference || model) in nats per token; a shaded band is a stage, where one rung is the "
                   "closest by the margin.")] if data.get("ladder") else []),
+        *([_panel("Measures", '<svg id="measures"></svg>',
+                  "Each measure scaled to its own range over the analysed steps (the legend gives the range).")]
+          if data.get("measures") else []),
         f'<script type="application/json" id="view-data">{payload}</script>',
         f"<script>{_SCRIPT.replace('__CONFIG__', _config())}</script>",
     ]

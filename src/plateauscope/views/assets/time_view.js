@@ -282,8 +282,16 @@ if (D.ladder) {
   }
   ladderMarker = vline(svg, ladderPlot, D.steps[state.step], {id: "ladder-marker", class: "step-marker"});
 }
+// the measures of the cheap pass, each scaled to its range
+let measuresPlot = null, measuresMarker = null;
+if (D.measures) {
+  const svg = $("measures");
+  measuresPlot = linePlot(svg, {w: 1160, h: 260, xs: D.measures.steps, legend: true, xDomain: curvePlot.xDomain,
+    series: D.measures.series.map((s, i) => ({name: s.name, values: s.values, color: CFG.series[i % CFG.series.length]}))});
+  measuresMarker = vline(svg, measuresPlot, D.steps[state.step], {id: "measures-marker", class: "step-marker"});
+}
 function drawCurveMarker() {
-  for (const [marker, plot] of [[stepMarker, curvePlot], [ladderMarker, ladderPlot]]) {
+  for (const [marker, plot] of [[stepMarker, curvePlot], [ladderMarker, ladderPlot], [measuresMarker, measuresPlot]]) {
     if (!marker) continue;
     const x = plot.X(D.steps[state.step]);
     marker.setAttribute("x1", x); marker.setAttribute("x2", x);
