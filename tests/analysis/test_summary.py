@@ -1,7 +1,19 @@
 """Pieces of the routing summary (``plateauscope.analysis.summary``) on records with a known answer."""
 
+import pytest
+
 from plateauscope.analysis.ablate import MARGINAL_TOL
-from plateauscope.analysis.summary import release_record, with_damage
+from plateauscope.analysis.inputs import prompt_pairs
+from plateauscope.analysis.summary import (
+    head_margin,
+    plateau_stretch,
+    release_record,
+    top_heads,
+    with_damage,
+)
+from plateauscope.tasks.base import ProgressMeasure
+from plateauscope.views.phrases import named_head_text, plateau_sentence
+from tests.handbuilt import SELECTOR_HEAD, handbuilt_task, selector_copy_model
 
 
 def test_the_release_record_reads_the_evaluations_around_the_release():
@@ -21,3 +33,47 @@ def test_damage_names_the_heads_that_push_the_measure_past_the_band():
     assert got["step"] == 100 and got["heads"] == {"L0H0": 2.4, "L0H1": 2.6, "L1H0": None, "L1H1": 1.0}
     assert got["past_height"] == ["L0H1"]  # past (1 + MARGINAL_TOL) x height = 2.5; 2.4 is inside the band
     assert with_damage(None, ablations, height) is None and with_damage(circuit, [], height) == circuit
+
+
+def _grokking_like(inside_at: set[int], n: int = 20, height: float = 4.0) -> list[dict]:
+    """A held-out loss at the height (``height``) at the evaluations ``inside_at``, far above it (memorising)
+    elsewhere, then below half the height at evaluation ``n`` (tau): a non-monotone measure."""
+    values = [height if i in inside_at else height * (2 + i % 3) for i in range(n)] + [0.5, 0.1]
+    return [{"step": 10 * i, "heldout_loss": v} for i, v in enumerate(values)]
+
+
+def test_the_plateau_is_the_longest_stretch_inside_the_band_and_absent_below_half():
+    progress = ProgressMeasure("heldout_loss", 4.0, "log_p", height_label="log p", label="held-out loss")
+    # inside at the first three and the last three evaluations before tau (6 of 20): no plateau at log p,
+    # though the first and last evaluations inside span 0..190
+    counts = plateau_stretch(_grokking_like({0, 1, 2, 17, 18, 19}), progress, tau=200)
+    assert (counts["n_before"], counts["n_inside"], counts["holds"]) == (20, 6, False)
+    assert counts["stretch"] == [0, 20] and counts["n_stretch"] == 3  # the first of two equal stretches
+    assert counts["range"] == [4.0, 16.0]
+    text = plateau_sentence(counts, progress.label, progress.height_label)
+    assert text == ("No plateau at log p (4): 6 of the 20 evaluations before tau lie within 10% of it; "
+                    "the held-out loss ranges from 4 to 16 there.")
+    # inside at 12 of 20, the longest run of them 8 long (evaluations 5..12, steps 50..120)
+    inside = {0, 1, 2, 5, 6, 7, 8, 9, 10, 11, 12, 19}
+    counts = plateau_stretch(_grokking_like(inside), progress, tau=200)
+    assert (counts["n_inside"], counts["holds"], counts["stretch"], counts["n_stretch"]) == (12, True, [50, 120], 8)
+    assert plateau_sentence(counts, progress.label, progress.height_label) == (
+        "The held-out loss lies within 10% of log p at 12 of the 20 evaluations before tau; the longest stretch "
+        "inside, 8 evaluations in a row, runs from step 50 to step 120.")
+
+
+def test_a_head_is_named_only_when_its_margin_is_clear_of_the_noise():
+    task = handbuilt_task()
+    pairs = prompt_pairs(task, 64, 0)
+    # one routing head (L0H1): its score is 1, every other head's 0, on every resample
+    alone = head_margin(selector_copy_model(task), task, pairs, SELECTOR_HEAD, (0, 0), n_boot=200)
+    assert alone["clear"] and alone["difference"] == pytest.approx(1.0, abs=1e-3) and alone["interval"][0] > 0.9
+    # the copy split between L0H0 and L0H1: equal scores, no single head
+    split = head_margin(selector_copy_model(task, split=True), task, pairs, SELECTOR_HEAD, (0, 0), n_boot=200)
+    assert not split["clear"] and split["interval"][0] <= 0 <= split["interval"][1]
+    tops = top_heads([[0.5, 0.5], [0.1, 0.0]])
+    text = named_head_text({"label": "L0H1", "named_head": False, "margin": split, "top_heads": tops})
+    assert text.startswith("no single head: the margin over the runner-up is within the evaluation noise")
+    assert text.endswith("top heads: L0H0 0.5, L0H1 0.5, L1H0 0.1")
+    assert named_head_text({"label": "L0H1", "named_head": True, "margin": alone, "top_heads": tops}).startswith(
+        "L0H1 (margin over the runner-up: L0H1 - L0H0 = 1")

@@ -332,7 +332,7 @@ class SeriesAnalysis:
         # patching only, a tenth of the expensive pass.
         for _ in range(MAX_BISECTIONS):
             cache = load_analysis(run.path, self.settings)
-            bracket = summarize(run, cache, tau, records, self.settings.smooth)["t_form_rules"]["patch_share"][
+            bracket = summarize(run, cache, tau, records, self.settings.smooth, margin=False)["t_form_rules"]["patch_share"][
                 "t_form_bracket"]
             inner = [s for s in chosen if bracket and bracket[0] < s < bracket[1]]
             if not inner:
@@ -347,7 +347,7 @@ class SeriesAnalysis:
         cache = load_analysis(self.run.path, self.settings)
         if not expensive:  # the summary reads head patching: its cheap stand-in until the expensive pass
             cache = {**cache, "patch": cache["attribution"]}
-        result = {**summarize(self.run, cache, self.tau, self.records, self.settings.smooth),
+        result = {**summarize(self.run, cache, self.tau, self.records, self.settings.smooth, self.pairs),
                   "edges": edges_summary(cache["edges"], cache["edge_circuit"], cache["edge_exact"], tau=self.tau),
                   "plan": plan, "settings": self.settings.to_dict(), "task": self.fingerprint}
         write_json_result(self.folder / ROUTING_FILE, result)

@@ -6,24 +6,44 @@ end, ``plateauscope.analysis.formation.pick_routing_head``), its attention at th
 and the lead fraction by each of the three rules (``plateauscope.analysis.formation``), the head ablated at three
 moments, the circuit verdict (``plateauscope.analysis.circuit``), the heads that follow the task's other attention
 rules (induction's previous-token head) and the agreement of attribution with exact patching.
+
+Two rules keep the summary true on any plateau:
+
+* **The plateau** (:func:`plateau_stretch`): the longest stretch of consecutive evaluations before tau
+  that all lie inside the band (the progress measure within 10% of its reference height, the cue
+  unused: ``ProgressMeasure.on_plateau``). When fewer than half of the evaluations before tau lie
+  inside the band there is no plateau at the reference height, and the measure's range there is
+  given instead. Every plateau sentence is made from these counts (``plateauscope.views.phrases``).
+* **A named head** (:func:`head_margin`): the routing head, its t_form and lead are stated only when
+  the task has a cue and the head's score beats the runner-up's by more than the evaluation noise:
+  the 95% percentile bootstrap interval (:data:`N_BOOTSTRAP` resamples of the prompt pairs) of the
+  difference of the two heads' scores (attention to the cue x the clipped normalised patching effect,
+  on the resampled pairs) excludes 0. Otherwise there is no single head, and the top heads are given
+  with their scores.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from plateauscope.analysis import formation
 from plateauscope.analysis.ablate import MARGINAL_TOL, near_height
-from plateauscope.analysis.attention import chance_attention
+from plateauscope.analysis.attention import attention_patterns, chance_attention
 from plateauscope.analysis.attribution import agreement
 from plateauscope.analysis.circuit import circuit_summary, head_effects, head_shares
-from plateauscope.analysis.components import PatchResult
+from plateauscope.analysis.components import PatchResult, patch_spec
+from plateauscope.analysis.inputs import last_logit_diff, prompt_pairs
+from plateauscope.analysis.patch import patch_sweep
 from plateauscope.analysis.results import strict_json
-from plateauscope.model.heads import head_label
+from plateauscope.model.backend import Model
+from plateauscope.model.heads import head_label, parse_head_label
 from plateauscope.runs.run import Run, RunError
+from plateauscope.tasks.base import ProgressMeasure, PromptPairs
 
 
 def _previous(values: list[int], x: int) -> int | None:
@@ -41,10 +61,106 @@ def release_record(records: list[dict], release: int, key: str) -> dict[str, Any
             "after": {"step": after[0]["step"], "value": after[0][key]} if after else None}
 
 
+PLATEAU_REL_TOL = 0.1
+"""The band of the plateau: within this share of the reference height."""
+N_BOOTSTRAP = 1000
+"""Bootstrap resamples of the prompt pairs for the named head's margin over the runner-up."""
+MARGIN_LEVEL = 0.95
+"""Coverage of the bootstrap interval of the margin."""
+MARGIN_RULE = ("a head is named when the 95% bootstrap interval (1000 resamples of the prompt pairs) of its score "
+               "minus the runner-up's excludes 0; score = attention to the cue x max(normalised patching effect, 0)")
+"""The named-head rule, in the words the output states it."""
+TOP_HEADS = 3
+"""Heads listed with their scores when no single head is named."""
+
+
+def plateau_stretch(records: list[dict], progress: ProgressMeasure, tau: int | None,
+                    rel_tol: float = PLATEAU_REL_TOL) -> dict[str, Any]:
+    """The plateau by counts (module docstring): the evaluations before tau (all of them without tau),
+    how many lie inside the band, the longest stretch of consecutive ones inside it, whether there is a
+    plateau at the reference height (at least half inside), and the measure's range before tau."""
+    before = [r for r in records if (tau is None or r["step"] < tau) and r.get(progress.key) is not None]
+    inside = [progress.on_plateau(r, rel_tol) for r in before]
+    best, start = (0, None), None
+    for i, flag in enumerate([*inside, False]):
+        if flag and start is None:
+            start = i
+        elif not flag and start is not None:
+            if i - start > best[0]:
+                best = (i - start, start)
+            start = None
+    length, first = best
+    values = [float(r[progress.key]) for r in before]
+    return {"key": progress.key, "height": progress.height, "rel_tol": rel_tol, "n_before": len(before),
+            "n_inside": sum(inside), "holds": bool(before) and sum(inside) * 2 >= len(before) and length > 0,
+            "stretch": [before[first]["step"], before[first + length - 1]["step"]] if length else None,
+            "n_stretch": length, "range": [min(values), max(values)] if values else None, "tau": tau}
+
+
+@torch.no_grad()
+def per_pair_patch(model: Model, pairs: PromptPairs, head: tuple[int, int]
+                   ) -> tuple[Tensor, Tensor, Tensor]:
+    """The clean, corrupted and head-patched logit difference of every pair (head ``head``'s output
+    patched from the clean run at every position: :func:`plateauscope.analysis.patch.patch_sweep`)."""
+    spec = patch_spec(model, "heads", pairs.corrupt.shape[1])
+    index = head[0] * model.cfg.n_heads + head[1]
+    one = dataclasses.replace(spec, shape=(1,), masks=spec.masks[index: index + 1])
+    calls: list[Tensor] = []
+
+    def metric(last: Tensor, pairs_: PromptPairs) -> Tensor:
+        value = last_logit_diff(last, pairs_, reduce=False).double().cpu()
+        calls.append(value)
+        return value
+
+    patch_sweep(model, pairs, one, metric=metric)
+    clean, corrupt = calls[0], calls[1]
+    return clean, corrupt, calls[2] if len(calls) > 2 else corrupt  # a no-op patch runs no forward
+
+
+def head_margin(model: Model, task: Any, pairs: PromptPairs, first: tuple[int, int], second: tuple[int, int],
+                n_boot: int = N_BOOTSTRAP, level: float = MARGIN_LEVEL, seed: int = 0) -> dict[str, Any]:
+    """The score of ``first`` minus that of ``second`` (module docstring) on the pairs, and its percentile
+    bootstrap interval over resamples of the pairs; ``clear`` when the interval excludes 0."""
+    tokens = task.tokens[pairs.examples]
+    patterns = attention_patterns(model, tokens, task.input_len)  # [N, L, H, q, k]
+    keys = task.cue_positions(tokens, task.pred_pos)
+    rows = patterns[:, :, :, task.pred_pos, :]
+    attention = (rows.gather(-1, keys.clamp(min=0)[:, None, None].expand(*rows.shape[:3], keys.shape[-1]))
+                 * (keys >= 0)[:, None, None]).sum(-1).double()  # [N, L, H]
+    clean, corrupt, patched = {}, {}, {}
+    for h in (first, second):
+        clean[h], corrupt[h], patched[h] = per_pair_patch(model, pairs, h)
+    gap = clean[first] - corrupt[first]
+
+    def score(h: tuple[int, int], idx: Tensor) -> Tensor:  # [B] over resamples
+        g = gap[idx].mean(-1)
+        effect = (patched[h][idx].mean(-1) - corrupt[h][idx].mean(-1)) / torch.where(g.abs() < 1e-6, torch.nan, g)
+        return attention[:, h[0], h[1]][idx].mean(-1) * torch.nan_to_num(effect, nan=0.0).clamp(min=0.0)
+
+    n = len(gap)
+    everything = torch.arange(n)[None]
+    idx = torch.randint(0, n, (n_boot, n), generator=torch.Generator().manual_seed(seed))
+    diffs = (score(first, idx) - score(second, idx)).numpy()
+    low, high = np.quantile(diffs, [(1 - level) / 2, (1 + level) / 2])
+    return {"heads": [head_label(*first), head_label(*second)],
+            "difference": float(score(first, everything) - score(second, everything)),
+            "interval": [float(low), float(high)], "level": level, "n_pairs": n, "n_boot": n_boot,
+            "clear": bool(low > 0 or high < 0), "rule": MARGIN_RULE}
+
+
+def top_heads(scores: list[list[float]], n: int = TOP_HEADS) -> list[dict[str, Any]]:
+    """The ``n`` heads with the highest score, best first: ``{"head": label, "score": value}``."""
+    grid = np.asarray(scores, dtype=float)
+    order = np.argsort(-np.nan_to_num(grid.ravel(), nan=-np.inf), kind="stable")[:n]
+    return [{"head": head_label(*divmod(int(i), grid.shape[1])), "score": float(grid.ravel()[i])} for i in order]
+
+
 def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[dict],
-              smooth: int = 1) -> dict[str, Any]:
+              smooth: int = 1, pairs: PromptPairs | None = None, margin: bool = True) -> dict[str, Any]:
     """Selector head, t_form, tau, lead fraction (by each rule), ablation before/mid/after, the circuit
-    verdict, exact-vs-attribution agreement."""
+    verdict, exact-vs-attribution agreement; the plateau by counts (:func:`plateau_stretch`), and whether
+    the routing head is named (``named_head``, :func:`head_margin` on ``pairs``, default the task's 256
+    seeded pairs; ``margin=False`` skips it, the head then unnamed)."""
     attn, patches, ablations = cache["attention"], cache["patch"], cache["ablation"]
     if not attn or not patches:
         raise RunError(f"{run.path}: nothing analysed yet")
@@ -107,7 +223,15 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
         a = attribution_by_step.get(p["step"])
         if a is not None:
             agree.append({"step": p["step"], **strict_json(agreement(_result(p["heads"]), _result(a["heads"])))})
-    chance = chance_attention(run.task())
+    task = run.task()
+    chance = chance_attention(task)
+    ranked = top_heads(scores, TOP_HEADS + 1)
+    margin_record = None
+    if margin and "cue" in task.capabilities and "pairs" in task.capabilities and len(ranked) > 1:
+        second = parse_head_label(ranked[1]["head"] if ranked[0]["head"] == head_label(layer, head)
+                                  else ranked[0]["head"], run.config.model.n_layers, run.config.model.n_heads)
+        margin_record = head_margin(run.model(final_patch["step"]), task,
+                                    pairs or prompt_pairs(task), (layer, head), second)
     return {
         "head": [layer, head],
         "label": head_label(layer, head),
@@ -132,6 +256,10 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
         "agreement": agree,
         "analysed_steps": len(steps),
         **({"attention_rules": rule_heads} if rule_heads else {}),
+        "plateau_counts": plateau_stretch(records, progress, tau),
+        "named_head": bool(margin_record and margin_record["clear"]),
+        "margin": margin_record,
+        "top_heads": ranked[:TOP_HEADS],
     }
 
 

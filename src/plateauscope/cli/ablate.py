@@ -24,7 +24,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--kind", choices=KINDS, default="zero",
                         help="zero, mean or cue_mean ablation (default zero; cue_mean needs a task with candidates)")
     parser.add_argument("--groups", type=int, default=DEFAULT_GROUPS,
-                        help=f"eval groups to score (default {DEFAULT_GROUPS}); --n-examples is not used")
+                        help=f"evaluation examples to score (default {DEFAULT_GROUPS}); --n-examples is not used")
     return parser
 
 
@@ -41,15 +41,16 @@ def main(argv: list[str] | None = None) -> int:
         log_k, progress = run.log_k, run.progress
         label, height = progress.label, progress.height_label
         cue = f", {progress.cue_effect_key} {res.base['delta_z']:.3f}" if progress.cue_effect_key else ""
-        print(f"{run.path} step {step}: {args.kind} ablation of each head, {res.n_groups} eval groups; "
+        print(f"{run.path} step {step}: {args.kind} ablation of each head, {res.n_groups} evaluation examples; "
               f"unablated {label} {res.base['candidate_loss']:.3f} ({height} {log_k:.3f}){cue}")
         print(f"\nchange in {label} (ablated - unablated)")
         print(format_table(*head_table(res.d_candidate_loss)))
-        i = int(res.d_candidate_loss.flatten().argmax())
+        i = int(res.d_candidate_loss.nan_to_num().flatten().abs().argmax())
         layer, head = divmod(i, model.cfg.n_heads)
         back = falls_back_to_marginal(res, layer, head, log_k)
-        print(f"\nlargest effect: L{layer}H{head}, {label} {float(res.candidate_loss[layer, head]):.3f}; "
-              f"falls back to the marginal (within 0.25 {height} of {height}): {'yes' if back else 'no'}")
+        change = float(res.d_candidate_loss[layer, head])
+        print(f"\nlargest change: L{layer}H{head}, {label} {float(res.candidate_loss[layer, head]):.3f} "
+              f"({change:+.3f}); returns to {height} (within 0.25 {height}): {'yes' if back else 'no'}")
         falls_back = [[falls_back_to_marginal(res, la, h, log_k) for h in range(model.cfg.n_heads)]
                       for la in range(model.cfg.n_layers)]
         write_json(args.json, {"run": str(run.path), "step": step, "seed": args.seed, "height": log_k,

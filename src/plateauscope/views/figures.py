@@ -27,11 +27,12 @@ from plateauscope.analysis.snap import (
     group_accuracies,
     snap_statistics,
 )
+from plateauscope.analysis.summary import plateau_stretch
 from plateauscope.model.heads import head_label
-from plateauscope.runs.metrics import MARGINAL_REL, plateau_span
+from plateauscope.runs.metrics import MARGINAL_REL
 from plateauscope.runs.references import kl_key
 from plateauscope.tasks.base import ProgressMeasure
-from plateauscope.views.phrases import na
+from plateauscope.views.phrases import na, plateau_sentence
 
 SELECTOR_COLOR = "#d62728"
 OTHER_COLOR = "rgba(120, 120, 120, 0.55)"
@@ -184,10 +185,9 @@ def loss_curves(records: list[dict[str, Any]], progress: ProgressMeasure, tau: i
                      tickmode="auto")
     fig.update_yaxes(title_text=f"{progress.cue_label} (nats)", row=2, col=1)
     _log_x_toggle(fig, 2)
-    span = plateau_span(rec, progress, tau)
-    caption = (f"The {progress.label} sits within 10% of {hl} (the dotted line at 1)"
-               + (f" with {progress.cue_label} below 0.1 {hl} - the cue unused -" if cue else "")
-               + (f" from step {span[0]} to step {span[1]}" if span else " at no evaluated step")
+    counts = plateau_stretch(rec, progress, tau)
+    caption = (plateau_sentence(counts, progress.label, f"{hl} (the dotted line at 1)")[:-1]
+               + (f" (inside: with {progress.cue_label} below 0.1 {hl}, the cue unused)" if cue else "")
                + f"; it drops below half of {hl} at τ = {na(tau, '{}')}.")
     if has_set_loss:
         caption = (caption[:-1] + "; the set loss (dashed) tells which plateau it is: near 0, the model has learned "

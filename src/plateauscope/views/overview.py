@@ -22,10 +22,10 @@ from typing import Any
 
 import numpy as np
 
+from plateauscope.analysis.summary import plateau_stretch
 from plateauscope.model.heads import head_label
-from plateauscope.runs.metrics import plateau_span
 from plateauscope.tasks.base import ProgressMeasure
-from plateauscope.views.phrases import na
+from plateauscope.views.phrases import na, plateau_sentence
 
 WIDTH, HEIGHT = 780, 440
 LEFT, RIGHT = 64, 150
@@ -160,7 +160,8 @@ def overview_svg(metrics: list[dict[str, Any]], attention: list[dict[str, Any]],
                      f'stroke-width="2.5"/><text x="{WIDTH - RIGHT + 33}" y="{y}" dominant-baseline="middle">'
                      f'{html.escape(text)}</text>')
 
-    caption = _caption(rec, progress, tau, t_form, lead, selector.get("label"), plateau, ref_y, steps, machine)
+    named = selector.get("label") if selector.get("named_head", True) else None  # no single head: none named
+    caption = _caption(rec, progress, tau, t_form, lead, named, plateau, ref_y, steps, machine)
     title = f"{progress.label} and the routing head's attention to the cue over training"
     svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" '
            f'viewBox="0 0 {WIDTH} {HEIGHT}" font-family="Helvetica, Arial, sans-serif" font-size="11">\n'
@@ -174,10 +175,10 @@ def overview_svg(metrics: list[dict[str, Any]], attention: list[dict[str, Any]],
 def _caption(rec: list[dict[str, Any]], progress: ProgressMeasure, tau: int | None, t_form: int | None,
              lead: float | None, label: str | None, plateau: dict[str, Any] | None, ref_y: list[float | None],
              steps: list[int], machine: str | None) -> str:
-    span = plateau_span(rec, progress, tau)
-    text = (f"The {progress.label} sits within 10% of {progress.height_label}"
-            + (f" from step {span[0]} to {span[1]}" if span else " at no evaluated step")
-            + f" and drops below half of it at τ = {na(tau, '{}')}.")
+    counts = plateau_stretch(rec, progress, tau)
+    span = counts["stretch"] if counts["holds"] else None
+    text = (plateau_sentence(counts, progress.label, progress.height_label)[:-1]
+            + f"; it drops below half of {progress.height_label} at τ = {na(tau, '{}')}.")
     if plateau is not None and span is not None:
         on = [y for s, y in zip(steps, ref_y) if span[0] <= s <= span[1] and y is not None]
         if on:

@@ -96,7 +96,7 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("complete", "done"))
 
 
-def na(x: float | int | None, fmt: str = "{:.3f}") -> str:
+def na(x: float | None, fmt: str = "{:.3f}") -> str:
     """``fmt.format(x)``, or "n/a" for a missing value."""
     return "n/a" if x is None else fmt.format(x)
 
@@ -111,3 +111,35 @@ def stability(s: dict[str, Any], tau: int | None) -> str:
         at_tau = min(known, key=lambda sj: abs(sj[0] - tau))[1] if known else None
     return (f"not stable before the last step (Jaccard with the last below {STABLE_JACCARD}"
             + (f"; {at_tau:.2f} at tau)" if at_tau is not None else ")"))
+
+
+def plateau_sentence(counts: dict[str, Any], label: str, height_label: str) -> str:
+    """The plateau in words, from the counts of ``plateauscope.analysis.summary.plateau_stretch``: the
+    evaluations before tau inside the band, and the longest stretch of them in a row; or, when fewer
+    than half lie inside, that there is no plateau at the reference height, with the measure's range."""
+    n, k, tol = counts["n_before"], counts["n_inside"], counts["rel_tol"]
+    before = "before tau" if counts.get("tau") is not None else "(tau not reached)"
+    if not n:
+        return f"No evaluation of the {label} {before}."
+    if not counts["holds"]:
+        low, high = counts["range"]
+        return (f"No plateau at {height_label} ({counts['height']:.3g}): {k} of the {n} evaluations {before} lie "
+                f"within {tol:.0%} of it; the {label} ranges from {low:.3g} to {high:.3g} there.")
+    a, b = counts["stretch"]
+    return (f"The {label} lies within {tol:.0%} of {height_label} at {k} of the {n} evaluations {before}; "
+            f"the longest stretch inside, {counts['n_stretch']} evaluations in a row, runs from step {a} to step {b}.")
+
+
+def named_head_text(s: dict[str, Any]) -> str:
+    """The routing head when the summary names it (``named_head``: a cue, and a margin over the runner-up
+    clear of the evaluation noise), else "no single head" and the top heads with their scores."""
+    margin = s.get("margin")
+    tops = ", ".join(f"{t['head']} {t['score']:.3g}" for t in s.get("top_heads") or [])
+    if margin is None:
+        return f"no single head (margin over the runner-up not measured); top heads by score: {tops}"
+    lo, hi = margin["interval"]
+    versus = (f"{margin['heads'][0]} - {margin['heads'][1]} = {margin['difference']:.3g}, "
+              f"{margin['level']:.0%} interval [{lo:.3g}, {hi:.3g}]")
+    if s.get("named_head"):
+        return f"{s['label']} (margin over the runner-up: {versus})"
+    return f"no single head: the margin over the runner-up is within the evaluation noise ({versus}); top heads: {tops}"

@@ -46,6 +46,7 @@ from plateauscope.analysis.results import (
     routing_summary_path,
 )
 from plateauscope.analysis.snap import snap_statistics
+from plateauscope.analysis.summary import plateau_stretch
 from plateauscope.model.heads import head_label
 from plateauscope.runs.machine import describe
 from plateauscope.runs.run import Run, RunError, read_json, write_text_atomic
@@ -53,7 +54,7 @@ from plateauscope.views.figures import all_figures, llc_figure
 from plateauscope.views.llc_figures import head_llc_curves
 from plateauscope.views.overview import overview_svg
 from plateauscope.views.pages import figure_section, page, table_html, write_page
-from plateauscope.views.phrases import na, reads_cue_text
+from plateauscope.views.phrases import na, named_head_text, plateau_sentence, reads_cue_text
 from plateauscope.views.timeline_figures import run_timeline
 
 MOMENTS: tuple[str, ...] = ("plateau start", "t_form", "tau/2", "tau", "end")
@@ -151,7 +152,7 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
     """The summary table as ``(name, value)`` text pairs."""
     summary = run.summary or {}
     sel = selector
-    span = summary.get("plateau_span")
+    counts = sel.get("plateau_counts") or plateau_stretch(metrics, run.progress, sel.get("tau"))
     set0 = next((r.get("set_loss") for r in metrics if r.get("set_loss") is not None), None)
     abl = (sel.get("ablation") or {}).get("end")
     agree = [a["spearman"] for a in sel.get("agreement") or [] if a.get("spearman") is not None]
@@ -163,21 +164,22 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
         (f"tau at thresholds 0.3 / 0.5 / 0.7 {hl}",
          " / ".join(na(v, "{}") for v in (summary.get("tau_by_threshold") or {}).values()) or "n/a"),
         (f"plateau ({pm.label} within 10% of {hl}" + (f", {cue} < 0.1 {hl})" if pm.cue_effect_key else ")"),
-         f"steps {span[0]} .. {span[1]}" if span else "none"),
+         plateau_sentence(counts, pm.label, hl)),
         *([("set loss on the plateau (median)", f"{na(summary.get('plateau_median_set_loss'))} nats "
                                                 f"(step 0: {na(set0)}; 0 = all mass on the K candidates)")]
           if set0 is not None else []),
         *ladder_rows(summary.get("ladder"), run.plateau()),
         *plateau_rows(run.plateau()),
-        ("routing head", f"{sel.get('label')} (rule: {sel.get('rule')})"),
-        ("its attention to the cue", f"{na(sel.get('start_value'))} at the plateau start -> {na(sel.get('final_value'))} "
-                                     "at the end"),
-        ("t_form (attention to the cue halfway up)", na(sel.get("t_form"), "{}") + _bracket(sel.get("t_form_bracket"))),
-        ("lead fraction (tau - t_form) / tau", na(sel.get("lead_fraction")) + _bracket(sel.get("lead_bracket"), "{:.3f}")
-         + (" (paper: about 0.5)" if hl == "log K" else "")),
-        *[(f"t_form / lead by {rule}", na(r.get("t_form"), "{}") + _bracket(r.get("t_form_bracket"))
-           + f"; lead {na(r.get('lead_fraction'))}" + _bracket(r.get("lead_bracket"), "{:.3f}"))
-          for rule, r in (sel.get("t_form_rules") or {}).items()],
+        ("routing head", (named_head_text(sel) if "named_head" in sel else sel.get("label"))
+         + f" (rule: {sel.get('rule')}" + (f"; named when {sel['margin']['rule']})" if sel.get("margin") else ")")),
+        *([("its attention to the cue", f"{na(sel.get('start_value'))} at the plateau start -> "
+                                        f"{na(sel.get('final_value'))} at the end"),
+           ("t_form (attention to the cue halfway up)", na(sel.get("t_form"), "{}") + _bracket(sel.get("t_form_bracket"))),
+           ("lead fraction (tau - t_form) / tau", na(sel.get("lead_fraction"))
+            + _bracket(sel.get("lead_bracket"), "{:.3f}") + (" (paper: about 0.5)" if hl == "log K" else "")),
+           *[(f"t_form / lead by {rule}", na(r.get("t_form"), "{}") + _bracket(r.get("t_form_bracket"))
+              + f"; lead {na(r.get('lead_fraction'))}" + _bracket(r.get("lead_bracket"), "{:.3f}"))
+             for rule, r in (sel.get("t_form_rules") or {}).items()]] if sel.get("named_head", True) else []),
         *[(f"{name} head", f"{r['label']}: attention {na(r.get('start_value'))} at the plateau start -> "
                            f"{na(r.get('final_value'))} at the end; t_form {na(r.get('t_form'), '{}')}"
            + _bracket(r.get("t_form_bracket")) + f", lead {na(r.get('lead_fraction'))}")
@@ -187,7 +189,8 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
          reads_cue_text(sel["circuit"], sel["head"]) if sel.get("circuit") else "n/a"),
         (f"routing head ablated at the end ({pm.label})",
          f"{na(abl['unablated'])} -> zero {na(abl['zero_ablated'])}, mean {na(abl['mean_ablated'])} "
-         f"(falls back to the marginal: {sel.get('falls_back_to_marginal')})" if abl else "n/a"),
+         f"(zero-ablated, back within 25% of {hl}: {'yes' if sel.get('falls_back_to_marginal') else 'no'})"
+         if abl else "n/a"),
         *([(f"groups >= {snap['hi']:.0%} accurate at tau/2", f"{na(snap['share_above_at_half_tau'], '{:.0%}')} of "
             f"{snap['n_groups']} tracked groups (at step {na(snap['half_tau_step'], '{}')}; paper: none)"),
            ("snapped groups", f"{snap['n_snapped']} / {snap['n_groups']} reach {snap['hi']:.0%}"),

@@ -9,6 +9,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from plateauscope.analysis.ablate import MARGINAL_TOL
 from plateauscope.analysis.components import component_label
 from plateauscope.analysis.head_llc import STABILITY_FLOOR
 from plateauscope.analysis.patch import PatchResult
@@ -16,7 +17,7 @@ from plateauscope.analysis.results import median
 from plateauscope.cli.text.tables import format_table
 from plateauscope.model.heads import head_label
 from plateauscope.tasks.base import ProgressMeasure
-from plateauscope.views.phrases import interval_text, na, reads_cue_text, stability
+from plateauscope.views.phrases import interval_text, na, named_head_text, plateau_sentence, reads_cue_text, stability
 
 
 def format_summary(s: dict[str, Any], progress: ProgressMeasure | None = None) -> str:
@@ -25,17 +26,28 @@ def format_summary(s: dict[str, Any], progress: ProgressMeasure | None = None) -
     label, hl = (progress.label, progress.height_label) if progress else ("candidate loss", "log K")
     lead_bracket = [round(x, 3) for x in s["lead_bracket"]] if s["lead_bracket"] else None
     chance = s.get("chance")
-    routing = (f"routing head    {s['label']}  (rule: {s['rule']})" if s.get("above_chance", True) else
-               f"routing head    none: the best head, {s['label']}, ends at {na(s['final_value'])} attention to the cue, "
-               f"not above chance ({chance:.3f}: uniform over the keys the prediction position can attend to)")
-    lines = [
-        routing,
-        f"attention-to-cue {na(s['start_value'])} at the rules' start (step {s.get('rules_start', s['plateau_start'])}) -> "
-        f"{na(s['final_value'])} at the end" + (f" (chance {chance:.3f})" if chance is not None else ""),
-        f"t_form          {na(s['t_form'], '{}')}  bracket {s['t_form_bracket']}",
-        f"tau             {na(s['tau'], '{}')}  bracket {s['tau_bracket']}",
-        f"lead fraction   {na(s['lead_fraction'])}  bracket {lead_bracket}" + ("  (paper: ~0.5)" if hl == "log K" else ""),
-    ]
+    named = s.get("named_head", True)  # a summary written before the rule named its head
+    if not s.get("above_chance", True):
+        routing = (f"routing head    none: the best head, {s['label']}, ends at {na(s['final_value'])} attention to the "
+                   f"cue, not above chance ({chance:.3f}: uniform over the keys the prediction position can attend to)")
+    elif not named:
+        routing = f"routing head    {named_head_text(s)}"
+    else:
+        routing = f"routing head    {named_head_text(s) if 'named_head' in s else s['label']}  (rule: {s['rule']})"
+    lines = [routing]
+    if s.get("margin"):
+        lines.append(f"head rule       {s['margin']['rule']}")
+    if named:
+        lines += [
+            f"attention-to-cue {na(s['start_value'])} at the rules' start (step {s.get('rules_start', s['plateau_start'])})"
+            f" -> {na(s['final_value'])} at the end" + (f" (chance {chance:.3f})" if chance is not None else ""),
+            f"t_form          {na(s['t_form'], '{}')}  bracket {s['t_form_bracket']}"]
+    lines.append(f"tau             {na(s['tau'], '{}')}  bracket {s['tau_bracket']}")
+    if named:
+        lines.append(f"lead fraction   {na(s['lead_fraction'])}  bracket {lead_bracket}"
+                     + ("  (paper: ~0.5)" if hl == "log K" else ""))
+    if s.get("plateau_counts"):
+        lines.append(f"plateau         {plateau_sentence(s['plateau_counts'], label, hl)}")
     if s.get("release"):
         r = s["release"]
         at = lambda e: f"{e['value']:.3f} (step {e['step']})" if e else "n/a"  # noqa: E731
@@ -45,9 +57,11 @@ def format_summary(s: dict[str, Any], progress: ProgressMeasure | None = None) -
         if a:
             lines.append(f"ablation {name:<12} step {a['step']:>6}: {label} {a['unablated']:.3f} -> "
                          f"zero {a['zero_ablated']:.3f}, mean {a['mean_ablated']:.3f} ({hl} = {s['height']:.3f})")
-    lines.append(f"falls back to the marginal when ablated at the end: {s['falls_back_to_marginal']}")
+    if s["falls_back_to_marginal"] is not None:
+        lines.append(f"zero-ablated at the end, the {label} returns to {hl} (within {MARGINAL_TOL:.0%}): "
+                     f"{'yes' if s['falls_back_to_marginal'] else 'no'}")
     cue_effect = progress.cue_effect_key if progress and progress.cue_effect_key else "cue effect"
-    for rule, r in (s.get("t_form_rules") or {}).items():
+    for rule, r in (s.get("t_form_rules") or {}).items() if named else ():
         lb = [round(x, 3) for x in r["lead_bracket"]] if r["lead_bracket"] else None
         rule = cue_effect if rule == "cue_effect" else rule  # the threshold rule, named by the task's field
         lines.append(f"t_form {rule:<12} {na(r['t_form'], '{}'):>6}  bracket {r['t_form_bracket']}  lead "
@@ -97,8 +111,8 @@ def format_circuit(c: dict[str, Any] | None, height: float, head: tuple[int, int
             + f"  (step {c['step']}; top head {c['top']} holds {c['top_share']:.0%} of all heads' effect, "
               f"{c['top_layer_share']:.0%} of its layer's; {n80} head{'' if n80 == 1 else 's'} hold{'s' if n80 == 1 else ''} 80%)",
             f"{ch['kind']} ablation  base {cl(ch['base'])}; chosen alone {cl(ch['alone'])}, its layer {cl(ch['layer'])}, "
-            f"layer but it {cl(ch['layer_but'])}; others alone: {others}  ({label} [95% t interval over the eval "
-            f"groups]; {height_label} = {height:.3f}; cue lost: within 25% of {height_label})",
+            f"layer but it {cl(ch['layer_but'])}; others alone: {others}  ({label} [95% t interval over the "
+            f"evaluation examples]; {height_label} = {height:.3f}; cue lost: within 25% of {height_label})",
             f"necessary       heads whose ablation alone loses the cue: {', '.join(c['necessary']) or 'none'}; "
             f"the 80% heads ablated together: {interval_text(c['cover_ablated_progress'], c.get('cover_ablated_interval'))}"
             + (f"; each alone keeps the unablated value: {', '.join(k + (' yes' if v else ' no') for k, v in each.items())}"
