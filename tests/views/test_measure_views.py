@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from plateauscope.views.figures import heldout_curves
 from plateauscope.views.report import measure_rows
 from plateauscope.views.time_data import head_measures, measure_curves
 from plateauscope.views.time_view import render_time_view, validate_view_data
@@ -41,3 +42,11 @@ def test_the_report_rows_give_each_series_and_its_change_point():
     assert rows["weight_norm"] == "10 at step 0 -> 6 at step 400; changes at step 100 (0.25 tau, fall)"
     assert rows["dist:top (L0H1)"].endswith("no change point")
     assert "changes" not in dict(measure_rows(RECORDS, None))["weight_norm"]
+
+
+def test_training_and_held_out_curves_appear_under_their_own_names_only_with_a_held_out_field():
+    records = [{"step": s, "loss": 1.0 / (s + 1), "heldout_loss": 2.0 + s, "accuracy": 0.5} for s in (0, 10, 20)]
+    fig, caption = heldout_curves(records, tau=10)
+    assert [t.name for t in fig.data] == ["training loss", "held-out loss"]
+    assert list(fig.data[1].y) == [2.0, 12.0, 22.0] and "held-out split (dashed)" in caption
+    assert heldout_curves([{"step": 0, "loss": 1.0}]) is None

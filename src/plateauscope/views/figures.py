@@ -207,6 +207,31 @@ def loss_curves(records: list[dict[str, Any]], progress: ProgressMeasure, tau: i
     return fig, caption
 
 
+HELDOUT_PREFIX = "heldout_"
+"""A logged field ``heldout_<key>`` is ``<key>`` measured on the held-out split."""
+
+
+def heldout_curves(records: list[dict[str, Any]], tau: int | None = None) -> Captioned | None:
+    """Each logged field that has a held-out twin (``heldout_<key>``), on the training split and on the
+    held-out one, under their own names; None when the run logs no held-out field."""
+    keys = sorted({k[len(HELDOUT_PREFIX):] for r in records for k in r if k.startswith(HELDOUT_PREFIX)})
+    keys = [k for k in keys if any(r.get(k) is not None for r in records)]
+    if not keys:
+        return None
+    steps = [r["step"] for r in records]
+    fig = go.Figure()
+    for key in keys:
+        name = key.replace("_", " ")
+        fig.add_trace(go.Scatter(x=steps, y=[r.get(key) for r in records], mode="lines", name=f"training {name}"))
+        fig.add_trace(go.Scatter(x=steps, y=[r.get(HELDOUT_PREFIX + key) for r in records], mode="lines",
+                                 name=f"held-out {name}", line={"dash": "dash"}))
+    _tau_line(fig, tau)
+    layout(fig, "Training and held-out curves", "step", "value")
+    names = ", ".join(k.replace("_", " ") for k in keys)
+    return fig, (f"{names} on the training split (solid) and on the held-out split (dashed), at every evaluation; "
+                 f"τ = {na(tau, '{}')}.")
+
+
 def timing_word(t_form: int | None, tau: int | None) -> str:
     """``ahead of`` / ``at`` / ``after`` the drop, as the numbers say (``before`` with no t_form or tau)."""
     if t_form is None or tau is None:

@@ -96,7 +96,7 @@ TABLE_COLUMNS: tuple[tuple[str, str], ...] = (
     ("complete", "done"))
 
 
-def na(x: float | None, fmt: str = "{:.3f}") -> str:
+def na(x: float | int | None, fmt: str = "{:.3f}") -> str:
     """``fmt.format(x)``, or "n/a" for a missing value."""
     return "n/a" if x is None else fmt.format(x)
 

@@ -50,7 +50,7 @@ from plateauscope.analysis.summary import plateau_stretch
 from plateauscope.model.heads import head_label
 from plateauscope.runs.machine import describe
 from plateauscope.runs.run import Run, RunError, read_json, write_text_atomic
-from plateauscope.views.figures import all_figures, llc_figure
+from plateauscope.views.figures import all_figures, heldout_curves, llc_figure
 from plateauscope.views.llc_figures import head_llc_curves
 from plateauscope.views.overview import overview_svg
 from plateauscope.views.pages import figure_section, page, table_html, write_page
@@ -307,6 +307,9 @@ def report_figures(run: Run, analysis: dict[str, Any], sel: dict[str, Any]) -> l
     tau = sel.get("tau")
     metrics = run.metrics()
     figures = all_figures(metrics, analysis, run.progress, tau, run.plateau(), (run.summary or {}).get("ladder"))
+    heldout = heldout_curves(metrics, tau)
+    if heldout is not None:
+        figures.insert(1, ("heldout", "Training and held-out curves", *heldout))
     llc_path = analysis_dir(run.path) / LLC_SUMMARY_FILE
     if llc_path.exists():  # written by plateauscope llc; landmarks from the current selector summary
         llc = {**read_json(llc_path), "tau": tau, "t_form": sel.get("t_form")}
