@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from plateauscope.analysis.analyze import analyze_run, load_analysis
+from plateauscope.analysis.attention import attention_to_z
 from plateauscope.analysis.changepoint import ChangePointRule, change_point, measure_signals
 from plateauscope.analysis.measures import (
     BUILT_IN,
@@ -44,6 +45,10 @@ def test_the_cheap_pass_caches_every_measure_at_every_step(tiny_run, tmp_path):
     tokens = task.tokens[task.sample_examples(256, 0)]
     acts = activation_measures(model, tokens, task.loss_positions)
     assert middle["collapse"] == pytest.approx(acts.collapse)
+    # the attention record came from the same forward: exactly attention_to_z's
+    cached = next(r for r in load_analysis(path)["attention"] if r["step"] == 20)
+    alone = attention_to_z(model, task, 256, 0).to_dict()
+    assert all(cached[k] == alone[k] for k in alone)
     # the last checkpoint is its own reference pattern; an earlier one is some way from it
     assert np.allclose(records[-1]["values"]["pattern_distance"], 0)
     assert np.asarray(records[0]["values"]["pattern_distance"]).min() > 0

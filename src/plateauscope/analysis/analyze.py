@@ -70,7 +70,13 @@ from plateauscope.analysis.edges import (
 )
 from plateauscope.analysis.inputs import prompt_pairs
 from plateauscope.analysis.landmarks import DEFAULT_BUDGET, landmark_steps, nearest
-from plateauscope.analysis.measures import MEASURE_RECORD_VERSION, MeasureInputs, measure_inputs, measure_record
+from plateauscope.analysis.measures import (
+    MEASURE_RECORD_VERSION,
+    MeasureInputs,
+    attention_and_measures,
+    measure_inputs,
+    measure_record,
+)
 from plateauscope.analysis.patch import patch
 from plateauscope.analysis.results import (
     ABLATION_FILE,
@@ -332,8 +338,8 @@ class SeriesAnalysis:
         # patching only, a tenth of the expensive pass.
         for _ in range(MAX_BISECTIONS):
             cache = load_analysis(run.path, self.settings)
-            bracket = summarize(run, cache, tau, records, self.settings.smooth, margin=False)["t_form_rules"]["patch_share"][
-                "t_form_bracket"]
+            bracket = summarize(run, cache, tau, records, self.settings.smooth, margin=False)["t_form_rules"][
+                "patch_share"]["t_form_bracket"]
             inner = [s for s in chosen if bracket and bracket[0] < s < bracket[1]]
             if not inner:
                 break
@@ -423,6 +429,9 @@ class SeriesAnalysis:
             try:
                 model = self.run.model(step, self.device, self.backend, reuse=model)
                 fresh: dict[str, Any] = {}
+                if {"attention", "measures"} <= set(missing(step)) and "cue" in self.task.capabilities:
+                    # one forward gives both (the same examples)
+                    fresh["attention"], fresh["measures"] = attention_and_measures(model, self.task, self.inputs)
                 if {"attribution", "edges"} <= set(missing(step)):
                     # one clean forward and one corrupted forward and backward give both
                     fresh["edges"], fresh["attribution"] = edge_and_attribution_records(

@@ -33,12 +33,17 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from plateauscope.analysis.attention import AttentionToZ, attention_stats_from_patterns
+from plateauscope.analysis.prefix import activations, unembed_last
 from plateauscope.model.backend import Model
 from plateauscope.model.heads import head_label
 from plateauscope.model.measures import (
-    activation_measures,
+    ActivationMeasures,
     embedding_effective_rank,
+    measures_from_activations,
     pattern_distance,
+    pattern_names,
+    resid_names,
     weight_norms,
 )
 from plateauscope.runs.run import Run
@@ -70,6 +75,25 @@ class MeasureInputs:
     reference_step: int
 
 
+@torch.inference_mode()
+def step_activations(model: Model, task: Task, tokens: Tensor) -> tuple[dict[str, Tensor], Tensor]:
+    """One forward of ``tokens``'s inputs, the way the attention analysis runs it
+    (``plateauscope.analysis.prefix.activations``): the residual stream and the attention patterns of every
+    layer, and the logits at the loss positions (the last layer's residual stream unembedded there)."""
+    n_layers = model.cfg.n_layers
+    inputs = tokens[:, : task.input_len].to(next(model.parameters()).device)
+    cache = activations(model, inputs, resid_names(n_layers) + pattern_names(n_layers))
+    last = cache[resid_names(n_layers)[-1]][:, task.loss_positions]  # [N, P, d_model]
+    logits = unembed_last(model, last.reshape(-1, last.shape[-1])).reshape(*last.shape[:2], -1)
+    return cache, logits
+
+
+def from_activations(model: Model, task: Task, acts: tuple[dict[str, Tensor], Tensor]) -> ActivationMeasures:
+    """:func:`plateauscope.model.measures.measures_from_activations` of :func:`step_activations`'s forward."""
+    cache, logits = acts
+    return measures_from_activations(cache, logits, model.cfg.n_layers, task.loss_positions, task.input_len)
+
+
 def measure_inputs(run: Run, n_examples: int, seed: int, device: str = "cpu", backend: str | None = None
                    ) -> MeasureInputs:
     """The shared inputs of :func:`measure_record` for ``run`` (one forward of its last checkpoint)."""
@@ -78,8 +102,26 @@ def measure_inputs(run: Run, n_examples: int, seed: int, device: str = "cpu", ba
     tc = run.config.train
     evalset = task.build_evalset(tc.eval_groups, tc.tracked_groups, tc.seed) if task.measures() else None
     last = run.steps[-1]
-    final = activation_measures(run.model(last, device, backend), tokens, task.loss_positions).patterns
+    model = run.model(last, device, backend)
+    final = from_activations(model, task, step_activations(model, task, tokens)).patterns
     return MeasureInputs(tokens, evalset, final, last)
+
+
+def attention_and_measures(model: Model, task: Task, inputs: MeasureInputs) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The attention record (``plateauscope.analysis.attention.attention_to_z`` on the same examples, the same
+    numbers) and :func:`measure_record`, from one forward."""
+    acts = step_activations(model, task, inputs.tokens)
+    names = pattern_names(model.cfg.n_layers)
+    patterns = torch.stack([acts[0][n] for n in names], dim=1).float().cpu()
+    stats = attention_stats_from_patterns(patterns, inputs.tokens, task)
+    n = torch.tensor([stats.n_examples], dtype=torch.float32)[:, None, None]
+
+    def avg(value: Tensor) -> Tensor:  # attention_stats's average over its one chunk, for the same rounding
+        return (torch.stack([value]) * n).sum(0) / n.sum()
+
+    attention = AttentionToZ(avg(stats.to_z_first), avg(stats.to_z_all_targets), avg(stats.entropy_first),
+                             len(inputs.tokens), {k: avg(v) for k, v in stats.rules.items()})
+    return attention.to_dict(), measure_record(model, task, inputs, acts)
 
 
 def _where(task: Task, error: BaseException) -> str:
@@ -108,19 +150,20 @@ def task_measure(measure: Measure, model: Model, task: Task, evalset: Any) -> fl
     return float(array) if not shape else array.tolist()
 
 
-def measure_record(model: Model, task: Task, inputs: MeasureInputs) -> dict[str, Any]:
+def measure_record(model: Model, task: Task, inputs: MeasureInputs,
+                   acts: tuple[dict[str, Tensor], Tensor] | None = None) -> dict[str, Any]:
     """Every measure of ``model`` (module docstring): ``{"per": {name: per}, "values": {name: value}}``."""
     for measure in task.measures():
         if measure.name in BUILT_IN:
             raise TaskError(f"{inspect.getsourcefile(type(task))}: the measure {measure.name!r} has the name of a "
                             "built-in measure; rename it")
     total, per_layer = weight_norms(model)
-    acts = activation_measures(model, inputs.tokens, task.loss_positions)
+    acts_ = from_activations(model, task, acts or step_activations(model, task, inputs.tokens))
     values: dict[str, Any] = {"weight_norm": total, "weight_norm_layer": per_layer,
-                              "embedding_rank": embedding_effective_rank(model), "collapse": acts.collapse,
-                              "pattern_distance": pattern_distance(acts.patterns, inputs.final_patterns).tolist()}
-    if acts.repetition is not None:
-        values["repetition_bias"] = acts.repetition
+                              "embedding_rank": embedding_effective_rank(model), "collapse": acts_.collapse,
+                              "pattern_distance": pattern_distance(acts_.patterns, inputs.final_patterns).tolist()}
+    if acts_.repetition is not None:
+        values["repetition_bias"] = acts_.repetition
     per = {name: BUILT_IN[name][0] for name in values}
     for measure in task.measures():
         values[measure.name] = task_measure(measure, model, task, inputs.evalset)

@@ -87,24 +87,40 @@ def collapse_positions(loss_positions: list[int], input_len: int) -> list[int]:
     return list(loss_positions) if len(loss_positions) >= 2 else list(range(input_len))
 
 
+def resid_names(n_layers: int) -> list[str]:
+    """The hook names :func:`measures_from_activations` reads the residual stream from."""
+    return [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
+
+
+def pattern_names(n_layers: int) -> list[str]:
+    """The hook names :func:`measures_from_activations` reads the attention patterns from."""
+    return [f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)]
+
+
+def measures_from_activations(cache: dict[str, Tensor], logits_at_loss: Float[Tensor, "N P vocab"] | None,
+                              n_layers: int, loss_positions: list[int], input_len: int) -> ActivationMeasures:
+    """Representation collapse, repetition bias and the patterns from one forward's activations
+    (``cache``: :func:`resid_names` and :func:`pattern_names`) and its logits at the loss positions."""
+    positions = collapse_positions(loss_positions, input_len)
+    repetition = None
+    if len(loss_positions) >= 2 and logits_at_loss is not None:
+        predicted = logits_at_loss.argmax(-1)  # [N, P]
+        repetition = float((predicted[:, 1:] == predicted[:, :-1]).double().mean())
+    return ActivationMeasures(collapse=[_pairwise_cosine(cache[n][:, positions]) for n in resid_names(n_layers)],
+                              repetition=repetition,
+                              patterns=torch.stack([cache[n] for n in pattern_names(n_layers)], dim=1).double().cpu())
+
+
 @torch.inference_mode()
 def activation_measures(model: Model, tokens: Int[Tensor, "N seq"], loss_positions: list[int]) -> ActivationMeasures:
     """Representation collapse, repetition bias and the attention patterns of the inputs of ``tokens``
-    (full sequences; the model reads ``tokens[:, :-1]``), from one forward with a cache."""
+    (full sequences; the model reads ``tokens[:, :-1]``), from one ``run_with_cache``."""
     n_layers = model.cfg.n_layers
-    resid = [f"blocks.{layer}.hook_resid_post" for layer in range(n_layers)]
-    pattern = [f"blocks.{layer}.attn.hook_pattern" for layer in range(n_layers)]
-    wanted = set(resid + pattern)
+    wanted = set(resid_names(n_layers) + pattern_names(n_layers))
     inputs = tokens[:, :-1].to(next(model.parameters()).device)
     logits, cache = model.run_with_cache(inputs, names_filter=lambda n: n in wanted)
-    positions = collapse_positions(loss_positions, inputs.shape[1])
-    repetition = None
-    if len(loss_positions) >= 2:
-        predicted = logits[:, loss_positions].argmax(-1)  # [N, P]
-        repetition = float((predicted[:, 1:] == predicted[:, :-1]).double().mean())
-    return ActivationMeasures(collapse=[_pairwise_cosine(cache[n][:, positions]) for n in resid],
-                              repetition=repetition,
-                              patterns=torch.stack([cache[n] for n in pattern], dim=1).double().cpu())
+    return measures_from_activations({n: cache[n] for n in wanted}, logits[:, loss_positions], n_layers,
+                                     loss_positions, inputs.shape[1])
 
 
 def representation_collapse(model: Model, tokens: Int[Tensor, "N seq"], loss_positions: list[int]) -> list[float]:
