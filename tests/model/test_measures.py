@@ -80,7 +80,8 @@ def test_collapse_and_repetition_match_numpy_on_the_cached_activations():
             sims.append(np.mean([row[i] @ row[j] / np.linalg.norm(row[i]) / np.linalg.norm(row[j]) for i, j in pairs]))
         assert collapse[layer] == pytest.approx(np.mean(sims), abs=1e-6)
     pred = logits[:, LOSS_POSITIONS].argmax(-1).numpy()
-    expected = np.mean([[pred[n, i] == pred[n, i + 1] for i in range(len(LOSS_POSITIONS) - 1)] for n in range(len(pred))])
+    expected = np.mean([[pred[n, i] == pred[n, i + 1] for i in range(len(LOSS_POSITIONS) - 1)]
+                        for n in range(len(pred))])
     assert repetition_bias(model, tokens, LOSS_POSITIONS) == pytest.approx(expected)
     assert repetition_bias(model, tokens, [7]) is None
 

@@ -134,8 +134,8 @@ def repetition_bias(model: Model, tokens: Int[Tensor, "N seq"], loss_positions: 
     return activation_measures(model, tokens, loss_positions).repetition
 
 
-def pattern_distance(patterns: Float[Tensor, "N n_layers n_heads q k"], reference: Float[Tensor, "N n_layers n_heads q k"]
-                     ) -> Float[Tensor, "n_layers n_heads"]:
+def pattern_distance(patterns: Float[Tensor, "N n_layers n_heads q k"],
+                     reference: Float[Tensor, "N n_layers n_heads q k"]) -> Float[Tensor, "n_layers n_heads"]:
     """Per head, the total-variation distance between the rows of ``patterns`` and ``reference``
     (same sequences), averaged over query positions and sequences."""
     if patterns.shape != reference.shape:

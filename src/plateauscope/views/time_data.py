@@ -15,7 +15,7 @@ ablation, patterns) and ``metrics.jsonl`` and returns the dict that
 * the measures of the cheap pass (``plateauscope.analysis.measures``): the per-head ones as heatmaps,
   every series scaled to its range as curves;
 * the loss curves: the progress measure, the set loss and the cue effect where the task logs them;
-  t_form and tau from the run's summary (``routing.json``);
+  t_form (only when the summary names a routing head) and tau from the run's summary (``routing.json``);
 * a caption computed from the same numbers.
 """
 
@@ -71,7 +71,8 @@ def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None
         {"name": f"{progress.label} with the head mean-ablated",
          "values": _by_step(cache["ablation"], steps, lambda r: r["mean"]["candidate_loss"])},
         {"name": "per-head LLC", "values": head_llc_grids(run, steps, graph.n_layers, graph.n_heads)},
-        *[{"name": name.replace("_", " "), "values": _by_step(cache["measures"], steps, lambda r, n=name: r["values"][n])}
+        *[{"name": name.replace("_", " "),
+           "values": _by_step(cache["measures"], steps, lambda r, n=name: r["values"][n])}
           for name in head_measures(cache["measures"])],
     ]
     patterns = cache["patterns"]
@@ -81,10 +82,11 @@ def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None
     labels = {progress.key: progress.label, progress.cue_effect_key: progress.cue_label, "set_loss": "set loss",
               "loss": "training loss"}
     summary = edges_summary(edges, cache["edge_circuit"], cache["edge_exact"])
+    t_form = sel.get("t_form") if sel.get("named_head", True) else None  # stated only for a named head
     searched = {r["step"]: r.get("circuit") for r in cache["edge_circuit"]}
     return {
         "title": f"{run.path.name}: the circuit over training",
-        "caption": caption(summary, sel.get("t_form"), sel.get("tau"), len(steps)),
+        "caption": caption(summary, t_form, sel.get("tau"), len(steps)),
         "steps": steps,
         "n_layers": graph.n_layers,
         "n_heads": graph.n_heads,
@@ -97,7 +99,7 @@ def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None
                      "values": _by_step(patterns, steps, lambda r: r["values"])},
         "curves": {"steps": [r["step"] for r in records],
                    "series": [{"name": labels.get(k, k), "values": [r.get(k) for r in records]} for k in curve_keys]},
-        "markers": {"t_form": sel.get("t_form"), "tau": sel.get("tau")},
+        "markers": {"t_form": t_form, "tau": sel.get("tau")},
         "ladder": ladder_curves(records, (run.summary or {}).get("ladder")),
         "measures": measure_curves(cache["measures"]),
         **({"selected_head": sel["head"]} if sel.get("head") else {}),
