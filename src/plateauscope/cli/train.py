@@ -44,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-seed", type=int, help="seed of the data set itself (the task's seed option)")
     p.add_argument("--lr", type=float, help="AdamW learning rate")
     p.add_argument("--batch-size", type=int, help="examples per step")
-    p.add_argument("--max-steps", type=int, help="steps to train at most")
+    p.add_argument("--full-batch", action="store_true", default=None,
+                   help="every step's batch is the whole training split (--batch-size is then unused)")
+    p.add_argument("--max-steps", type=int, help="steps to train at most (with --resume, a larger value extends a "
+                                                 "finished run, bit for bit as one longer run)")
     p.add_argument("--stop-after-tau", type=float, help="stop at this multiple of tau once tau is seen")
     p.add_argument("--threads", type=int, help="torch intra-op threads")
     p.add_argument("--forward", choices=FORWARDS,
@@ -93,7 +96,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     """The preset (or, with ``--task`` alone, the task's defaults) with the command line's overrides
     applied, validated (:func:`plateauscope.runs.presets.run_config`)."""
     overrides = {name: getattr(args, attr) for name, attr in [
-        ("seed", "seed"), ("lr", "lr"), ("batch_size", "batch_size"), ("max_steps", "max_steps"),
+        ("seed", "seed"), ("lr", "lr"), ("batch_size", "batch_size"), ("full_batch", "full_batch"),
+        ("max_steps", "max_steps"),
         ("stop_after_tau", "stop_after_tau"), ("threads", "threads"), ("forward", "forward"),
         ("checkpoints", "checkpoints"),
         ("hide_cue_until", "hide_cue_until"), ("masked_heads", "mask_heads"), ("transplant", "transplant"),
@@ -127,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
                f"{_fmt(plateau.get(f'median_{metric}'))}, know-nothing {_fmt(plateau['know_nothing'].get(metric))}); "
                if plateau else "")
     measure = task_class(cfg.task_name).generate(cfg.task).progress
-    print(f"tau = {tau if tau is not None else 'not reached'} steps ({measure.height_name} = "
+    print(f"{f'tau = {tau} steps' if tau is not None else 'tau not reached'} ({measure.height_name} = "
           f"{summary[measure.height_name]:.3f}); "
           f"plateau span {span}; {verdict}run in {out}")
     return 0

@@ -91,6 +91,13 @@ class ModelConfig(JsonConfig):
         for name in ("n_layers", "d_model", "n_heads", "d_head"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not self.attn_only and self.d_mlp < 1:
+            raise ConfigError(f"d_mlp must be at least 1 (or attn_only=true), got {self.d_mlp}")
+        if self.normalization_type not in ("LN", "LNPre", None):
+            raise ConfigError(f"normalization_type must be LN, LNPre or none, got {self.normalization_type!r}")
+        if self.positional_embedding_type not in ("standard", "rotary"):
+            raise ConfigError(f"positional_embedding_type must be standard or rotary, "
+                              f"got {self.positional_embedding_type!r}")
 
 
 @dataclass(frozen=True)
@@ -107,6 +114,9 @@ class TrainConfig(JsonConfig):
     """AdamW betas."""
     batch_size: int = 128
     """Examples per step; minibatches are drawn by shuffling the data set each epoch."""
+    full_batch: bool = False
+    """Every step's batch is the whole training split (the task's ``train_indices``, else the data set),
+    in its own order; ``batch_size`` is then unused."""
     max_steps: int = 6000
     """Steps to train at most."""
     warmup_steps: int = 0
@@ -215,6 +225,20 @@ class TrainConfig(JsonConfig):
             raise ConfigError(f"tracked_every must be at least 1 (or None), got {self.tracked_every}")
         if self.lr <= 0:
             raise ConfigError(f"lr must be positive, got {self.lr}")
+        if self.weight_decay < 0:
+            raise ConfigError(f"weight_decay must be at least 0, got {self.weight_decay}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ConfigError(f"betas must be two numbers in [0, 1), got {self.betas}")
+        for name in ("warmup_steps", "early_log_points"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name} must be at least 0, got {getattr(self, name)}")
+        if self.eval_batch_size < 1:
+            raise ConfigError(f"eval_batch_size must be at least 1, got {self.eval_batch_size}")
+        for name in ("grad_clip", "stop_after_tau"):
+            if getattr(self, name) is not None and getattr(self, name) <= 0:
+                raise ConfigError(f"{name} must be positive (or None), got {getattr(self, name)}")
+        if self.threads is not None and self.threads < 1:
+            raise ConfigError(f"threads must be at least 1 (or None), got {self.threads}")
         if self.hide_cue_until is not None and not 0 < self.hide_cue_until < self.max_steps:
             raise ConfigError(f"hide_cue_until={self.hide_cue_until} is outside the run: give a step "
                               f"between 1 and max_steps - 1 ({self.max_steps - 1})")

@@ -10,6 +10,7 @@ from typing import Any
 from plateauscope.errors import ConfigError
 from plateauscope.model.config import ModelConfig, TrainConfig
 from plateauscope.runs.config import RunConfig
+from plateauscope.tasks.grokking import GrokkingConfig, GrokkingTask
 from plateauscope.tasks.induction import InductionConfig, InductionTask
 from plateauscope.tasks.loading import task_class
 from plateauscope.tasks.markov import MarkovConfig, MarkovTask
@@ -72,6 +73,15 @@ PRESETS: dict[str, RunConfig] = {
         train=MarkovTask.default_train,
         preset="markov",
         task_name="markov",
+    ),
+    # Grokking (plateauscope.tasks.grokking): modular addition, p = 59, 40% of the pairs for training, Nanda
+    # et al.'s one-layer ReLU model, full batch, AdamW lr 1e-3 and weight decay 1. tau on the held-out loss.
+    "grokking": RunConfig(
+        task=GrokkingConfig(),
+        model=GrokkingTask.default_model,
+        train=GrokkingTask.default_train,
+        preset="grokking",
+        task_name="grokking",
     ),
     # A few steps of a tiny model: for unit tests of the machinery, not of the science.
     "tiny": RunConfig(

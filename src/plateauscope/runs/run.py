@@ -69,6 +69,9 @@ from plateauscope.runs.files import (
     SUMMARY_FILE as SUMMARY_FILE,
 )
 from plateauscope.runs.files import (
+    TASK_SOURCE_FILE as TASK_SOURCE_FILE,
+)
+from plateauscope.runs.files import (
     RunError as RunError,
 )
 from plateauscope.runs.files import (
@@ -110,7 +113,7 @@ from plateauscope.runs.files import (
 from plateauscope.runs.interventions import Interventions, has_interventions
 from plateauscope.runs.metrics import compute_tau, plateau_span, plateau_verdict
 from plateauscope.tasks.base import ProgressMeasure, Task
-from plateauscope.tasks.loading import task_class
+from plateauscope.tasks.loading import task_class, use_task_copy
 
 
 class Run:
@@ -122,6 +125,9 @@ class Run:
             raise RunError(f"{self.path}: no such run directory")
         raw = read_json(self.path / CONFIG_FILE)
         try:
+            copy = raw.get("task_source") if isinstance(raw, dict) else None
+            if isinstance(copy, dict) and isinstance(raw.get("run"), dict):
+                use_task_copy(raw["run"].get("task_name", ""), self.path / TASK_SOURCE_FILE, copy.get("sha256"))
             self.config = RunConfig.from_dict(raw["run"])
             self.hooked_config: dict[str, Any] = raw["hooked_transformer_config"]
             self.vocab: list[str] = raw["vocab"]

@@ -283,6 +283,35 @@ class Task(ABC):
         """Every logged metric of ``model`` on ``evalset`` (plain floats and lists), including
         ``loss``, ``accuracy`` and the progress measure's fields."""
 
+    # ---- the held-out split (optional) ---------------------------------------------------
+
+    def train_indices(self) -> Int[Tensor, " D_train"] | None:
+        """The rows of ``tokens`` that training samples (None: every row). A task with a held-out
+        split returns its training rows here and the others from :meth:`heldout_indices`."""
+        return None
+
+    def heldout_indices(self) -> Int[Tensor, " D_heldout"] | None:
+        """The rows of ``tokens`` training never sees (None: no held-out split). Every evaluation
+        logs :meth:`evaluate_heldout`'s metrics on them."""
+        return None
+
+    def evaluate_heldout(self, model: nn.Module, batch_size: int = 512) -> dict[str, float]:
+        """``heldout_loss`` (:meth:`loss`, averaged over the held-out rows) and ``heldout_accuracy``
+        (argmax right at every loss position) of ``model`` on :meth:`heldout_indices` ({} without a split)."""
+        rows = self.heldout_indices()
+        if rows is None or len(rows) == 0:
+            return {}
+        device = next(model.parameters()).device
+        loss_sum, right = 0.0, 0
+        with torch.no_grad():
+            for chunk in self.tokens[rows].split(batch_size):
+                chunk = chunk.to(device)
+                logits = model(chunk[:, : self.input_len])
+                loss_sum += float(self.loss(logits, chunk)) * len(chunk)
+                pos = torch.tensor(self.loss_positions, device=device)
+                right += int((logits[:, pos].argmax(-1) == chunk[:, pos + 1]).all(-1).sum())
+        return {"heldout_loss": loss_sum / len(rows), "heldout_accuracy": right / len(rows)}
+
     def plateau_reference(self, evalset: Any = None) -> dict | None:
         """The exact know-nothing references of the plateau verdict (capability ``plateau_reference``),
         over the examples of ``evalset`` (the run's evaluation set, whose metric the verdict reads;

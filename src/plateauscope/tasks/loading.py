@@ -2,9 +2,10 @@
 
 ``task_class(spec)`` accepts:
 
-* a built-in name: ``selector`` (the (B, z) -> A wind tunnel), ``induction`` or ``markov`` (in-context
-  Markov chains);
-* ``path/to/file.py:Class``: a class in a Python file (a run records the file's absolute path);
+* a built-in name: ``selector`` (the (B, z) -> A wind tunnel), ``induction``, ``markov`` (in-context
+  Markov chains) or ``grokking`` (modular addition with a held-out split);
+* ``path/to/file.py:Class``: a class in a Python file (a run records the file's absolute path and keeps a
+  copy of the file, which it loads from when the original has moved: :func:`use_task_copy`);
 * ``package.module:Class``: a class in an importable module.
 
 The class must subclass :class:`plateauscope.tasks.base.Task`, implement its abstract members and
@@ -16,10 +17,13 @@ fails with one line naming the file, the part and what was expected, before any 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import importlib.util
 import inspect
+import logging
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -31,10 +35,14 @@ BUILTIN_TASKS: dict[str, str] = {
     "selector": "plateauscope.tasks.selector:SelectorTask",
     "induction": "plateauscope.tasks.induction:InductionTask",
     "markov": "plateauscope.tasks.markov:MarkovTask",
+    "grokking": "plateauscope.tasks.grokking:GrokkingTask",
 }
 """Built-in task names and where their classes live (imported only when asked for)."""
 
 _LOADED: dict[str, type[Task]] = {}
+_COPIES: dict[str, Path] = {}
+"""Task file specs -> the copy of the file a run directory keeps (:func:`use_task_copy`)."""
+log = logging.getLogger(__name__)
 
 
 def task_class(spec: str) -> type[Task]:
@@ -46,6 +54,8 @@ def task_class(spec: str) -> type[Task]:
         raise TaskError(f"--task {spec}: not a built-in task ({', '.join(BUILTIN_TASKS)}) "
                         "and not of the form file.py:Class or module:Class")
     source, _, name = where.rpartition(":")
+    if source.endswith(".py") and not Path(source).is_file() and spec in _COPIES:
+        source = str(_COPIES[spec])
     module = _import_file(spec, source) if source.endswith(".py") else _import_module(spec, source)
     cls = getattr(module, name, None)
     if cls is None:
@@ -63,6 +73,49 @@ def canonical_task_name(spec: str) -> str:
     return f"{Path(source).resolve()}:{name}"
 
 
+def task_source_file(spec: str) -> Path | None:
+    """The Python file of a task file spec (``path/to/file.py:Class``), None for a built-in or module task."""
+    source, sep, _ = spec.rpartition(":")
+    return Path(source) if sep and spec not in BUILTIN_TASKS and source.endswith(".py") else None
+
+
+def sha256_of(path: Path) -> str:
+    """The SHA-256 of a file's bytes, in hex."""
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def use_task_copy(spec: str, copy: Path, sha256: str | None = None) -> None:
+    """Load the task ``spec`` from ``copy`` (the file a run directory keeps) when its own file has moved
+    or is gone; a copy whose SHA-256 is not ``sha256`` is refused in one line."""
+    original = task_source_file(spec)
+    if original is None or original.is_file() or not Path(copy).is_file():
+        return
+    if sha256 is not None and sha256_of(copy) != sha256:
+        raise TaskError(f"{copy}: its SHA-256 differs from the one the run recorded, and {original} is gone")
+    if _COPIES.get(spec) != Path(copy):
+        log.info("%s is gone: loading the task from the run's copy %s", original, copy)
+    _COPIES[spec] = Path(copy)
+
+
+def task_file_error(e: BaseException, spec: str) -> TaskError | None:
+    """A one-line TaskError for an error raised inside a task file of one's own (``spec``): the file,
+    the function and the line in it that failed; None when the error did not come from such a file."""
+    if isinstance(e, (TaskError, KeyboardInterrupt)) or spec in BUILTIN_TASKS:
+        return None
+    cls = _LOADED.get(spec)
+    try:
+        source = inspect.getsourcefile(cls) if cls is not None else None
+    except TypeError:
+        source = None
+    if source is None or Path(source).resolve().is_relative_to(Path(__file__).resolve().parents[1]):
+        return None
+    inside = [f for f in traceback.extract_tb(e.__traceback__) if Path(f.filename).resolve() == Path(source).resolve()]
+    if not inside:
+        return None
+    frame = inside[-1]
+    return TaskError(f"{source}: {frame.name}() failed at line {frame.lineno} ({type(e).__name__}: {e})")
+
+
 def build_task(task_name: str, cfg: Any) -> Task:
     """The task ``task_name`` generated from its config, its data checked against the protocol."""
     cls = task_class(task_name)
@@ -73,7 +126,8 @@ def build_task(task_name: str, cfg: Any) -> Task:
     except TaskError:
         raise
     except Exception as e:  # noqa: BLE001 - a user's generate() can fail in any way; say where
-        raise TaskError(f"{_where(task_name)}: generate() failed ({type(e).__name__}: {e})") from None
+        raise task_file_error(e, task_name) or TaskError(
+            f"{_where(task_name)}: generate() failed ({type(e).__name__}: {e})") from None
     check_task(task, task_name)
     return task
 

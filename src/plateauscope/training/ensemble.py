@@ -86,6 +86,7 @@ from plateauscope.training.train import (
     prepare_run_dir,
     resolve_device,
     take_step,
+    training_tokens,
     with_stored_policy,
 )
 
@@ -226,7 +227,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
     if tc.forward == "hooked" and resolve_backend(None) != "hooked":
         raise ConfigError("forward=hooked trains a seed ensemble as one vmap over HookedTransformer, which "
                           "TransformerLens 4 removed: use the fused forward (the default) or solo runs")
-    tokens = task.tokens.to(dev)
+    tokens = training_tokens(task).to(dev)
     results = [{}] * len(cfgs)
     members: list[Member] = []
     weights: list[dict[str, Tensor]] = []
@@ -248,7 +249,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
                 weights.append({k: v.to(dev) for k, v in point.weights.items()})
                 opt_states.append(point.optimizer)
             members.append(Member(index=i, cfg=c, run=RunState.start(out, c.train, evalsets, task.progress,
-                                                                     len(task.tokens), here, point,
+                                                                     len(tokens), here, point,
                                                                      resolve_backend(None))))
             open_runs.callback(members[-1].run.close)
         if not members:
@@ -306,7 +307,7 @@ def train_ensemble(cfgs: list[RunConfig], out_dirs: list[str | Path], resume: bo
                 return [{"stopped_at": step}] * len(cfgs)
 
             # 4. Each member's next minibatch: its own permutation, walked as a solo run walks it.
-            batches = tokens[torch.stack([m.run.order.next_rows(tc.batch_size) for m in members]).to(dev)]
+            batches = torch.stack([m.run.next_batch(tokens) for m in members])
 
             # 5-6. All members' losses (one vectorised pass, or the solo kernels member by member),
             # then the solo run's update step (their summed loss has each member's own gradient;

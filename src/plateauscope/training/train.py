@@ -20,8 +20,11 @@ import dataclasses
 import functools
 import json
 import logging
+import math
 import os
+import shutil
 import time
+import traceback
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,7 +70,13 @@ from plateauscope.runs.machine import describe, machine_record, same_machine
 from plateauscope.runs.metrics import compute_tau, summarize
 from plateauscope.runs.references import ReferenceLadder, ladder_summary
 from plateauscope.tasks.base import ProgressMeasure, Task, TaskError
-from plateauscope.tasks.loading import build_task, canonical_task_name
+from plateauscope.tasks.loading import (
+    build_task,
+    canonical_task_name,
+    sha256_of,
+    task_file_error,
+    task_source_file,
+)
 from plateauscope.training.checkpoint_policy import CheckpointPolicy, transition_window
 from plateauscope.training.schedule import resume_steps, scheduled_steps
 
@@ -143,6 +152,39 @@ def locks_runs(fn: Callable) -> Callable:
 def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str = "auto",
           progress: bool = True, stop_at_step: int | None = None, backend: str | None = None,
           hooks: TrainingHooks = NO_HOOKS) -> dict:
+    """Train one run into ``out_dir`` and return its summary (:func:`train_run`).
+
+    An error raised inside a task file of one's own becomes one line naming the file, the function and
+    the line (``plateauscope.tasks.loading.task_file_error``); a fresh run directory that fails before
+    its first checkpoint is removed (:func:`remove_unstarted_run`)."""
+    out = Path(out_dir)
+    fresh = not (out / rd.CONFIG_FILE).exists()
+    try:
+        return train_run(cfg, out, resume, device, progress, stop_at_step, backend, hooks)
+    except Exception as e:
+        error = task_file_error(e, canonical_task_name(cfg.task_name))
+        if fresh and isinstance(error or e, (ConfigError, rd.RunError)):
+            remove_unstarted_run(out)
+        if error is not None:
+            raise error from None
+        raise
+
+
+def remove_unstarted_run(out: Path) -> None:
+    """Remove what a fresh run wrote into ``out`` when it has no checkpoint yet (a run that failed at its
+    first evaluation leaves nothing behind, so the next try is not told to ``--resume``)."""
+    ckpts = out / rd.CHECKPOINT_DIR
+    if ckpts.is_dir() and any(ckpts.iterdir()):
+        return
+    for name in (rd.CONFIG_FILE, rd.DATASET_FILE, rd.METRICS_FILE, rd.TASK_SOURCE_FILE, rd.SUMMARY_FILE):
+        (out / name).unlink(missing_ok=True)
+    if ckpts.is_dir():
+        shutil.rmtree(ckpts, ignore_errors=True)
+
+
+def train_run(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str = "auto",
+              progress: bool = True, stop_at_step: int | None = None, backend: str | None = None,
+              hooks: TrainingHooks = NO_HOOKS) -> dict:
     """Train one run into ``out_dir`` and return its summary.
 
     ``backend``: ``hooked`` (TransformerLens 3.x HookedTransformer) or ``bridge`` (4.x
@@ -171,6 +213,8 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     model = build_model(task.hooked_config(cfg.model), backend=backend, seed=cfg.model.seed, device=dev)
     fresh = not (resume and resume_state_file(out) is not None)
     donor = load_donor(tc, hooked_state_dict(model)) if tc.transplant and fresh else None
+    if fresh:  # every key evaluate() returns, checked on the step-0 model before anything is written
+        check_evaluation(model, task, evalsets[0], tc, interventions.applied(model, 0))
     prepare_run_dir(cfg, task, out, resume)
 
     # --- Model and optimiser (the fixed evaluation sets are built above). --------------------
@@ -180,7 +224,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
         for name, param in zip(hooked_parameter_names(model), model.parameters()):
             param.requires_grad_(not in_part(name, tc.transplant))
     optimizer = adamw(model.parameters(), tc)
-    tokens = task.tokens.to(dev)
+    tokens = training_tokens(task).to(dev)
     step = 0
     # The training step's loss: fused kernels over the model's own parameters (trimmed or not), or its
     # hooked forward. Interventions enter the fused kernels as masks, the hooked forward (and evaluation)
@@ -204,7 +248,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
                                   if point.optimizer_layout == "hooked" else point.optimizer)
         torch.set_rng_state(point.torch_rng)
     schedule = Schedule.of(tc)
-    run = RunState.start(out, tc, evalsets, task.progress, len(task.tokens), machine_record(dev), point, backend)
+    run = RunState.start(out, tc, evalsets, task.progress, len(tokens), machine_record(dev), point, backend)
     bar = tqdm(total=tc.max_steps, initial=step, disable=not progress, desc=out.name, dynamic_ncols=True)
     with contextlib.closing(run), bar:
         while True:
@@ -222,8 +266,9 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
             if step == stop_at_step:  # a kill right after this step's evaluation (no summary)
                 return {"stopped_at": step}
 
-            # 3. Next minibatch: walk a fresh permutation each epoch, dropping the ragged tail.
-            batch = tokens[run.order.next_rows(tc.batch_size).to(dev)]
+            # 3. Next minibatch: walk a fresh permutation of the training split each epoch, dropping the
+            # ragged tail (full batch: the whole split, in its order).
+            batch = run.next_batch(tokens)
 
             # 4-5. The task's loss (on its loss positions: logits at p predict the token at p + 1),
             # then the update (the step the seed ensemble takes too), under the interventions of this step.
@@ -363,6 +408,13 @@ class RunState:
         """Close ``metrics.jsonl`` (again: a no-op)."""
         self.evaluations.close()
 
+    def next_batch(self, tokens: Int[Tensor, "D_train seq"]) -> Int[Tensor, "batch seq"]:
+        """The next step's batch of the training split ``tokens`` (:func:`training_tokens`): the whole split
+        with ``full_batch``, else the next rows of the data order."""
+        if self.tc.full_batch:
+            return tokens
+        return tokens[self.order.next_rows(self.tc.batch_size).to(tokens.device)]
+
     def evaluate(self, model: torch.nn.Module, task: Task, step: int, hooks: TrainingHooks,
                  context: contextlib.AbstractContextManager) -> dict:
         """Evaluate ``model`` (inside ``context``: the step's interventions, or loading a member's weights)
@@ -425,6 +477,49 @@ def evaluation_sets(task: Task, tc: TrainConfig, seed: int) -> tuple[Any, Any]:
     return full, light
 
 
+def training_tokens(task: Task) -> Int[Tensor, "D_train seq"]:
+    """The sequences training samples: the task's training split (``Task.train_indices``), else every one."""
+    rows = task.train_indices()
+    return task.tokens if rows is None else task.tokens[rows]
+
+
+def batch_rows(tc: TrainConfig, task: Task) -> int:
+    """Examples in one training step: the whole training split with ``full_batch``, else ``batch_size``."""
+    return len(training_tokens(task)) if tc.full_batch else tc.batch_size
+
+
+def check_evaluation(model: torch.nn.Module, task: Task, evalset: Any, tc: TrainConfig,
+                     context: contextlib.AbstractContextManager | None = None) -> None:
+    """The evaluation record of the step-0 model (:func:`evaluation_record`), computed and dropped before
+    anything is written, so that a misspelt key of ``evaluate`` fails in one line before the progress bar;
+    the global RNG is left as it was."""
+    rng = torch.get_rng_state()
+    try:
+        with context or contextlib.nullcontext():
+            record = evaluation_record(model, task, evalset, 0, tc, 0.0)
+    finally:
+        torch.set_rng_state(rng)
+    progress = task.progress
+    if progress.cue_effect_key is not None and progress.cue_effect_key not in record:
+        raise TaskError(f"task {task.describe()}: evaluate() must return the cue effect "
+                        f"{progress.cue_effect_key!r} its progress measure names, got {sorted(record)}")
+    bad = [k for k, v in record.items() if not _plain(v)]
+    if bad:
+        raise TaskError(f"task {task.describe()}: evaluate() must return plain numbers and lists; "
+                        f"{', '.join(bad)} {'is' if len(bad) == 1 else 'are'} not")
+
+
+def _plain(value: Any) -> bool:
+    """Whether ``value`` is what ``metrics.jsonl`` holds: None, a finite-or-not number, or lists of them."""
+    if value is None or isinstance(value, (bool, int, float)):
+        return True
+    if isinstance(value, (list, tuple)):
+        return all(_plain(v) for v in value)
+    if isinstance(value, dict):
+        return all(isinstance(k, str) and _plain(v) for k, v in value.items())
+    return False
+
+
 def evaluation_set(evalsets: tuple[Any, Any], step: int, tc: TrainConfig) -> Any:
     """Which of :func:`evaluation_sets` the evaluation at ``step`` uses."""
     return evalsets[0] if tc.tracked_every is None or step % tc.tracked_every == 0 else evalsets[1]
@@ -476,8 +571,10 @@ def train_step(loss_of: Callable[[Tensor], Tensor], batch: Int[Tensor, "*members
 def prepare_run_dir(cfg: RunConfig, task: Task, out: Path, resume: bool) -> dict:
     """Write a fresh run directory (dataset + config), or check that the stored run has this
     config when resuming; return the HookedTransformerConfig kwargs of the run."""
-    if len(task.tokens) < cfg.train.batch_size:
-        raise ConfigError(f"batch_size={cfg.train.batch_size} is larger than the data set (D={len(task.tokens)})")
+    n_train = len(training_tokens(task))
+    if not cfg.train.full_batch and n_train < cfg.train.batch_size:
+        split = "the training split" if task.train_indices() is not None else "the data set"
+        raise ConfigError(f"batch_size={cfg.train.batch_size} is larger than {split} (D={n_train})")
     hooked_cfg = task.hooked_config(cfg.model)
     existing = out / rd.CONFIG_FILE
     if existing.exists():
@@ -489,17 +586,38 @@ def prepare_run_dir(cfg: RunConfig, task: Task, out: Path, resume: bool) -> dict
         except (ConfigError, TypeError):
             stored_cfg = None
         asked = json.loads(json.dumps(cfg.to_dict()))
-        if stored_cfg != asked:
+        differences = [] if stored_cfg is None else _differences(stored_cfg, asked)
+        if extends_horizon(differences):  # one longer run: the new horizon is the run's from now on
+            rd.write_json_atomic(existing, {**stored, "run": cfg.to_dict()})
+            (out / rd.SUMMARY_FILE).unlink(missing_ok=True)
+            log.info("%s: extended from %d to %d steps", out, differences[0][1], differences[0][2])
+        elif stored_cfg != asked:
             differ = "" if stored_cfg is None else " (" + "; ".join(
-                f"{key}: stored {a!r}, asked {b!r}" for key, a, b in _differences(stored_cfg, asked)) + ")"
+                f"{key}: stored {a!r}, asked {b!r}" for key, a, b in differences) + ")"
             raise ConfigError(f"{existing}: --resume with a different configuration than the stored run{differ}; "
-                              f"pass the stored options, or choose another --out")
+                              f"pass the stored options (only a larger --max-steps extends a run), "
+                              f"or choose another --out")
     else:
         out.mkdir(parents=True, exist_ok=True)
         rd.write_text_atomic(out / rd.DATASET_FILE, "".join(json.dumps(r) + "\n" for r in task.records()))
+        source = task_source_file(cfg.task_name)
+        copy = {}
+        if source is not None and source.is_file():  # the task's own file, kept so the run outlives a move
+            rd.atomic_write(out / rd.TASK_SOURCE_FILE, lambda tmp: shutil.copyfile(source, tmp))
+            copy = {"task_source": {"file": rd.TASK_SOURCE_FILE, "original": str(source),
+                                    "sha256": sha256_of(out / rd.TASK_SOURCE_FILE)}}
         rd.write_json_atomic(existing, {"run": cfg.to_dict(), "hooked_transformer_config": hooked_cfg,
-                                        "vocab": task.vocab, "layout": task.layout_record()})
+                                        "vocab": task.vocab, "layout": task.layout_record(), **copy})
     return hooked_cfg
+
+
+def extends_horizon(differences: list[tuple[str, object, object]]) -> bool:
+    """Whether a resumed run's configuration differs from the stored one only by a larger ``max_steps``:
+    the run then continues bit for bit as one longer run would (no part of a step depends on the horizon:
+    the learning rate has a warmup and no decay, and evaluation and checkpoints touch no training RNG)."""
+    return len(differences) == 1 and differences[0][0] == "train.max_steps" \
+        and isinstance(differences[0][1], int) and isinstance(differences[0][2], int) \
+        and differences[0][2] > differences[0][1]
 
 
 POLICY_FIELDS: tuple[str, ...] = ("checkpoints", "coarse_every")
@@ -548,16 +666,45 @@ def evaluation_record(model: torch.nn.Module, task: Task, evalset: object, step:
     from each of the task's reference predictors (``ladder``)."""
     model.eval()
     metrics = task.evaluate(model, evalset, tc.eval_batch_size)
+    if isinstance(metrics, dict):
+        metrics.update(task.evaluate_heldout(model, tc.eval_batch_size))
+        metrics.update(progress_measure_value(model, task, evalset, metrics))
     if not isinstance(metrics, dict) or task.progress.key not in metrics:
         got = sorted(metrics) if isinstance(metrics, dict) else type(metrics).__name__
         raise TaskError(f"task {task.describe()}: evaluate() must return a dict with its progress measure "
-                        f"{task.progress.key!r}, got {got}")
+                        f"{task.progress.key!r} (or the task declare a measure of that name), got {got}")
     if ladder is not None:
         metrics.update(ladder.kl(model, task, tc.eval_batch_size))
-    record = {"step": step, "tokens_seen": step * tc.batch_size * task.tokens_per_example(), **metrics,
+    record = {"step": step, "tokens_seen": step * batch_rows(tc, task) * task.tokens_per_example(), **metrics,
               "wall_s": round(wall_s, 3)}
     model.train()
     return record
+
+
+def progress_measure_value(model: torch.nn.Module, task: Task, evalset: Any, metrics: dict) -> dict:
+    """``{key: value}`` when the progress measure's key names one of the task's own measures
+    (``Task.measures``, one number per model) that ``metrics`` lacks, computed under ``torch.no_grad()``;
+    else {}. A measure that fails, or gives no single number, is one TaskError naming it."""
+    key = task.progress.key
+    measure = next((m for m in task.measures() if m.name == key), None) if key not in metrics else None
+    if measure is None:
+        return {}
+    if measure.per != "model":
+        raise TaskError(f"task {task.describe()}: the progress measure {key!r} must be one number per model, "
+                        f"not per {measure.per}")
+    try:
+        with torch.no_grad():
+            value = measure.compute(model, task, evalset)
+        value = float(value)
+    except TaskError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a task's measure can fail in any way; name it and its line
+        frames = traceback.extract_tb(e.__traceback__)
+        at = f" at {frames[-1].filename} line {frames[-1].lineno}" if frames else ""
+        raise TaskError(f"task {task.describe()}: measure {key!r} failed{at} ({type(e).__name__}: {e})") from None
+    if not math.isfinite(value):
+        raise TaskError(f"task {task.describe()}: measure {key!r} gave {value}, not a finite number")
+    return {key: value}
 
 
 def stop_due(tc: TrainConfig, tau: int | None, step: int) -> bool:
@@ -588,7 +735,8 @@ def finish(out: Path, records: list[dict], task: Task, step: int, evalset: Any, 
 
 def _bar_fields(record: dict, progress: ProgressMeasure) -> dict:
     if not progress.falls or record.get(progress.key) is None:
-        return {"loss": f"{record['loss']:.3f}", "acc": f"{record['accuracy']:.2f}"}
+        return {name: f"{record[key]:.3f}" for name, key in (("loss", "loss"), ("acc", "accuracy"))
+                if isinstance(record.get(key), (int, float))}
     fields = {f"{progress.key}/{progress.height_name}": f"{record[progress.key] / progress.height:.3f}"}
     if progress.cue_effect_key is not None and record.get(progress.cue_effect_key) is not None:
         fields[progress.cue_effect_key] = f"{record[progress.cue_effect_key]:.3f}"
