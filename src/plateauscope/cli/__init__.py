@@ -25,9 +25,10 @@ VERBS: dict[str, str] = {
     "graft": "graft bisection: the earliest checkpoint whose part, grafted into step 0, shortens the plateau",
     "llc": "the local learning coefficient over a run's checkpoints (the llc extra)",
     "moved_first": "which signal moved first: one change-point rule for every signal of a run, or over a sweep's seeds",
+    "import": "import a checkpoint series trained elsewhere (Hugging Face, nanoGPT) as a run directory",
     "demo": "train, analyse, report and view the demo run (the paper's model and data)",
 }
-"""Verb -> its one-line summary; the verb's module is ``plateauscope.cli.<verb>``."""
+"""Verb -> its one-line summary; the verb's module is ``plateauscope.cli.<verb>`` (``import_`` for ``import``)."""
 
 
 def usage() -> str:
@@ -41,7 +42,7 @@ def usage() -> str:
 
 def verb_module(verb: str):
     """The module of one verb (imported only when that verb runs)."""
-    return importlib.import_module(f"plateauscope.cli.{verb}")
+    return importlib.import_module(f"plateauscope.cli.{verb}_" if verb == "import" else f"plateauscope.cli.{verb}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -463,3 +463,121 @@ def backend_optimizer_state(model: Model, state: dict) -> dict:
             converted[k] = v
         moved[i] = converted
     return {"state": moved, "param_groups": [{**group, "params": list(range(len(params)))}]}
+
+
+# ---- causal language models of other trainers (imported series) ----------------------------
+
+
+_NOT_ATTENTION_LMS = ("Mamba", "Mamba2", "FalconMamba", "Bamba", "Jamba", "Zamba2", "Rwkv", "RWKV7", "RecurrentGemma",
+                      "HyenaDNA", "NemotronH", "FalconH1", "GraniteMoeHybrid", "OlmoHybrid", "Qwen3Next", "Lfm2",
+                      "Lfm2Moe", "DreamModel", "LLaDA", "GiddForDiffusionLM", "BD3LM", "T5")
+"""Architectures of TransformerLens 4's bridge that are not causal attention transformers (state-space,
+recurrent and hybrid models, diffusion language models): the analyses' hooks assume attention in every block."""
+
+
+def supported_causal_lms() -> tuple[str, ...]:
+    """The Hugging Face architectures (``config.json``'s ``architectures``) an imported series may have: the
+    decoder-only causal attention language models that TransformerLens 4's bridge supports."""
+    resolve_backend("bridge")
+    from transformer_lens.factories.architecture_adapter_factory import SUPPORTED_ARCHITECTURES
+
+    return tuple(sorted(name for name in SUPPORTED_ARCHITECTURES
+                        if name.endswith(("ForCausalLM", "LMHeadModel")) and name != "BertLMHeadModel"
+                        and not name.startswith(_NOT_ATTENTION_LMS)))
+
+
+_HF_PARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""A booted bridge's Hugging Face tensors under their Hugging Face names (the bridge wraps each module)."""
+
+
+def boot_causal_lm(config_dir: str, device: str | torch.device = "cpu", tokenizer_dir: str | None = None) -> Model:
+    """A TransformerLens 4 bridge of the Hugging Face causal language model whose ``config.json`` is in
+    ``config_dir``, with freshly initialised weights (the caller loads a checkpoint's into
+    ``model.original_model``), in compatibility mode (HookedTransformer's hook names, no weight processing).
+    ``tokenizer_dir``: a folder with the model's tokenizer files, or None (token ids only). Offline: nothing
+    is fetched from a hub. Built once per series; each checkpoint's weights are loaded into it."""
+    resolve_backend("bridge")
+    from transformer_lens.model_bridge import TransformerBridge
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    config = AutoConfig.from_pretrained(config_dir, local_files_only=True)
+    with torch.random.fork_rng(devices=[]), warnings.catch_warnings():  # the draw is replaced: keep the RNG
+        warnings.simplefilter("ignore")
+        hf_model = AutoModelForCausalLM.from_config(config).to(device)
+        hf_tensors = dict(hf_model.state_dict(keep_vars=True))  # before the bridge wraps the modules
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True) if tokenizer_dir else None
+        with _no_tokenizer_search(tokenizer is None):
+            bridge = TransformerBridge.boot_transformers(str(config_dir), hf_model=hf_model, tokenizer=tokenizer,
+                                                         device=device)
+        bridge.enable_compatibility_mode(disable_warnings=True, no_processing=True)
+    bridge.cfg.device = str(device)
+    _HF_PARAMETERS[bridge] = hf_tensors
+    _HF_RENAME[bridge] = _checkpoint_renaming(hf_model, hf_tensors)
+    return bridge.eval()
+
+
+_HF_RENAME: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""A booted bridge's renaming of checkpoint keys into its Hugging Face names."""
+
+
+def _checkpoint_renaming(hf_model: torch.nn.Module, names: dict[str, torch.Tensor]) -> Callable[[str], str]:
+    """The renaming ``from_pretrained`` applies to a checkpoint's keys (legacy names, e.g. GPT-NeoX's
+    ``embed_out`` -> ``lm_head``; the base model's prefix added or dropped)."""
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import WeightRenaming, rename_source_key
+
+    renamings = [t for t in get_model_conversion_mapping(hf_model) if isinstance(t, WeightRenaming)]
+    prefix = getattr(hf_model, "base_model_prefix", None)
+    return lambda key: key if key in names else rename_source_key(key, renamings, [], prefix, names)[0]
+
+
+@contextmanager
+def _no_tokenizer_search(skip: bool) -> Iterator[None]:
+    """Without a tokenizer (a model of token ids), stop ``boot_transformers`` from looking for one in the
+    config folder (a Llama folder without tokenizer files fails there): it skips the search for audio and
+    vision models, and here for this boot too."""
+    if not skip:
+        yield
+        return
+    from unittest import mock
+
+    from transformer_lens.model_bridge.sources.transformers import source
+
+    with mock.patch.object(source, "skip_tokenizer_for_modality", lambda cfg: True):
+        yield
+
+
+def load_causal_lm_state(model: Model, state: dict[str, torch.Tensor]) -> Model:
+    """Copy a Hugging Face state dict (``model.safetensors`` names) into a bridge from :func:`boot_causal_lm`,
+    in place (no new tensors: a series loaded checkpoint after checkpoint keeps its memory flat). A tied
+    ``lm_head.weight`` may be absent from the file; buffers (masks, rotary tables) keep the model's own."""
+    params, rename = _HF_PARAMETERS[model], _HF_RENAME[model]
+    state = {rename(k): v for k, v in state.items()}
+    names = {k for k, t in params.items() if isinstance(t, torch.nn.Parameter)}
+    unexpected = sorted(k for k in state if k not in params)
+    tied = {"lm_head.weight"} if getattr(model.original_model.config, "tie_word_embeddings", False) else set()
+    missing = sorted(names - set(state) - tied)
+    if missing or unexpected:
+        raise BackendError(f"the weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    with torch.no_grad():
+        for k, v in state.items():
+            if params[k].shape != v.shape:
+                raise BackendError(f"the weights do not fit the model: {k} has shape {tuple(v.shape)}, "
+                                   f"the model {tuple(params[k].shape)}")
+            params[k].copy_(v)
+        _resplit_joint_qkv(model)
+    return model
+
+
+def _resplit_joint_qkv(model: Model) -> None:
+    """Refresh the separate q / k / v copies that the bridge cuts from a joint QKV weight (GPT-2's ``c_attn``,
+    GPT-NeoX's ``query_key_value``) when it is booted: they are copies, not views, so new weights reach its
+    forward only through them."""
+    from transformer_lens.model_bridge.generalized_components.joint_qkv_attention import (
+        JointQKVAttentionBridge,
+    )
+
+    for module in model.modules():
+        if isinstance(module, JointQKVAttentionBridge):
+            for target, fresh in zip((module.q, module.k, module.v), module.split_qkv_matrix(module.original_component)):
+                target.original_component.load_state_dict(fresh.state_dict())

@@ -8,6 +8,8 @@ Layout of a run directory (names are the constants below)::
     dataset.jsonl      every example (the selector task: b, z, a, group, selector)
     metrics.jsonl      one JSON object per evaluation
     summary.json       tau, plateau span, final metrics (written at the end)
+    series.json        an imported run's manifest of external checkpoints (instead of config.json and
+                       checkpoints/; model/config.json holds the series' Hugging Face config)
     checkpoints/step_0000120.safetensors   model weights, step in name and metadata
     resume.pt          latest optimiser / data-order / RNG state (tensors only: weights_only=True)
     resume.prev.pt     the resume state before it (a fallback when resume.pt is bad or missing)
@@ -73,6 +75,13 @@ ANALYSIS_DIR = "analysis"
 ROUTING_FILE = "routing.json"
 """The routing-head summary of the latest ``plateauscope.analysis.analyze`` call (with its settings), in
 ``ANALYSIS_DIR``; a sweep's ``clamp_head_of=routing`` reads its head."""
+SERIES_FILE = "series.json"
+"""An imported run's manifest (``plateauscope import``, :mod:`plateauscope.runs.series`): each external
+checkpoint's step, file, SHA-256, format, architecture and tokenizer."""
+SERIES_FORMAT = "plateauscope-series-v1"
+"""The ``format`` tag of :data:`SERIES_FILE`."""
+MODEL_CONFIG_DIR = "model"
+"""Folder of an imported run holding the series' Hugging Face ``config.json`` (one model per series)."""
 CHECKPOINT_FORMAT = "plateauscope-checkpoint-v1"
 """The ``format`` tag in every checkpoint's safetensors metadata."""
 READABLE_CHECKPOINT_FORMATS: tuple[str, ...] = (CHECKPOINT_FORMAT, "synass-lens-checkpoint-v1")

@@ -1,0 +1,61 @@
+"""``plateauscope import``: a checkpoint series written elsewhere, as a run directory the analyses read.
+
+SOURCE is a folder of Hugging Face checkpoints (Trainer's ``checkpoint-N/``, or any subfolders with
+``config.json`` and ``model.safetensors`` or ``pytorch_model.bin``) or nanoGPT ``ckpt.pt`` files. The run
+directory points at the files by path and SHA-256 (nothing is copied); each chosen checkpoint is read
+and checked first, so bad input is one line (exit code 2) and no directory is left behind.
+
+    plateauscope import runs/hf_trainer_out --out checkpoints/imported [--every 2 | --steps 0,100,200] [--log-spaced 30]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+from plateauscope.cli.common import run_cli
+from plateauscope.cli.parser import OneLineParser
+from plateauscope.sources.importer import import_series
+from plateauscope.sources.selection import parse_steps
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line of ``plateauscope import``."""
+    p = OneLineParser(prog="plateauscope import", description=__doc__.split("\n\n")[0],
+                      formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
+    p.add_argument("source", type=Path, metavar="SOURCE", help="the series: a checkpoint folder or nanoGPT .pt files")
+    p.add_argument("--out", type=Path, required=True, help="the run directory to write (new or empty)")
+    p.add_argument("--every", type=int, default=1, help="import every N-th checkpoint (the last always)")
+    p.add_argument("--steps", help="import these steps only, comma-separated (e.g. 0,100,200)")
+    p.add_argument("--log-spaced", type=int, metavar="N", help="about N checkpoints spaced evenly in log(step)")
+    p.add_argument("--device", default="cpu", help="cpu or cuda: where the weights are checked (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``plateauscope import``: write the run directory and print one line about it."""
+    def body(args: argparse.Namespace) -> None:
+        steps = parse_steps(args.steps)
+        bar = None
+
+        def progress(i: int, n: int) -> None:
+            nonlocal bar
+            if bar is None:
+                bar = tqdm(total=n, desc=f"import {args.source.name}", disable=args.no_progress, dynamic_ncols=True)
+            bar.update(1)
+
+        try:
+            result = import_series(args.source, args.out, args.every, steps, args.log_spaced, args.device, progress)
+        finally:
+            if bar is not None:
+                bar.close()
+        tokenizer = result.tokenizer or "none (token ids)"
+        print(f"{result.path}: {len(result.steps)} checkpoints of {result.architecture}, steps "
+              f"{result.steps[0]}..{result.steps[-1]}, tokenizer {tokenizer}")
+        for a, b in result.duplicates:
+            print(f"warning: steps {a} and {b} have identical weights")
+
+    return run_cli(body, argv, build_parser())

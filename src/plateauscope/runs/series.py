@@ -1,0 +1,242 @@
+"""An imported run: a run directory that points at a checkpoint series written by another trainer.
+
+``plateauscope import`` (:mod:`plateauscope.sources`) writes it; nothing is copied. Layout::
+
+    series.json        the manifest (:data:`~plateauscope.runs.files.SERIES_FILE`): per checkpoint the step,
+                       the file (an absolute path), its SHA-256 and size, its format, the architecture and
+                       the tokenizer folder (or null: token ids only)
+    model/config.json  the series' Hugging Face config: one model is built per series
+
+Each checkpoint is checked against its SHA-256 when it is read (a file changed since the import is a
+one-line RunError naming it), then read without unpickling code: safetensors, or ``torch.load`` with
+``weights_only=True``. :class:`ImportedSeries` builds one model (a TransformerLens 4 bridge) and loads
+every checkpoint's weights into it, so a long series runs in flat memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import shutil
+import tempfile
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+
+from plateauscope.model.backend import Model, boot_causal_lm, load_causal_lm_state
+from plateauscope.runs.files import (
+    MODEL_CONFIG_DIR,
+    SERIES_FILE,
+    SERIES_FORMAT,
+    RunError,
+    _one_line,
+    read_json,
+    write_json_atomic,
+)
+
+WEIGHT_FORMATS: tuple[str, ...] = ("safetensors", "torch", "nanogpt")
+"""How a checkpoint's file is read: ``safetensors``; ``torch``: a ``torch.save``'d Hugging Face state dict
+(``pytorch_model.bin``); ``nanogpt``: nanoGPT's ``ckpt.pt`` (its ``model`` entry, GPT-2 layout)."""
+
+
+@dataclass(frozen=True)
+class SeriesCheckpoint:
+    """One checkpoint of an imported series, as the manifest records it."""
+
+    step: int
+    file: str
+    """The weights' file, an absolute path."""
+    sha256: str
+    size: int
+    format: str
+    """One of :data:`WEIGHT_FORMATS`."""
+    architecture: str
+    """The Hugging Face architecture class, e.g. ``GPTNeoXForCausalLM``."""
+    tokenizer: str | None = None
+    """A folder holding the tokenizer's files, or None (the model reads token ids)."""
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The SHA-256 of a file, read in blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def decode_weights(data: bytes, fmt: str, name: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """A Hugging Face state dict from a checkpoint file's bytes, never unpickling code; a file that is
+    truncated, not of its format, or that would need code to unpickle is a one-line RunError naming ``name``."""
+    if fmt == "safetensors":
+        try:
+            return load_safetensors(data)
+        except (SafetensorError, ValueError, RuntimeError) as e:
+            raise RunError(f"{name}: not a complete safetensors file, truncated or damaged ({_one_line(e)})") from None
+    if fmt not in WEIGHT_FORMATS:
+        raise RunError(f"{name}: unknown checkpoint format {fmt!r} (one of {', '.join(WEIGHT_FORMATS)})")
+    try:
+        obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise RunError(f"{name}: refused: it needs code to be unpickled (only files that torch.load reads with "
+                       "weights_only=True load; save the weights as safetensors or a plain state dict)") from None
+    except (RuntimeError, EOFError, ValueError, OSError) as e:
+        raise RunError(f"{name}: not a readable torch file, truncated or damaged ({_one_line(e)})") from None
+    if fmt == "nanogpt":
+        if not isinstance(obj, dict) or not isinstance(obj.get("model"), dict):
+            raise RunError(f"{name}: not a nanoGPT checkpoint (no 'model' state dict)")
+        return nanogpt_to_hf(obj["model"])
+    if not isinstance(obj, dict) or not all(torch.is_tensor(v) for v in obj.values()):
+        raise RunError(f"{name}: not a state dict of tensors")
+    return obj
+
+
+def check_weights_file(path: str | os.PathLike, fmt: str) -> None:
+    """A quick check before a long import: a safetensors file's header read and its length checked against it
+    (a truncated file), or a torch file decoded (one that needs code to unpickle is refused); a one-line
+    RunError naming the file."""
+    path = Path(path)
+    if fmt != "safetensors":
+        decode_weights(path.read_bytes(), fmt, path)
+        return
+    try:
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n)) if 0 < n < (1 << 27) else None
+        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        header = None
+    if header is None:
+        raise RunError(f"{path}: not a complete safetensors file, truncated or damaged (its header cannot be read)")
+    if path.stat().st_size != 8 + n + end:
+        raise RunError(f"{path}: not a complete safetensors file, truncated or damaged ({path.stat().st_size} bytes, "
+                       f"its header names {8 + n + end})")
+
+
+_NANOGPT_LINEAR = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")
+
+
+def nanogpt_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """nanoGPT's GPT-2 state dict in Hugging Face's ``GPT2LMHeadModel`` layout: the same names (less a
+    ``torch.compile`` prefix ``_orig_mod.``), its ``nn.Linear`` weights transposed into ``Conv1D``'s, and zero
+    biases where it was trained with ``bias=False``."""
+    out = {}
+    for key, value in state.items():
+        key = key.removeprefix("_orig_mod.")
+        if key.endswith(".attn.bias"):  # the causal mask buffer of nanoGPT's slow attention
+            continue
+        out[key] = value.t().contiguous() if key.endswith(_NANOGPT_LINEAR) else value
+    for key in [k for k in out if k.endswith(".weight") and not k.startswith(("lm_head", "transformer.w"))]:
+        bias = key.removesuffix(".weight") + ".bias"  # bias=False: zero biases, Conv1D's [in, out] or LayerNorm's
+        if bias not in out:
+            out[bias] = torch.zeros(out[key].shape[-1], dtype=out[key].dtype)
+    return out
+
+
+def write_series(out: str | os.PathLike, checkpoints: list[SeriesCheckpoint], hf_config: dict[str, Any],
+                 source: str, notes: list[str]) -> Path:
+    """Write an imported run directory at ``out`` (which must not exist, or be an empty folder): built in a
+    temporary folder beside it and moved into place in one rename, so nothing is left half-written."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise RunError(f"{out}: already exists; --out must be a new (or empty) folder")
+    if not checkpoints:
+        raise RunError(f"{source}: no checkpoints to import")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
+    try:
+        write_json_atomic(tmp / MODEL_CONFIG_DIR / "config.json", hf_config)
+        manifest = {"format": SERIES_FORMAT, "source": str(source), "notes": notes,
+                    "checkpoints": [asdict(c) for c in sorted(checkpoints, key=lambda c: c.step)]}
+        write_json_atomic(tmp / SERIES_FILE, manifest)
+        if out.exists():
+            out.rmdir()
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp)
+    return out
+
+
+def is_imported(run_dir: str | os.PathLike) -> bool:
+    """Whether ``run_dir`` is an imported run (it has a :data:`SERIES_FILE`)."""
+    return (Path(run_dir) / SERIES_FILE).is_file()
+
+
+class ImportedSeries:
+    """An imported run read back: its checkpoints by step, and one model the weights are loaded into."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        raw = read_json(self.path / SERIES_FILE)
+        if not isinstance(raw, dict) or raw.get("format") != SERIES_FORMAT:
+            raise RunError(f"{self.path / SERIES_FILE}: not a series manifest of this toolkit")
+        try:
+            found = [SeriesCheckpoint(**c) for c in raw["checkpoints"]]
+        except (KeyError, TypeError) as e:
+            raise RunError(f"{self.path / SERIES_FILE}: not a series manifest of this toolkit ({_one_line(e)})") from None
+        self.source: str = raw.get("source", "")
+        self.notes: list[str] = raw.get("notes", [])
+        self.checkpoints: dict[int, SeriesCheckpoint] = {c.step: c for c in found}
+
+    @property
+    def steps(self) -> list[int]:
+        """Steps with a checkpoint, ascending."""
+        return sorted(self.checkpoints)
+
+    @property
+    def architecture(self) -> str:
+        """The series' architecture (one per series)."""
+        return next(iter(self.checkpoints.values())).architecture
+
+    @property
+    def tokenizer(self) -> str | None:
+        """The tokenizer folder of the series, or None (token ids)."""
+        return next(iter(self.checkpoints.values())).tokenizer
+
+    @property
+    def hf_config(self) -> dict[str, Any]:
+        """The series' Hugging Face config."""
+        return json.loads((self.path / MODEL_CONFIG_DIR / "config.json").read_text())
+
+    def checkpoint(self, step: int) -> SeriesCheckpoint:
+        """The manifest's entry of ``step``, or a one-line RunError naming the steps that exist."""
+        if step not in self.checkpoints:
+            have = self.steps
+            raise RunError(f"{self.path}: no checkpoint at step {step} (steps: {have[0]}..{have[-1]}, "
+                           f"{len(have)} checkpoints)")
+        return self.checkpoints[step]
+
+    def checkpoint_path(self, step: int) -> Path:
+        """The external file of ``step``."""
+        return Path(self.checkpoint(step).file)
+
+    def state(self, step: int) -> dict[str, torch.Tensor]:
+        """The weights of ``step`` (a Hugging Face state dict), checked against the manifest's SHA-256."""
+        entry = self.checkpoint(step)
+        try:
+            data = Path(entry.file).read_bytes()
+        except OSError as e:
+            raise RunError(f"{entry.file}: cannot be read ({_one_line(e)}), listed in {self.path / SERIES_FILE}") from None
+        if hashlib.sha256(data).hexdigest() != entry.sha256:
+            raise RunError(f"{entry.file}: changed since it was imported (its SHA-256 differs from "
+                           f"{self.path / SERIES_FILE})")
+        return decode_weights(data, entry.format, entry.file)
+
+    def build_model(self, device: str | torch.device = "cpu") -> Model:
+        """The series' one model (weights not yet loaded)."""
+        return boot_causal_lm(str(self.path / MODEL_CONFIG_DIR), device, self.tokenizer)
+
+    def model(self, step: int, device: str | torch.device = "cpu", reuse: Model | None = None) -> Model:
+        """The model at ``step``: ``reuse`` (a model this method returned before, on ``device``) with the step's
+        weights loaded in place, or a new one."""
+        state = self.state(step)
+        model = reuse if reuse is not None else self.build_model(device)
+        return load_causal_lm_state(model, state)
