@@ -15,6 +15,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from plateauscope.analysis.probe_pass import ProbeSeriesResult
 from plateauscope.cli.common import run_cli
 from plateauscope.cli.parser import OneLineParser
 from plateauscope.sources.importer import import_series
@@ -33,6 +34,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu or cuda: where the weights are checked (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def format_probe_series(result: ProbeSeriesResult) -> str:
+    """The probe's pass over an imported series, as text: one line per step, the named heads, the change point."""
+    lines = [f"probe {result.probe} on {len(result.steps)} checkpoints of {result.architecture}",
+             f"{'step':>8}  {'loss gap':>9}  " + "  ".join(f"max {name}" for name in result.named_heads)]
+    for r in result.steps:
+        gap = "-" if r.loss_gap is None else f"{r.loss_gap:9.4f}"
+        tops = "  ".join(f"{max(max(row) for row in r.head_scores[name]):>{4 + len(name)}.3f}"
+                         for name in result.named_heads)
+        lines.append(f"{r.step:>8}  {gap:>9}  {tops}")
+    for name, heads in result.named_heads.items():
+        lines.append(f"{name} heads at the last step: " + (", ".join(f"L{a}H{b}" for a, b in heads) or "none"))
+    change = result.loss_gap_change
+    lines.append("the loss gap changes at step " + (f"{change['step']} ({change['direction']}, after "
+                                                      f"{change['bracket'][0]})" if change else "none found"))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
