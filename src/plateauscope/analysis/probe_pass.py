@@ -16,6 +16,7 @@ The result is written to ``RUN/analysis/probe_<name>.json``. An analysis that ne
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,9 +73,12 @@ def named_heads(scores: torch.Tensor, threshold: float = HEAD_THRESHOLD) -> list
 
 def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[int] | None = None, every: int = 1,
                      device: str = "cpu", patching: bool = True, progress: bool = True,
-                     rule: ChangePointRule | None = None, **probe_options: Any) -> ProbeSeriesResult:
+                     rule: ChangePointRule | None = None, n_pairs: int = 64, on_step: Callable[[int], None] | None = None,
+                     **probe_options: Any) -> ProbeSeriesResult:
     """The probe's cheap pass over the chosen checkpoints of an imported run (module docstring);
-    ``probe_options``: the probe's own (the induction probe: ``segment_len``)."""
+    ``n_pairs``: the prompt pairs head patching runs on; ``probe_options``: the probe's own (the induction
+    probe: ``segment_len``); ``on_step(step)``: called after
+    each step."""
     rule = rule or ChangePointRule()
     series = ImportedSeries(run_dir)
     chosen = pick_steps(series.steps, every, steps)
@@ -85,11 +89,13 @@ def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[
         model = series.model(step, device, reuse=model)
         if built is None:
             built = build_probe(probe, model.cfg.d_vocab, model.cfg.n_ctx, **probe_options)
-            pairs = built.prompt_pairs(64, 0) if patching and hasattr(built, "prompt_pairs") else None
+            pairs = built.prompt_pairs(n_pairs, 0) if patching and hasattr(built, "prompt_pairs") else None
         scores = built.head_scores(model) if hasattr(built, "head_scores") else {}
         gap = built.loss_gap(model) if hasattr(built, "loss_gap") else None
         patched = patch(model, pairs, "heads").normalised.tolist() if pairs is not None else None
         records.append(ProbeStep(step, {k: v.tolist() for k, v in scores.items()}, gap, patched))
+        if on_step is not None:
+            on_step(step)
     result = ProbeSeriesResult(probe, series.architecture, records)
     if records:
         result.named_heads = {name: named_heads(torch.tensor(values))
