@@ -12,11 +12,14 @@ from plateauscope.analysis.analyze import MAX_WORKERS, AnalysisSettings, analyze
 from plateauscope.analysis.edges import CIRCUIT_PAIRS, FAITHFULNESS_TARGET
 from plateauscope.analysis.follow import POLL_S, follow
 from plateauscope.analysis.landmarks import DEFAULT_BUDGET
+from plateauscope.analysis.probe_pass import analyze_imported
 from plateauscope.analysis.results import analysis_dir
 from plateauscope.cli.common import CliError, add_backend_arg, run_cli
+from plateauscope.cli.import_ import format_probe_series
 from plateauscope.cli.parser import OneLineParser
 from plateauscope.cli.text.analysis import format_summary
 from plateauscope.runs.run import Run
+from plateauscope.runs.series import is_imported
 from plateauscope.views.pages import live_status
 
 
@@ -35,6 +38,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--run", required=True, type=Path, help="run directory")
     p.add_argument("--every", type=int, default=1, help="analyse every N-th checkpoint (default 1: all)")
     p.add_argument("--steps", type=int, nargs="+", help="analyse exactly these steps")
+    p.add_argument("--probe", default="induction",
+                   help="an imported run (plateauscope import): the probe its pass runs (default induction)")
+    p.add_argument("--probe-length", type=int,
+                   help="the induction probe's copy length (default: 16, or less where the model is small)")
     p.add_argument("--n-exact", type=int, default=DEFAULT_BUDGET,
                    help="budget of the expensive pass (exact patching, ablation, the circuits): the landmarks, then "
                         "the steps where the cheap signals change fastest, up to this many in all (default %(default)s)")
@@ -93,6 +100,12 @@ def main(argv: list[str] | None = None) -> int:
                                     circuit_ablation=args.circuit_ablation, smooth=args.smooth,
                                     edge_target=args.edge_target, circuit_pairs=args.circuit_pairs,
                                     n_exact_edges=args.n_exact_edges)
+        if is_imported(args.run):  # a series trained elsewhere: the probe's cheap pass
+            options = {} if args.probe_length is None else {"segment_len": args.probe_length}
+            print(format_probe_series(analyze_imported(args.run, args.probe, args.steps, args.every, args.device,
+                                                       progress=not args.no_progress, **options)))
+            print(f"results in {analysis_dir(args.run)}")
+            return
         if args.follow:
             if args.steps or args.every != 1 or args.full or args.workers is not None:
                 raise CliError("--follow analyses every checkpoint with the adaptive plan and the default workers: "

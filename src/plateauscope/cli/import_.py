@@ -1,9 +1,23 @@
 """``plateauscope import``: a checkpoint series written elsewhere, as a run directory the analyses read.
 
-SOURCE is a folder of Hugging Face checkpoints (Trainer's ``checkpoint-N/``, or any subfolders with
-``config.json`` and ``model.safetensors`` or ``pytorch_model.bin``) or nanoGPT ``ckpt.pt`` files. The run
-directory points at the files by path and SHA-256 (nothing is copied); each chosen checkpoint is read
-and checked first, so bad input is one line (exit code 2) and no directory is left behind.
+SOURCE is a folder of Hugging Face checkpoints (Trainer's checkpoint-N/, or any subfolders with
+config.json and model.safetensors or pytorch_model.bin; the step is trainer_state.json's global_step,
+else the last number in the folder's name) or nanoGPT ckpt.pt files (the step is iter_num). Nothing is
+copied: RUN/series.json lists each file with its step, SHA-256 (checked on every read), format,
+architecture and tokenizer. Every chosen checkpoint is read and checked first: a truncated file, a .pt
+that needs code to unpickle (refused, never loaded), a folder that mixes architectures or an
+unsupported one (an encoder, a state-space model) is one line, exit code 2, and no directory is left.
+Identical weights under two steps are named.
+
+Supported: the decoder-only attention language models that TransformerLens 4's bridge loads (GPT-2,
+GPT-NeoX/Pythia, Llama, Mistral, Qwen, OLMo, ...). One model is built per series and each checkpoint's
+weights are loaded into it. The analyses run the bridge's own forward on them; the fused and
+prefix-sharing fast paths cover the runs trained here.
+
+Then `plateauscope analyze --run RUN [--probe induction] [--probe-length L]` runs the probe's pass:
+head_detector's previous-token and induction scores, the in-context loss gap and its change point,
+and exact head patching, at every checkpoint (RUN/analysis/probe_induction.json). Analyses that need
+the training data (the Hessian, the LLC) refuse an imported run in one line.
 
     plateauscope import runs/hf_trainer_out --out checkpoints/imported [--every 2 | --steps 0,100,200] [--log-spaced 30]
 """
@@ -15,6 +29,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from plateauscope.analysis.probe_pass import ProbeSeriesResult
 from plateauscope.cli.common import run_cli
 from plateauscope.cli.parser import OneLineParser
 from plateauscope.sources.importer import import_series
@@ -33,6 +48,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="cpu", help="cpu or cuda: where the weights are checked (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def format_probe_series(result: ProbeSeriesResult) -> str:
+    """The probe's pass over an imported series, as text: one line per step, the named heads, the change point."""
+    lines = [f"probe {result.probe} on {len(result.steps)} checkpoints of {result.architecture}",
+             f"{'step':>8}  {'loss gap':>9}  " + "  ".join(f"max {name}" for name in result.named_heads)]
+    for r in result.steps:
+        gap = "-" if r.loss_gap is None else f"{r.loss_gap:9.4f}"
+        tops = "  ".join(f"{max(max(row) for row in r.head_scores[name]):>{4 + len(name)}.3f}"
+                         for name in result.named_heads)
+        lines.append(f"{r.step:>8}  {gap:>9}  {tops}")
+    for name, heads in result.named_heads.items():
+        lines.append(f"{name} heads at the last step: " + (", ".join(f"L{a}H{b}" for a, b in heads) or "none"))
+    change = result.loss_gap_change
+    lines.append("the loss gap changes at step " + (f"{change['step']} ({change['direction']}, after "
+                                                      f"{change['bracket'][0]})" if change else "none found"))
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:

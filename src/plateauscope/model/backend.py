@@ -258,7 +258,8 @@ def shares_prefixes(model: torch.nn.Module) -> bool:
 
     True for a HookedTransformer with learned absolute positions (it runs them itself) and for a
     bridge of a model the toolkit builds (``hooked_forward`` runs them through the bridge's hook
-    points: its own forward silently ignores a ``past_kv_cache``). Any other module (e.g. the tests'
+    points: its own forward silently ignores a ``past_kv_cache``); not for a bridge of an imported series
+    (:func:`boot_causal_lm`: any architecture, in Hugging Face's layout), which runs its own forward. Any other module (e.g. the tests'
     plain-torch reference) runs full sequences from layer 0 and position 0 with the same hooks:
     exact, just slower. The one place that choice is made.
     """
@@ -269,7 +270,8 @@ def shares_prefixes(model: torch.nn.Module) -> bool:
 
         if isinstance(model, HookedTransformer):  # the prefix paths add learned absolute positions themselves
             return model.cfg.positional_embedding_type == "standard"
-    return hasattr(model, "original_model") and unsupported_reason(model.cfg) is None
+    # a bridge of another trainer's model (boot_causal_lm) keeps Hugging Face's layout: its own forward
+    return hasattr(model, "original_model") and model not in _HF_PARAMETERS and unsupported_reason(model.cfg) is None
 
 
 _HOOK_POINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -26,7 +26,7 @@ from plateauscope.model.backend import (
     resolve_backend,
 )
 from plateauscope.runs.config import RunConfig
-from plateauscope.runs.files import _CKPT_RE, _one_line
+from plateauscope.runs.files import _CKPT_RE, SERIES_FILE, _one_line
 
 # The run directory's files, re-exported so that ``run`` (imported as ``rd``) is the one name for them.
 from plateauscope.runs.files import (
@@ -112,6 +112,7 @@ from plateauscope.runs.files import (
 )
 from plateauscope.runs.interventions import Interventions, has_interventions
 from plateauscope.runs.metrics import compute_tau, plateau_span, plateau_verdict
+from plateauscope.runs.series import is_imported
 from plateauscope.tasks.base import ProgressMeasure, Task
 from plateauscope.tasks.loading import task_class, use_task_copy
 
@@ -123,6 +124,9 @@ class Run:
         self.path = Path(path)
         if not self.path.is_dir():
             raise RunError(f"{self.path}: no such run directory")
+        if is_imported(self.path):  # no config, task or training data: only the probe's pass reads it
+            raise RunError(f"{self.path}: an imported series ({SERIES_FILE}): this analysis needs the training data "
+                           "and config of a run trained here; `plateauscope analyze --run` runs the probe's pass on it")
         raw = read_json(self.path / CONFIG_FILE)
         try:
             copy = raw.get("task_source") if isinstance(raw, dict) else None

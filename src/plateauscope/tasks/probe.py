@@ -17,7 +17,7 @@ averaged over the sequences.
 from __future__ import annotations
 
 import importlib
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 from jaxtyping import Float, Int
@@ -41,7 +41,7 @@ class Probe:
     probe_name: ClassVar[str] = "probe"
 
     @classmethod
-    def for_model(cls, d_vocab: int, n_ctx: int, seed: int = 0) -> Probe:
+    def for_model(cls, d_vocab: int, n_ctx: int, seed: int = 0, **options: Any) -> Probe:
         """The probe for a model of ``d_vocab`` token ids and context ``n_ctx``."""
         raise NotImplementedError
 
@@ -77,9 +77,10 @@ def probe_class(spec: str) -> type:
     return cls
 
 
-def build_probe(spec: str, d_vocab: int, n_ctx: int, seed: int = 0) -> Probe:
-    """The probe ``spec`` built for a model, its tokens checked against the vocabulary."""
-    probe = probe_class(spec).for_model(d_vocab, n_ctx, seed)
+def build_probe(spec: str, d_vocab: int, n_ctx: int, seed: int = 0, **options: Any) -> Probe:
+    """The probe ``spec`` built for a model (``options``: the probe's own, e.g. ``segment_len``), its tokens
+    checked against the vocabulary."""
+    probe = probe_class(spec).for_model(d_vocab, n_ctx, seed, **options)
     probe.check_vocab(d_vocab)
     return probe
 
