@@ -309,7 +309,7 @@ def test_workers_write_the_records_of_one(tiny_run, tmp_path):
             assert torch.get_num_threads() == workers
     finally:
         torch.set_num_threads(threads)
-    assert files[1] == files[2] and len(files[1]) == 4  # attention, attribution, edges, patterns
+    assert files[1] == files[2] and len(files[1]) == 5  # attention, attribution, edges, patterns, measures
     broken = copy_run(tiny_run, tmp_path / "broken", steps=run.steps)
     last = Run(broken).checkpoint_path(run.steps[-1])
     last.unlink()  # a hard link to the session's run: replaced, not written through

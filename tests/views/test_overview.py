@@ -78,7 +78,8 @@ def test_drawn_values_read_back_through_the_axis_ticks():
     assert _vline_step(root, "t-form-line") == pytest.approx(500, abs=0.05)
     assert root.find("svg:desc", NS).text == caption
     assert "τ = 550" in caption and "t_form = 500" in caption and "lead of 0.09 τ" in caption
-    assert "from step 0 to 500" in caption and "0.947 of a know-nothing model's: verdict shelf" in caption
+    assert "11 of the 11 evaluations before tau" in caption and "runs from step 0 to step 500" in caption
+    assert "0.947 of a know-nothing model's: verdict shelf" in caption
     assert caption.endswith("One run, trained on Test CPU.")
 
 

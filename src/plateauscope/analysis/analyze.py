@@ -415,14 +415,17 @@ class SeriesAnalysis:
         if not self.edges:
             wanted = {name: set() if name in EDGE_ANALYSES else todo for name, todo in wanted.items()}
         before = {name: self.cached(name) for name in CACHE_FILES}
+        if self.inputs is None and wanted.get("measures", set()) - set(before["measures"]):
+            try:  # the measures' reference: the last checkpoint's patterns
+                self.inputs = measure_inputs(self.run, self.settings.n_examples, self.settings.seed, self.device,
+                                             self.backend)
+            except RunError as e:  # the other analyses go on; the broken checkpoint fails in its own step
+                log.warning("%s: no measures this pass (%s)", self.run.path, e)
+                wanted = {**wanted, "measures": set()}
         todo = sorted({s for name in wanted for s in wanted[name] - set(before[name])})
 
         def missing(step: int) -> list[str]:
             return [name for name in CACHE_FILES if step in wanted.get(name, ()) and step not in before[name]]
-
-        if self.inputs is None and any("measures" in missing(s) for s in todo):
-            self.inputs = measure_inputs(self.run, self.settings.n_examples, self.settings.seed, self.device,
-                                         self.backend)
 
         def analyse(step: int) -> dict[str, Any]:
             model = self.held.get()

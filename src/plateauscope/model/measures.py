@@ -74,11 +74,12 @@ class ActivationMeasures:
 
 
 def _pairwise_cosine(resid: Float[Tensor, "N P d"]) -> float:
-    """Mean cosine similarity over the distinct pairs of positions of each sequence, then sequences."""
+    """Mean cosine similarity over the distinct pairs of positions of each sequence, then sequences: with
+    ``u`` the unit vectors, the sum over pairs ``i != j`` of ``u_i . u_j`` is ``|sum_i u_i|^2 - sum_i |u_i|^2``."""
     unit = torch.nn.functional.normalize(resid.double(), dim=-1)
-    sims = unit @ unit.transpose(-1, -2)  # [N, P, P]
-    off_diagonal = ~torch.eye(resid.shape[1], dtype=torch.bool, device=resid.device)
-    return float(sims[:, off_diagonal].mean())
+    n_pos = resid.shape[1]
+    off_diagonal = unit.sum(1).square().sum(-1) - unit.square().sum((1, 2))  # [N]
+    return float(off_diagonal.mean() / (n_pos * (n_pos - 1)))
 
 
 def collapse_positions(loss_positions: list[int], input_len: int) -> list[int]:
