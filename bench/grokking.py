@@ -81,13 +81,14 @@ def main() -> None:
                                                           "(default: the preset's)")
     p.add_argument("--stop-after-tau", type=float, default=None, help="default: the preset's (1.5); 0: run to "
                                                                       "--max-steps")
-    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--threads", type=int, default=1, help="torch threads of this process (not part of the runs' "
+                                                           "configs)")
     p.add_argument("--measure-every", type=int, default=4, help="measures at every n-th checkpoint")
     args = p.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     overrides = {k: v for k, v in (("max_steps", args.max_steps), ("lr", args.lr), ("eval_every", args.every),
-                                   ("ckpt_every", args.every), ("threads", args.threads)) if v is not None}
+                                   ("ckpt_every", args.every)) if v is not None}
     if args.stop_after_tau is not None:
         overrides["stop_after_tau"] = args.stop_after_tau or None
     rows, per_seed = [], []
