@@ -22,7 +22,7 @@ NOTEBOOK_DIR = Path(__file__).resolve().parent.parent / "notebooks"
 SWEEP_NOTEBOOKS = ("04_sweeps_and_scaling.ipynb",)
 """Notebooks that look at a sweep (``PLATEAUSCOPE_SWEEP_DIR``, the session's tiny sweep), not at a run."""
 OWN_RUN_NOTEBOOKS = ("07_a_task_of_your_own.ipynb", "08_what_the_plateau_waits_for.ipynb", "09_clamps_and_grafts.ipynb",
-                     "10_your_own_checkpoints.ipynb")
+                     "10_your_own_checkpoints.ipynb", "11_grokking.ipynb")
 """Notebooks that train their own run (or sweep) into ``PLATEAUSCOPE_OUT_DIR`` (a temporary folder here)."""
 NOTEBOOKS = tuple(sorted(p.name for p in NOTEBOOK_DIR.glob("*.ipynb")
                          if p.name not in SWEEP_NOTEBOOKS + OWN_RUN_NOTEBOOKS))
@@ -96,6 +96,7 @@ def out_kernel_env(interventions_sweep, tmp_path_factory):
     out.mkdir()
     shutil.copytree(interventions_sweep[0], out / "plateau-interventions-tiny")
     mp = _kernel_env(tmp_path_factory, "PLATEAUSCOPE_OUT_DIR", out)
+    mp.setenv("PLATEAUSCOPE_MAX_STEPS", "100")  # notebook 11's grokking run, cut short
     yield out
     mp.undo()
 

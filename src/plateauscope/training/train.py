@@ -152,7 +152,7 @@ def locks_runs(fn: Callable) -> Callable:
 def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str = "auto",
           progress: bool = True, stop_at_step: int | None = None, backend: str | None = None,
           hooks: TrainingHooks = NO_HOOKS) -> dict:
-    """Train one run into ``out_dir`` and return its summary (:func:`train_run`).
+    """Train one run into ``out_dir`` and return its summary (:func:`run_training`).
 
     An error raised inside a task file of one's own becomes one line naming the file, the function and
     the line (``plateauscope.tasks.loading.task_file_error``); a fresh run directory that fails before
@@ -160,7 +160,7 @@ def train(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str
     out = Path(out_dir)
     fresh = not (out / rd.CONFIG_FILE).exists()
     try:
-        return train_run(cfg, out, resume, device, progress, stop_at_step, backend, hooks)
+        return run_training(cfg, out, resume, device, progress, stop_at_step, backend, hooks)
     except Exception as e:
         error = task_file_error(e, canonical_task_name(cfg.task_name))
         if fresh and isinstance(error or e, (ConfigError, rd.RunError)):
@@ -182,7 +182,7 @@ def remove_unstarted_run(out: Path) -> None:
         shutil.rmtree(ckpts, ignore_errors=True)
 
 
-def train_run(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str = "auto",
+def run_training(cfg: RunConfig, out_dir: str | Path, resume: bool = False, device: str = "auto",
               progress: bool = True, stop_at_step: int | None = None, backend: str | None = None,
               hooks: TrainingHooks = NO_HOOKS) -> dict:
     """Train one run into ``out_dir`` and return its summary.
