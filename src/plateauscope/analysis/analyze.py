@@ -416,12 +416,16 @@ class SeriesAnalysis:
             wanted = {name: set() if name in EDGE_ANALYSES else todo for name, todo in wanted.items()}
         before = {name: self.cached(name) for name in CACHE_FILES}
         if self.inputs is None and wanted.get("measures", set()) - set(before["measures"]):
+            held = self.held.get()  # a worker's model, loaded with the last checkpoint and given back
             try:  # the measures' reference: the last checkpoint's patterns
+                held = self.run.model(self.run.steps[-1], self.device, self.backend, reuse=held)
                 self.inputs = measure_inputs(self.run, self.settings.n_examples, self.settings.seed, self.device,
-                                             self.backend)
+                                             self.backend, held)
             except RunError as e:  # the other analyses go on; the broken checkpoint fails in its own step
                 log.warning("%s: no measures this pass (%s)", self.run.path, e)
                 wanted = {**wanted, "measures": set()}
+            finally:
+                self.held.put(held)
         todo = sorted({s for name in wanted for s in wanted[name] - set(before[name])})
 
         def missing(step: int) -> list[str]:

@@ -94,15 +94,16 @@ def from_activations(model: Model, task: Task, acts: tuple[dict[str, Tensor], Te
     return measures_from_activations(cache, logits, model.cfg.n_layers, task.loss_positions, task.input_len)
 
 
-def measure_inputs(run: Run, n_examples: int, seed: int, device: str = "cpu", backend: str | None = None
-                   ) -> MeasureInputs:
-    """The shared inputs of :func:`measure_record` for ``run`` (one forward of its last checkpoint)."""
+def measure_inputs(run: Run, n_examples: int, seed: int, device: str = "cpu", backend: str | None = None,
+                   model: Model | None = None) -> MeasureInputs:
+    """The shared inputs of :func:`measure_record` for ``run``: one forward of its last checkpoint (``model``:
+    that checkpoint already loaded; None: loaded here)."""
     task = run.task()
     tokens = task.tokens[task.sample_examples(n_examples, seed)]
     tc = run.config.train
     evalset = task.build_evalset(tc.eval_groups, tc.tracked_groups, tc.seed) if task.measures() else None
     last = run.steps[-1]
-    model = run.model(last, device, backend)
+    model = run.model(last, device, backend) if model is None else model
     final = from_activations(model, task, step_activations(model, task, tokens)).patterns
     return MeasureInputs(tokens, evalset, final, last)
 
