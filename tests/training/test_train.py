@@ -343,3 +343,15 @@ def test_schedule_checkpoints_and_resumes_where_a_run_stops():
     off_schedule = next(s for s in range(tc.max_steps) if s not in ckpts)
     assert not schedule.checkpoints(off_schedule, stop=False) and schedule.checkpoints(off_schedule, stop=True)
     assert schedule.resumes(off_schedule, stop=True) and not schedule.resumes(off_schedule, stop=False)
+
+
+def test_no_tracked_examples_trains_and_logs_no_per_example_accuracy(tmp_path):
+    """tracked_groups is optional: 0 trains the same weights as any other count and logs no group_acc."""
+    cfg = get_preset("tiny").replace(max_steps=10)
+    train(cfg.replace(tracked_groups=0), tmp_path / "none", device="cpu", progress=False)
+    train(cfg, tmp_path / "some", device="cpu", progress=False)
+    assert all(not rec.get("group_acc") for rec in Run(tmp_path / "none").metrics())
+    assert any(rec.get("group_acc") for rec in Run(tmp_path / "some").metrics())
+    final = rd.checkpoint_name(10)
+    assert torch.equal(load_file(tmp_path / "none" / rd.CHECKPOINT_DIR / final)["embed.W_E"],
+                       load_file(tmp_path / "some" / rd.CHECKPOINT_DIR / final)["embed.W_E"])

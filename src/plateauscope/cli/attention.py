@@ -26,11 +26,11 @@ def main(argv: list[str] | None = None) -> int:
         run, step = resolve_ckpt(args.ckpt, args.step)
         model = run.model(step, device=args.device, backend=args.backend)
         res = attention_to_z(model, run.task(), args.n_examples, args.seed)
-        print(f"{run.path} step {step}: attention from the first-target position to the cue "
+        print(f"{run.path} step {step}: attention from the prediction position to the cue "
               f"({res.n_examples} examples); top head L{res.top_head()[0]}H{res.top_head()[1]}")
-        for title, values in (("attention to the cue, first target position", res.to_z_first),
-                              ("attention to the cue, all target positions", res.to_z_all_targets),
-                              ("attention entropy (nats), first target position", res.entropy_first)):
+        for title, values in (("attention to the cue, prediction position", res.to_z_first),
+                              ("attention to the cue, every loss position", res.to_z_all_targets),
+                              ("attention entropy (nats), prediction position", res.entropy_first)):
             print(f"\n{title}")
             print(format_table(*head_table(values)))
         write_json(args.json, {"run": str(run.path), "step": step, "seed": args.seed, **res.to_dict()})

@@ -146,7 +146,7 @@ class TrainConfig(JsonConfig):
     eval_groups: int = 16
     """Groups whose K x K candidate scores give candidate loss, set loss and delta_z."""
     tracked_groups: int = 100
-    """Groups whose per-group exact-match accuracy is logged (``group_acc``)."""
+    """Examples whose per-example exact-match accuracy is logged (``group_acc``); 0: none."""
     tracked_every: int | None = None
     """Log the tracked groups only at the steps that are multiples of this (None: at every
     evaluation). Their exact match is half of an evaluation of the paper model, and before the
@@ -216,9 +216,11 @@ class TrainConfig(JsonConfig):
         if self.checkpoints not in CHECKPOINT_POLICIES:
             raise ConfigError(f"checkpoints must be one of {', '.join(CHECKPOINT_POLICIES)}, got {self.checkpoints!r}")
         for name in ("batch_size", "max_steps", "eval_every", "ckpt_every", "coarse_every", "resume_every",
-                     "eval_groups", "tracked_groups"):
+                     "eval_groups"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.tracked_groups < 0:
+            raise ConfigError(f"tracked_groups must be at least 0 (0: no per-example accuracy), got {self.tracked_groups}")
         if self.checkpoints == "adaptive" and self.coarse_every % self.ckpt_every:
             raise ConfigError(f"coarse_every={self.coarse_every} must be a multiple of ckpt_every={self.ckpt_every}")
         if self.tracked_every is not None and self.tracked_every < 1:
