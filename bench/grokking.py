@@ -16,11 +16,11 @@ memorisation to 1.4k epochs, circuit formation to 9.4k, cleanup to 13k. It repor
 of cleanup (13k) as tau gives 0.11 and 0.72 (earlier notes here used 0.10 and 0.69, with tau ~13.6k).
 The seeds' spread is stated as their range (min to max), not as an interval.
 
-    .venv/bin/python bench/grokking.py [--seeds 0 1 2] [--max-steps 6000] [--lr 1e-3] [--out /tmp/grokking]
+    .venv/bin/python bench/grokking.py [--seeds 0 1 2] [--max-steps 6000] [--lr 3e-3] [--out /tmp/grokking]
 
 The saved result (AMD EPYC, 1 thread a seed, 3 seeds side by side on a loaded 2-core host) ran
-``--lr 3e-3 --every 100 --stop-after-tau 0 --max-steps 3500``: at the preset's lr 1e-3 this half-width model
-had not grokked in 4,000 steps (held-out accuracy 0.21), more than that host had time for. Seed 0 was trained to
+``--lr 3e-3 --every 100 --stop-after-tau 0 --max-steps 3500`` (now the preset's lr): at Nanda et al.'s 1e-3
+this half-width model had not grokked in 4,000 steps (held-out accuracy 0.21), more than that host had time for. Seed 0 was trained to
 2,000 steps, then extended to 3,500 (``--resume --max-steps``). The boundaries are read on a grid of 100 steps;
 the measures at every 4th checkpoint (400 steps).
 """
@@ -81,7 +81,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--max-steps", type=int, default=None, help="default: the preset's")
-    p.add_argument("--lr", type=float, default=None, help="default: the preset's (1e-3)")
+    p.add_argument("--lr", type=float, default=None, help="default: the preset's (3e-3)")
     p.add_argument("--out", type=Path, default=Path("/tmp/plateauscope-grokking"))
     p.add_argument("--every", type=int, default=None, help="evaluate and checkpoint every this many steps "
                                                           "(default: the preset's)")

@@ -75,8 +75,8 @@ PRESETS: dict[str, RunConfig] = {
         task_name="markov",
     ),
     # Grokking (plateauscope.tasks.grokking): modular addition, p = 59, 40% of the pairs for training, Nanda
-    # et al.'s one-layer ReLU model at half their width, full batch, AdamW lr 1e-3 and weight decay 1, stopped
-    # at 1.5 tau. tau on the held-out loss.
+    # et al.'s one-layer ReLU model at half their width, full batch, AdamW lr 3e-3 (Nanda et al.: 1e-3) and
+    # weight decay 1, stopped at 1.5 tau. tau on the held-out loss.
     "grokking": RunConfig(
         task=GrokkingConfig(),
         model=GrokkingTask.default_model,
