@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from plateauscope.analysis.results import OVERVIEW_FILE
+from plateauscope.analysis.summary import plateau_stretch
 from plateauscope.runs.metrics import compute_tau
 from plateauscope.runs.run import Run
 from plateauscope.tasks.base import ProgressMeasure
@@ -95,7 +96,11 @@ def test_report_writes_the_overview_of_an_analysed_run(ci_analysed, tmp_path):
     svg, caption = build_overview(ci_analysed)
     root = ET.fromstring(svg)
     summary = run.summary
-    assert f"τ = {summary['tau']}" in caption and summary["plateau"]["verdict"] in caption
+    # the plateau's verdict is stated only where the counts find a plateau at the reference height
+    counts = plateau_stretch(run.metrics(), run.progress, summary["tau"])
+    assert f"τ = {summary['tau']}" in caption
+    assert (f"verdict {summary['plateau']['verdict']}" in caption) == counts["holds"]
+    assert f"{counts['n_inside']} of the {counts['n_before']} evaluations" in caption
     assert summary["machines"] and summary["machines"][-1]["cpu"] in caption
     steps, values = _read_back(root, "progress", "ytick-loss")
     recs = run.metrics()

@@ -231,7 +231,8 @@ def default_workers(device: str | torch.device = "cpu") -> int:
 def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int = 1, n_exact: int = DEFAULT_BUDGET,
                 settings: AnalysisSettings | None = None, device: str = "cpu",
                 progress: bool = True, backend: str | None = None, edges: bool = True,
-                full: bool = False, expensive: bool = True, workers: int | None = None) -> dict[str, Any]:
+                full: bool = False, expensive: bool = True, workers: int | None = None,
+                measures: bool = True) -> dict[str, Any]:
     """Analyse the chosen checkpoints (only what the cache lacks for these settings); return the summary.
 
     ``steps`` / ``every``: which checkpoints (default: all). ``n_exact``: the budget of the expensive pass
@@ -242,7 +243,8 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     cache is shared). ``workers``: checkpoints of the cheap pass analysed side by side, each on its own
     model and thread (None: :func:`default_workers`; the records are the same, up to the float rounding of
     the torch threads each one gets); the expensive pass's large batches run faster one checkpoint at a
-    time on every thread. The keyword ``wait=False`` (:func:`plateauscope.analysis.results.writes_cache`)
+    time on every thread. ``measures=False``: the cheap pass without the measures (each compares a step
+    with the run's last checkpoint, so a run still training gets them once it is complete). The keyword ``wait=False`` (:func:`plateauscope.analysis.results.writes_cache`)
     exits with one line, rather than waiting, when another process is writing the run's analysis cache."""
     settings = settings or AnalysisSettings()
     workers = default_workers(device) if workers is None else workers
@@ -256,7 +258,7 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     if full:
         plan = analysis.full_plan(chosen, n_exact)
     elif not expensive:
-        analysis.cheap_pass(chosen)
+        analysis.cheap_pass(chosen, measures)
         plan = {"mode": "cheap", "steps": {}, "stand_in": "attribution patching stands in for exact patching"}
     else:
         plan = analysis.adaptive_plan(chosen, n_exact)
@@ -299,9 +301,11 @@ class SeriesAnalysis:
         """The plateau's first step (``summary.json``), or the first chosen step."""
         return ((self.run.summary or {}).get("plateau_span") or [chosen[0]])[0]
 
-    def cheap_pass(self, chosen: list[int]) -> None:
-        """The cheap analyses at every chosen step, ``workers`` checkpoints side by side."""
-        self.run_pass({name: set(chosen) for name in CHEAP}, f"analyse {self.run.path.name} (cheap pass)", self.workers)
+    def cheap_pass(self, chosen: list[int], measures: bool = True) -> None:
+        """The cheap analyses at every chosen step (``measures``: the measures too), ``workers`` checkpoints
+        side by side."""
+        names = [name for name in CHEAP if measures or name != "measures"]
+        self.run_pass({name: set(chosen) for name in names}, f"analyse {self.run.path.name} (cheap pass)", self.workers)
 
     def full_plan(self, chosen: list[int], n_exact: int) -> dict[str, Any]:
         """The exhaustive plan: the cheap pass, then the expensive one at ``n_exact`` evenly spaced steps and the

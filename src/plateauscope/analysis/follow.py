@@ -83,7 +83,7 @@ def _follow(run_dir: Path, settings: AnalysisSettings | None, n_exact: int, poll
             return result
         if steps and steps[-1] != analysed:
             try:
-                analyze_run(run_dir, steps=steps, expensive=False, **options)
+                analyze_run(run_dir, steps=steps, expensive=False, measures=False, **options)
             except RunError as e:  # a checkpoint pruned under us: it is gone, the next poll lists the others
                 log.info("%s; trying again at the next poll", e)
             else:
