@@ -29,10 +29,10 @@ from pathlib import Path
 
 os.environ.setdefault("TQDM_DISABLE", "1")
 
+from lean_analysis import empty_copy  # noqa: E402
 from record import against, arguments, print_rows, row, save  # noqa: E402
 
 from plateauscope.analysis.analyze import CHEAP, AnalysisSettings, SeriesAnalysis, default_workers  # noqa: E402
-from plateauscope.analysis.results import ANALYSIS_DIR  # noqa: E402
 from plateauscope.runs.machine import describe, machine_record  # noqa: E402
 from plateauscope.runs.presets import PRESETS, get_preset  # noqa: E402
 from plateauscope.runs.run import Run  # noqa: E402
@@ -40,15 +40,6 @@ from plateauscope.training.train import train  # noqa: E402
 
 TARGET = 0.15
 """Issue 65: the built-in measures add at most 15% to the cheap pass on the demo."""
-
-
-def empty_copy(run: Path, dst: Path) -> Path:
-    """The run's files (symbolic links) with an empty analysis cache."""
-    dst.mkdir()
-    for item in run.iterdir():
-        if item.name != ANALYSIS_DIR:
-            (dst / item.name).symlink_to(item.resolve())
-    return dst
 
 
 def timed_pass(run_dir: Path, names: tuple[str, ...], workers: int) -> float:
