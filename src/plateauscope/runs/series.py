@@ -19,11 +19,11 @@ import hashlib
 import io
 import json
 import os
-import pickle
 import shutil
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from pickle import UnpicklingError  # what torch.load(weights_only=True) raises for a file that needs code
 from typing import Any
 
 import torch
@@ -84,7 +84,7 @@ def decode_weights(data: bytes, fmt: str, name: str | os.PathLike) -> dict[str, 
         raise RunError(f"{name}: unknown checkpoint format {fmt!r} (one of {', '.join(WEIGHT_FORMATS)})")
     try:
         obj = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-    except pickle.UnpicklingError:
+    except UnpicklingError:
         raise RunError(f"{name}: refused: it needs code to be unpickled (only files that torch.load reads with "
                        "weights_only=True load; save the weights as safetensors or a plain state dict)") from None
     except (RuntimeError, EOFError, ValueError, OSError) as e:
