@@ -49,18 +49,13 @@ def test_the_loss_gap_changes_where_it_jumps(imported):
     source, steps, _, result = imported
     probe = build_probe("induction", 24, 64, segment_len=SEGMENT)
 
-    class Logits(torch.nn.Module):
-        def __init__(self, hf):
-            super().__init__()
-            self.hf = hf
-
-        def forward(self, tokens):
-            return self.hf(tokens).logits
-
+    tokens = probe.scored_tokens()
     gaps = []  # the gap measured on Hugging Face's own models: independent of the bridge
     for step in steps:
         hf = AutoModelForCausalLM.from_pretrained(source / f"checkpoint-{step}").eval()
-        gaps.append(probe.loss_gap(Logits(hf)))
+        with torch.no_grad():
+            first, second = probe.copy_losses(hf(tokens).logits, tokens)
+        gaps.append(first - second)
     assert [r.loss_gap for r in result.steps] == pytest.approx(gaps, abs=1e-4)
     change = result.loss_gap_change
     assert change is not None and change["direction"] == "rise"

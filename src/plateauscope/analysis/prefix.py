@@ -14,7 +14,10 @@ same blocks through the bridge's hook points), with the keys and values of the p
 that position is unembedded.
 
 Both backends run this way (:func:`plateauscope.model.backend.shares_prefixes`, the one place the choice
-is made). Any other model (the tests' plain-torch reference) runs every position from layer 0
+is made). A bridge of an imported series (:func:`plateauscope.model.backend.shares_hf_cache`) shares the
+positions only: the run of the positions from ``s`` on gets the earlier positions' keys and values as a
+Hugging Face cache (the bridge's ``past_key_values``) and runs every block through its own forward, so
+rotary positions, grouped-query attention and parallel blocks stay the model's own. Any other model (the tests' plain-torch reference) runs every position from layer 0
 with the same hooks (:func:`forward_from`, :func:`cached_run`, :func:`suffix_run`): exact, just
 slower. The hooks therefore see the positions from ``start`` (prefix sharing) or all of them (full
 forwards); they align on the last positions of the activation they get.
@@ -25,6 +28,7 @@ No metric and no sign of its own: the helpers return activations and last-positi
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -36,7 +40,7 @@ from transformer_lens.cache.key_value_cache_entry import (
 )
 from transformer_lens.utilities import get_act_name
 
-from plateauscope.model.backend import Model, hooks_added, shares_prefixes
+from plateauscope.model.backend import Model, hooks_added, shares_hf_cache, shares_prefixes
 from plateauscope.model.hooked_forward import embed_at, run_blocks
 
 Hook = tuple[str, Callable]
@@ -56,6 +60,8 @@ class RunCache:
 
     resid_pre: list[Float[Tensor, "N pos d_model"]]
     keys: list[Float[Tensor, "N pos kv_head d_head"]]
+    """Each layer's keys: TransformerLens's (prefix sharing), or the Hugging Face cache's
+    (:func:`~plateauscope.model.backend.shares_hf_cache`, its ``[N, kv_head, pos, d_head]`` transposed)."""
     values: list[Float[Tensor, "N pos kv_head d_head"]]
     acts: dict[str, Tensor]
     last_logits: Float[Tensor, "N vocab"]
@@ -124,6 +130,9 @@ def cached_run(model: Model, tokens: Int[Tensor, "N pos"], pred_pos: int,
     _check(model)
     cache: dict[str, Tensor] = {}
     hooks = savers(_names(model, act_names), cache) + list(hooks)
+    if shares_hf_cache(model):
+        last, keys, values = _hf_run(model, tokens, hooks, pred_pos)
+        return RunCache([], keys, values, _acts(model, cache, act_names), last)
     if shares_prefixes(model):
         last = run_from(model, embed_at(model, tokens), 0, None, pred_pos, hooks)
     else:
@@ -168,6 +177,9 @@ def forward_from(model: Model, tokens: Int[Tensor, "N pos"], base: RunCache, pre
     of ``tokens`` itself). Prefix sharing: the blocks from ``layer`` on over the positions from
     ``start`` on, reading ``base``'s keys and values of the earlier positions. Otherwise the full
     forward. The hooks see the positions from ``start`` or all of them (align on the last ones)."""
+    if shares_hf_cache(model) and start > 0:
+        past = _hf_past(model, base, start, repeat)
+        return _hf_run(model, tokens[:, start:].repeat(repeat, 1), fwd_hooks, pred_pos - start, past)[0]
     if not shares_prefixes(model):
         return model.run_with_hooks(tokens.repeat(repeat, 1), fwd_hooks=fwd_hooks)[:, pred_pos]
     resid = (embed_at(model, tokens) if layer == 0 else base.resid_pre[layer])[:, start:]
@@ -182,6 +194,12 @@ def suffix_run(model: Model, tokens: Int[Tensor, "N pos"], prefix: RunCache, sta
     """A run of ``tokens`` that computes only positions ``>= start``, taking everything before from
     ``prefix`` (a run on prompts equal to ``tokens`` before ``start``); returns every position."""
     _check(model)
+    if shares_hf_cache(model) and start > 0:
+        cache = {}
+        last, keys, values = _hf_run(model, tokens[:, start:], savers(_names(model, act_names), cache),
+                                     pred_pos - start, _hf_past(model, prefix, start))
+        acts = {n: torch.cat([prefix.acts[n][:, :start], a], dim=1) for n, a in _acts(model, cache, act_names).items()}
+        return RunCache([], keys, values, acts, last)
     if not shares_prefixes(model):
         return cached_run(model, tokens, pred_pos, act_names)
     cache: dict[str, Tensor] = {}
@@ -194,10 +212,38 @@ def suffix_run(model: Model, tokens: Int[Tensor, "N pos"], prefix: RunCache, sta
     return _as_run_cache(model, full, last, act_names)
 
 
+def _acts(model: Model, cache: dict[str, Tensor], act_names: Iterable[str]) -> dict[str, Tensor]:
+    """The ``act_names`` activations of every layer from a run's recorded ``cache``."""
+    return {get_act_name(a, i): cache[get_act_name(a, i)] for a in set(act_names) for i in range(model.cfg.n_layers)}
+
+
+def _hf_run(model: Model, tokens: Int[Tensor, "N pos"], hooks: list[Hook], pred_index: int, past=None
+            ) -> tuple[Float[Tensor, "N vocab"], list[Tensor], list[Tensor]]:
+    """A bridge run with ``hooks`` after the positions ``past`` holds (a Hugging Face cache, or None): the
+    logits at ``pred_index`` (an index into ``tokens``' positions; only that one is unembedded), and each
+    layer's keys and values at every position (``past``'s and the new ones)."""
+    with warnings.catch_warnings():  # transformers renames the argument the bridge passes it
+        warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+        logits, cache = model.run_with_hooks(tokens, fwd_hooks=hooks, return_type="logits_and_cache",
+                                             past_key_values=past, logits_to_keep=torch.tensor([pred_index]))
+    return (logits[:, 0], [layer.keys.transpose(1, 2) for layer in cache.layers],
+            [layer.values.transpose(1, 2) for layer in cache.layers])
+
+
+def _hf_past(model: Model, base: RunCache, stop: int, repeat: int = 1):
+    """A Hugging Face cache of ``base``'s keys and values at the positions ``< stop``, the batch repeated
+    ``repeat`` times (replica-major); a new one per run (a run appends to it)."""
+    from transformers import DynamicCache
+
+    data = [(k[:, :stop].transpose(1, 2).repeat(repeat, 1, 1, 1), v[:, :stop].transpose(1, 2).repeat(repeat, 1, 1, 1))
+            for k, v in zip(base.keys, base.values)]
+    return DynamicCache(data, config=model.original_model.config)
+
+
 def _as_run_cache(model: Model, cache: dict[str, Tensor], last: Tensor, act_names: Iterable[str]
                   ) -> RunCache:
     L = range(model.cfg.n_layers)
-    acts = {get_act_name(a, i): cache[get_act_name(a, i)] for a in set(act_names) for i in L}
+    acts = _acts(model, cache, act_names)
     if not shares_prefixes(model):
         return RunCache([], [], [], acts, last)
     return RunCache([cache[get_act_name("resid_pre", i)] for i in L], [cache[get_act_name("k", i)] for i in L],

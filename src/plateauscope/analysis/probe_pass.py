@@ -90,8 +90,7 @@ def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[
         if built is None:
             built = build_probe(probe, model.cfg.d_vocab, model.cfg.n_ctx, **probe_options)
             pairs = built.prompt_pairs(n_pairs, 0) if patching and hasattr(built, "prompt_pairs") else None
-        scores = built.head_scores(model) if hasattr(built, "head_scores") else {}
-        gap = built.loss_gap(model) if hasattr(built, "loss_gap") else None
+        scores, gap = built.signals(model)
         patched = patch(model, pairs, "heads").normalised.tolist() if pairs is not None else None
         records.append(ProbeStep(step, {k: v.tolist() for k, v in scores.items()}, gap, patched))
         if on_step is not None:

@@ -259,7 +259,8 @@ def shares_prefixes(model: torch.nn.Module) -> bool:
     True for a HookedTransformer with learned absolute positions (it runs them itself) and for a
     bridge of a model the toolkit builds (``hooked_forward`` runs them through the bridge's hook
     points: its own forward silently ignores a ``past_kv_cache``); not for a bridge of an imported series
-    (:func:`boot_causal_lm`: any architecture, in Hugging Face's layout), which runs its own forward. Any other module (e.g. the tests'
+    (:func:`boot_causal_lm`: any architecture, in Hugging Face's layout), which runs its own forward and shares
+    prefixes by position only (:func:`shares_hf_cache`). Any other module (e.g. the tests'
     plain-torch reference) runs full sequences from layer 0 and position 0 with the same hooks:
     exact, just slower. The one place that choice is made.
     """
@@ -272,6 +273,38 @@ def shares_prefixes(model: torch.nn.Module) -> bool:
             return model.cfg.positional_embedding_type == "standard"
     # a bridge of another trainer's model (boot_causal_lm) keeps Hugging Face's layout: its own forward
     return hasattr(model, "original_model") and model not in _HF_PARAMETERS and unsupported_reason(model.cfg) is None
+
+
+def shares_hf_cache(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a bridge of another trainer's model (:func:`boot_causal_lm`): its runs share a
+    prefix of positions through Hugging Face's own key/value cache (the bridge's ``past_key_values``), every
+    block run and hooked, so any architecture the bridge loads (rotary positions, grouped-query attention,
+    parallel attention and MLP) keeps its own forward."""
+    return _HF_CACHE_EXACT.get(model, False)
+
+
+_HF_CACHE_EXACT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per booted bridge: whether a run after a Hugging Face cache equals the full forward (:func:`_hf_cache_is_exact`)."""
+
+
+@torch.no_grad()
+def _hf_cache_is_exact(bridge: Model, atol: float = 1e-4) -> bool:
+    """Whether the bridge's forward honours Hugging Face's key/value cache and ``logits_to_keep``: the logits of
+    the fifth of six tokens, run after a cache of the first three and unembedded alone, equal those of the full
+    run (some bridge attention components leave the cache empty). Checked once per model, when it is booted; the weights do not change the answer."""
+    device = next(bridge.parameters()).device
+    tokens = torch.arange(12, device=device).reshape(2, 6) % bridge.cfg.d_vocab
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+        try:
+            full = bridge(tokens)
+            _, cache = bridge(tokens[:, :3], return_type="logits_and_cache")
+            if cache is None or any(getattr(layer, "keys", None) is None for layer in getattr(cache, "layers", [None])):
+                return False
+            suffix = bridge(tokens[:, 3:], past_key_values=cache, logits_to_keep=torch.tensor([1], device=device))
+        except (TypeError, ValueError, RuntimeError, NotImplementedError, AttributeError):
+            return False
+    return suffix.shape[1] == 1 and bool((suffix - full[:, 4:5]).abs().max() <= atol * max(1.0, float(full.abs().max())))
 
 
 _HOOK_POINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -515,7 +548,8 @@ def boot_causal_lm(config_dir: str, device: str | torch.device = "cpu", tokenize
     bridge.cfg.device = str(device)
     _HF_PARAMETERS[bridge] = hf_tensors
     _HF_RENAME[bridge] = _checkpoint_renaming(hf_model, hf_tensors)
-    return bridge.eval()
+    _HF_CACHE_EXACT[bridge] = _hf_cache_is_exact(bridge.eval())
+    return bridge
 
 
 _HF_RENAME: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

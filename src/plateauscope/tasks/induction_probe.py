@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from plateauscope.tasks.base import Measure
 from plateauscope.tasks.induction import InductionConfig, InductionTask
-from plateauscope.tasks.probe import Probe, ProbeError, attention_patterns, detection_scores
+from plateauscope.tasks.probe import Probe, ProbeError, detection_scores, logits_and_patterns
 
 MAX_SEGMENT = 16
 """The longest copy the probe uses."""
@@ -73,23 +73,26 @@ class InductionProbe(InductionTask, Probe):
 
     def head_scores(self, model: nn.Module) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
         """Each detection pattern's score per head (``head_detector``'s ``mul`` measure)."""
-        tokens = self.scored_tokens()
-        patterns = attention_patterns(model, tokens)
-        return {name: detection_scores(patterns, det) for name, det in self.detection_patterns(tokens).items()}
-
-    @torch.no_grad()
-    def copy_losses(self, model: nn.Module) -> tuple[float, float]:
-        """The mean loss on the first copy and on the second (the predictions of tokens 2 .. L of each)."""
-        tokens = self.scored_tokens()
-        L = self.cfg.segment_len
-        logits = model(tokens.to(next(model.parameters()).device)).float().log_softmax(-1).cpu()
-        loss = -logits[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0]  # [N, seq - 1]: position p predicts p + 1
-        return float(loss[:, 1:L].mean()), float(loss[:, L + 1: 2 * L].mean())
+        return self.signals(model)[0]
 
     def loss_gap(self, model: nn.Module) -> float:
         """The in-context loss gap: first copy minus second copy."""
-        first, second = self.copy_losses(model)
-        return first - second
+        return self.signals(model)[1]
+
+    def signals(self, model: nn.Module) -> tuple[dict[str, Float[Tensor, "n_layers n_heads"]], float]:
+        """The head scores and the loss gap, from one forward of the scored sequences."""
+        tokens = self.scored_tokens()
+        logits, patterns = logits_and_patterns(model, tokens)
+        scores = {name: detection_scores(patterns, det) for name, det in self.detection_patterns(tokens).items()}
+        first, second = self.copy_losses(logits, tokens)
+        return scores, first - second
+
+    def copy_losses(self, logits: Float[Tensor, "N seq vocab"], tokens: Int[Tensor, "N seq"]) -> tuple[float, float]:
+        """The mean loss on the first copy and on the second (the predictions of tokens 2 .. L of each)."""
+        L = self.cfg.segment_len
+        logprobs = logits.log_softmax(-1)
+        loss = -logprobs[:, :-1].gather(-1, tokens[:, 1:, None])[..., 0]  # [N, seq - 1]: position p predicts p + 1
+        return float(loss[:, 1:L].mean()), float(loss[:, L + 1: 2 * L].mean())
 
     def measures(self) -> tuple[Measure, ...]:
         """The two head scores (per head) and the in-context loss gap (per model)."""

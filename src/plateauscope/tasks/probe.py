@@ -61,6 +61,13 @@ class Probe:
         """Named detection patterns (0 / 1, lower triangular) per sequence, for :func:`detection_scores`."""
         return {}
 
+    def signals(self, model: nn.Module) -> tuple[dict[str, Float[Tensor, "n_layers n_heads"]], float | None]:
+        """What the probe's pass records at each checkpoint: the head scores by name (``head_scores``, where the
+        probe has it) and the in-context loss gap (``loss_gap``, or None). A probe may override this to read
+        both from one forward."""
+        scores = self.head_scores(model) if hasattr(self, "head_scores") else {}
+        return scores, (self.loss_gap(model) if hasattr(self, "loss_gap") else None)
+
 
 def probe_class(spec: str) -> type:
     """The probe class a name (:data:`BUILTIN_PROBES`) or ``file.py:Class`` names; else a one-line ProbeError."""
@@ -86,13 +93,15 @@ def build_probe(spec: str, d_vocab: int, n_ctx: int, seed: int = 0, **options: A
 
 
 @torch.no_grad()
-def attention_patterns(model: nn.Module, tokens: Int[Tensor, "N seq"]) -> Float[Tensor, "N n_layers n_heads seq seq"]:
-    """Every layer's attention pattern on ``tokens``."""
+def logits_and_patterns(model: nn.Module, tokens: Int[Tensor, "N seq"]
+                        ) -> tuple[Float[Tensor, "N seq vocab"], Float[Tensor, "N n_layers n_heads seq seq"]]:
+    """The logits and every layer's attention pattern on ``tokens``, from one forward."""
     n_layers = model.cfg.n_layers
     names = {get_act_name("pattern", layer) for layer in range(n_layers)}
     device = next(model.parameters()).device
-    _, cache = model.run_with_cache(tokens.to(device), names_filter=lambda name: name in names)
-    return torch.stack([cache[get_act_name("pattern", layer)] for layer in range(n_layers)], dim=1).float().cpu()
+    logits, cache = model.run_with_cache(tokens.to(device), names_filter=lambda name: name in names)
+    patterns = torch.stack([cache[get_act_name("pattern", layer)] for layer in range(n_layers)], dim=1)
+    return logits.float().cpu(), patterns.float().cpu()
 
 
 def detection_scores(patterns: Float[Tensor, "N n_layers n_heads seq seq"],
