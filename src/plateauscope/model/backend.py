@@ -589,20 +589,30 @@ def load_causal_lm_state(model: Model, state: dict[str, torch.Tensor]) -> Model:
     ``lm_head.weight`` may be absent from the file; buffers (masks, rotary tables) keep the model's own."""
     params, rename = _HF_PARAMETERS[model], _HF_RENAME[model]
     state = {rename(k): v for k, v in state.items()}
-    names = {k for k, t in params.items() if isinstance(t, torch.nn.Parameter)}
-    unexpected = sorted(k for k in state if k not in params)
-    tied = {"lm_head.weight"} if getattr(model.original_model.config, "tie_word_embeddings", False) else set()
-    missing = sorted(names - set(state) - tied)
-    if missing or unexpected:
-        raise BackendError(f"the weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    check_causal_lm_shapes(model, {k: tuple(v.shape) for k, v in state.items()})
     with torch.no_grad():
         for k, v in state.items():
-            if params[k].shape != v.shape:
-                raise BackendError(f"the weights do not fit the model: {k} has shape {tuple(v.shape)}, "
-                                   f"the model {tuple(params[k].shape)}")
             params[k].copy_(v)
         _resplit_joint_qkv(model)
     return model
+
+
+def check_causal_lm_shapes(model: Model, shapes: dict[str, tuple[int, ...]]) -> None:
+    """A BackendError (one line) unless a checkpoint of these tensor names and shapes (``model.safetensors``
+    names, or the model's own) fits a bridge from :func:`boot_causal_lm`: every parameter present (a tied
+    ``lm_head.weight`` may be absent), nothing unknown, every shape the model's."""
+    params, rename = _HF_PARAMETERS[model], _HF_RENAME[model]
+    shapes = {rename(k): tuple(v) for k, v in shapes.items()}
+    names = {k for k, t in params.items() if isinstance(t, torch.nn.Parameter)}
+    unexpected = sorted(k for k in shapes if k not in params)
+    tied = {"lm_head.weight"} if getattr(model.original_model.config, "tie_word_embeddings", False) else set()
+    missing = sorted(names - set(shapes) - tied)
+    if missing or unexpected:
+        raise BackendError(f"the weights do not fit the model: missing {missing[:3]}, unexpected {unexpected[:3]}")
+    for k, shape in shapes.items():
+        if tuple(params[k].shape) != shape:
+            raise BackendError(f"the weights do not fit the model: {k} has shape {shape}, "
+                               f"the model {tuple(params[k].shape)}")
 
 
 def _resplit_joint_qkv(model: Model) -> None:

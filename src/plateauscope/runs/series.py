@@ -98,26 +98,31 @@ def decode_weights(data: bytes, fmt: str, name: str | os.PathLike) -> dict[str, 
     return obj
 
 
-def check_weights_file(path: str | os.PathLike, fmt: str) -> None:
-    """A quick check before a long import: a safetensors file's header read and its length checked against it
-    (a truncated file), or a torch file decoded (one that needs code to unpickle is refused); a one-line
-    RunError naming the file."""
+def weight_shapes(path: str | os.PathLike, fmt: str, data: bytes | None = None) -> dict[str, tuple[int, ...]]:
+    """The tensor names and shapes of a checkpoint file (``data``: its bytes, else read from ``path``): a
+    safetensors file's from its header, its length checked against the header (a truncated file), without
+    decoding the tensors; any other format's decoded (a file that needs code to unpickle is refused). A
+    one-line RunError naming the file."""
     path = Path(path)
     if fmt != "safetensors":
-        decode_weights(path.read_bytes(), fmt, path)
-        return
+        return {k: tuple(v.shape) for k, v in decode_weights(path.read_bytes() if data is None else data, fmt, path).items()}
     try:
-        with open(path, "rb") as f:
-            n = int.from_bytes(f.read(8), "little")
-            header = json.loads(f.read(n)) if 0 < n < (1 << 27) else None
-        end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+        if data is None:
+            with open(path, "rb") as f:
+                n = int.from_bytes(f.read(8), "little")
+                raw, size = (f.read(n) if 0 < n < (1 << 27) else b""), path.stat().st_size
+        else:
+            n = int.from_bytes(data[:8], "little")
+            raw, size = data[8: 8 + n], len(data)
+        tensors = {k: v for k, v in json.loads(raw).items() if k != "__metadata__"}
+        shapes = {k: tuple(v["shape"]) for k, v in tensors.items()}
+        end = max((v["data_offsets"][1] for v in tensors.values()), default=0)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
-        header = None
-    if header is None:
-        raise RunError(f"{path}: not a complete safetensors file, truncated or damaged (its header cannot be read)")
-    if path.stat().st_size != 8 + n + end:
-        raise RunError(f"{path}: not a complete safetensors file, truncated or damaged ({path.stat().st_size} bytes, "
+        raise RunError(f"{path}: not a complete safetensors file, truncated or damaged (its header cannot be read)") from None
+    if size != 8 + n + end:
+        raise RunError(f"{path}: not a complete safetensors file, truncated or damaged ({size} bytes, "
                        f"its header names {8 + n + end})")
+    return shapes
 
 
 _NANOGPT_LINEAR = (".attn.c_attn.weight", ".attn.c_proj.weight", ".mlp.c_fc.weight", ".mlp.c_proj.weight")

@@ -1,9 +1,10 @@
 """``plateauscope import``: a checkpoint series written elsewhere, checked and written as an imported run.
 
-Every chosen checkpoint is read once, hashed (SHA-256) and decoded without unpickling code, and its weights
-are loaded into the series' one model, so that a truncated file, a ``.pt`` that needs code, weights that
-do not fit the config and a folder that mixes architectures are one-line SourceErrors before anything is
-written. Two steps with identical weights get a warning naming both (a step revision that serves another
+Every chosen checkpoint is read once and hashed (SHA-256), and its tensors' names and shapes are checked
+against the series' one model (a safetensors file's from its header, its length against the header; any
+other file decoded without unpickling code), so that a truncated file, a ``.pt`` that needs code, weights
+that do not fit the config and a folder that mixes architectures are one-line SourceErrors before anything
+is written. Two steps with identical weights get a warning naming both (a step revision that serves another
 step's files). The run directory (:mod:`plateauscope.runs.series`) is written at the end in one rename.
 """
 
@@ -17,9 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from plateauscope.model.backend import BackendError, boot_causal_lm, load_causal_lm_state, supported_causal_lms
+from plateauscope.model.backend import BackendError, boot_causal_lm, check_causal_lm_shapes, supported_causal_lms
 from plateauscope.runs.files import RunError
-from plateauscope.runs.series import SeriesCheckpoint, check_weights_file, decode_weights, write_series
+from plateauscope.runs.series import SeriesCheckpoint, weight_shapes, write_series
 from plateauscope.sources.found import FoundCheckpoint, SourceError
 from plateauscope.sources.hf_folder import read_hf_folder
 from plateauscope.sources.nanogpt import nanogpt_files, read_nanogpt
@@ -97,7 +98,7 @@ def import_series(source: str | Path, out: str | Path, every: int = 1, steps: li
     first = found[0]
     for c in found:  # the quick checks, before the long pass
         try:
-            check_weights_file(c.file, c.format)
+            weight_shapes(c.file, c.format)
         except RunError as e:
             raise SourceError(str(e)) from None
     with tempfile.TemporaryDirectory() as config_dir:
@@ -108,10 +109,6 @@ def import_series(source: str | Path, out: str | Path, every: int = 1, steps: li
             if isinstance(e, BackendError):
                 raise
             raise SourceError(f"{first.config_file}: the model cannot be built ({' '.join(str(e).split())[:200]})") from None
-    try:  # the first checkpoint fits the model, before the long pass
-        load_causal_lm_state(model, decode_weights(first.file.read_bytes(), first.format, first.file))
-    except BackendError as e:
-        raise SourceError(f"{first.file}: {e}") from None
     written: list[SeriesCheckpoint] = []
     by_hash: dict[str, int] = {}
     duplicates: list[tuple[int, int]] = []
@@ -121,10 +118,12 @@ def import_series(source: str | Path, out: str | Path, every: int = 1, steps: li
         except OSError as e:
             raise SourceError(f"{c.file}: cannot be read ({e.strerror})") from None
         digest = hashlib.sha256(data).hexdigest()
-        try:
-            load_causal_lm_state(model, decode_weights(data, c.format, c.file))
+        try:  # the names and shapes fit the model (a safetensors file's from its header)
+            check_causal_lm_shapes(model, weight_shapes(c.file, c.format, data))
         except BackendError as e:
             raise SourceError(f"{c.file}: {e}") from None
+        except RunError as e:
+            raise SourceError(str(e)) from None
         if digest in by_hash:
             duplicates.append((by_hash[digest], c.step))
         by_hash.setdefault(digest, c.step)
