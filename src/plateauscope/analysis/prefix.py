@@ -225,7 +225,8 @@ def _hf_run(model: Model, tokens: Int[Tensor, "N pos"], hooks: list[Hook], pred_
     with warnings.catch_warnings():  # transformers renames the argument the bridge passes it
         warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
         logits, cache = model.run_with_hooks(tokens, fwd_hooks=hooks, return_type="logits_and_cache",
-                                             past_key_values=past, logits_to_keep=torch.tensor([pred_index]))
+                                             past_key_values=past,
+                                             logits_to_keep=torch.tensor([pred_index], device=tokens.device))
     return (logits[:, 0], [layer.keys.transpose(1, 2) for layer in cache.layers],
             [layer.values.transpose(1, 2) for layer in cache.layers])
 
