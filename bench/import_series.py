@@ -15,9 +15,11 @@ patching of every head's output, normalised by the clean-corrupted logit differe
 Why the import-and-pass is faster: the model is built once (booting a bridge and a Hugging Face model per
 checkpoint is most of a small model's time) and the patching runs batched. Targets: at least 3x faster
 per checkpoint, the same numbers (max abs difference of the normalised patching results), and resident
-memory that grows by at most 5% from checkpoint 10 to checkpoint 50.
+memory that grows by at most 5% from checkpoint 10 to checkpoint 50. Then a longer series (``--long``,
+200 checkpoints of the same model; plateauscope alone) holds its memory to the same 5% from checkpoint 10
+to its last.
 
-    HF_HUB_OFFLINE=1 python bench/import_series.py [--checkpoints 50] [--device cpu]
+    HF_HUB_OFFLINE=1 python bench/import_series.py [--checkpoints 50] [--long 200] [--device cpu]
 """
 
 from __future__ import annotations
@@ -105,10 +107,31 @@ def users_loop(source: Path, steps: list[int], device: str) -> tuple[float, list
     return (time.perf_counter() - start) / len(steps), results
 
 
+def long_series_rss(n: int, device: str) -> tuple[float, float]:
+    """Resident memory (MiB) at the 10th and the last checkpoint of the import and probe pass over ``n``
+    checkpoints (written, then imported and analysed; the files deleted after)."""
+    rss: list[float] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "trainer_out"
+        write_series(source, n)
+        run = import_series(source, Path(tmp) / "run", device=device).path
+        done: list[int] = []
+
+        def on_step(step: int) -> None:
+            done.append(step)
+            if len(done) in (min(10, n), n):
+                rss.append(rss_mib())
+
+        analyze_imported(run, device=device, progress=False, on_step=on_step, n_pairs=N_PAIRS, segment_len=SEGMENT)
+    print(f"long series: {n} checkpoints, {rss[0]:.0f} -> {rss[-1]:.0f} MiB", file=sys.stderr)
+    return rss[0], rss[-1]
+
+
 def main() -> int:
     """Build the series, time both ways, compare their numbers and the memory, save the rows."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoints", type=int, default=50)
+    p.add_argument("--long", type=int, default=200, help="checkpoints of the long series (0: skip it)")
     p.add_argument("--device", default="cpu")
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
@@ -131,6 +154,7 @@ def main() -> int:
         print(f"plateauscope: {ours:.3f} s per checkpoint", file=sys.stderr)
         theirs, loop = users_loop(source, steps, args.device)
         print(f"the user's loop: {theirs:.3f} s per checkpoint", file=sys.stderr)
+    long_rss = long_series_rss(args.long, args.device) if args.long else None
     diff = max(float((torch.tensor(r.head_patching) - t).abs().nan_to_num().max()) for r, t in zip(result.steps, loop))
     first = min(10, len(steps))
     growth = 100 * (rss[len(steps)] - rss[first]) / rss[first]
@@ -146,6 +170,9 @@ def main() -> int:
                 "%"),
         row(f"resident memory at checkpoint {n}", rss[n], "MiB"),
     ]
+    if long_rss is not None:
+        rows.append(against(f"resident memory growth from checkpoint 10 to checkpoint {args.long}, import + probe pass",
+                            100 * (long_rss[1] - long_rss[0]) / long_rss[0], "%", "<=", TARGET_RSS_GROWTH, "%"))
     print_rows(rows)
     print(f"saved {save('import_series', rows, arguments(args))}")
     return 0
