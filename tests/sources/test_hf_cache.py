@@ -51,7 +51,8 @@ def cache(neox_series, tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(root))
     chosen = [steps[0], steps[6], steps[-1]]
     folders = {s: source / f"checkpoint-{s}" for s in chosen}
-    cache_model(root, "EleutherAI/tiny-pythia", {**{f"step{s}": folders[s] for s in chosen}, "main": folders[chosen[-1]]})
+    cache_model(root, "EleutherAI/tiny-pythia", {**{f"step{s}": folders[s] for s in chosen},
+                                                 "main": folders[chosen[-1]]})
     cache_model(root, "allenai/tiny-olmo", {f"step{s}-tokens{s * 4}M": folders[s] for s in chosen})
     return root, source, chosen
 
@@ -91,7 +92,8 @@ def test_the_steps_come_from_the_revision_names_and_compute_what_hugging_face_co
 
 def test_revisions_and_steps_choose_among_the_cached_ones(cache, tmp_path, capsys):
     _, _, chosen = cache
-    found = read_hf_cache("hf-cache:allenai/tiny-olmo", [f"step{chosen[2]}-tokens{chosen[2] * 4}M", f"step{chosen[0]}-tokens0M"])
+    found = read_hf_cache("hf-cache:allenai/tiny-olmo",
+                          [f"step{chosen[2]}-tokens{chosen[2] * 4}M", f"step{chosen[0]}-tokens0M"])
     assert [c.step for c in found] == [chosen[0], chosen[2]]
     assert cli_main(["import", "hf-cache:EleutherAI/tiny-pythia", "--out", str(tmp_path / "run"), "--no-progress",
                      "--steps", f"{chosen[0]},{chosen[2]}"]) == 0

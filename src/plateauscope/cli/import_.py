@@ -85,7 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         def progress(i: int, n: int) -> None:
             nonlocal bar
             if bar is None:
-                bar = tqdm(total=n, desc=f"import {Path(args.source).name}", disable=args.no_progress, dynamic_ncols=True)
+                bar = tqdm(total=n, desc=f"import {Path(args.source).name}", disable=args.no_progress,
+                           dynamic_ncols=True)
             bar.update(1)
 
         try:

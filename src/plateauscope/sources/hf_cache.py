@@ -72,7 +72,8 @@ def read_snapshot(name: str, revision: str, snapshot: Path, step: int) -> FoundC
     """One revision's snapshot folder as a checkpoint; a snapshot with no config or weights (not
     downloaded, or sharded) is a one-line SourceError."""
     if not (snapshot / "config.json").is_file():
-        raise SourceError(f"{name}: revision {revision} has no config.json in the local Hugging Face cache ({snapshot})")
+        raise SourceError(f"{name}: revision {revision} has no config.json in the local Hugging Face cache "
+                          f"({snapshot})")
     weights = [(snapshot / file, fmt) for file, fmt in WEIGHT_FILES if (snapshot / file).is_file()]
     if not weights:
         sharded = any(snapshot.glob("*.index.json"))
