@@ -227,7 +227,8 @@ def test_a_probe_that_subclasses_a_task_runs_under_its_own_name(imported, probe_
     ("CopyPairs", ["--probe-length", "5"], "CopyPairs.for_model(segment_len) failed (TypeError"),
     ("NoForModel", [], "my_probes.py:NoForModel: missing for_model (a classmethod"),
     ("NoMeasure", [], "missing a measure: detection_patterns(tokens), loss_gap(model) or prompt_pairs(n, seed)"),
-    ("HalfATask", [], "missing build_evalset, evaluate, generate, loss_positions, progress (required by plateauscope.Task"),
+    ("HalfATask", [], "missing build_evalset, evaluate, generate, loss_positions, progress (required by "
+                      "plateauscope.Task"),
     ("NotAProbe", [], "my_probes.py:NotAProbe: a probe must subclass plateauscope.Probe"),
     ("Nowhere", [], "my_probes.py: no class 'Nowhere' in it"),
 ])
