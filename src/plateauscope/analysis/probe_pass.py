@@ -28,7 +28,7 @@ from plateauscope.analysis.changepoint import ChangePointRule, change_point
 from plateauscope.analysis.patch import patch
 from plateauscope.analysis.results import analysis_dir, pick_steps, write_json_result
 from plateauscope.runs.series import ImportedSeries
-from plateauscope.tasks.probe import build_probe
+from plateauscope.tasks.probe import build_probe, offers_pairs, probe_class
 
 HEAD_THRESHOLD = 0.4
 """A head is named (an induction head, a previous-token head) where its score at the last step is above this."""
@@ -80,6 +80,7 @@ def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[
     probe: ``segment_len``); ``on_step(step)``: called after
     each step."""
     rule = rule or ChangePointRule()
+    probe_name = probe_class(probe).probe_name  # a probe file that lacks what a probe needs fails here, in one line
     series = ImportedSeries(run_dir)
     chosen = pick_steps(series.steps, every, steps)
     model = None
@@ -89,13 +90,13 @@ def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[
         model = series.model(step, device, reuse=model)
         if built is None:
             built = build_probe(probe, model.cfg.d_vocab, model.cfg.n_ctx, **probe_options)
-            pairs = built.prompt_pairs(n_pairs, 0) if patching and hasattr(built, "prompt_pairs") else None
+            pairs = built.prompt_pairs(n_pairs, 0) if patching and offers_pairs(built) else None
         scores, gap = built.signals(model)
         patched = patch(model, pairs, "heads").normalised.tolist() if pairs is not None else None
         records.append(ProbeStep(step, {k: v.tolist() for k, v in scores.items()}, gap, patched))
         if on_step is not None:
             on_step(step)
-    result = ProbeSeriesResult(probe, series.architecture, records)
+    result = ProbeSeriesResult(probe_name, series.architecture, records)
     if records:
         result.named_heads = {name: named_heads(torch.tensor(values))
                               for name, values in records[-1].head_scores.items()}
@@ -104,5 +105,5 @@ def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[
         quarter = chosen[max(rule.min_baseline, len(chosen) // 4) - 1]
         found = change_point(chosen, gaps, (chosen[0], quarter), rule=rule)
         result.loss_gap_change = found.to_dict() if found else None
-    write_json_result(analysis_dir(run_dir) / f"probe_{probe}.json", result.to_dict())
+    write_json_result(analysis_dir(run_dir) / f"probe_{probe_name}.json", result.to_dict())
     return result

@@ -39,7 +39,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=int, default=1, help="analyse every N-th checkpoint (default 1: all)")
     p.add_argument("--steps", type=int, nargs="+", help="analyse exactly these steps")
     p.add_argument("--probe", default="induction",
-                   help="an imported run (plateauscope import): the probe its pass runs (default induction)")
+                   help="an imported run (plateauscope import): the probe its pass runs, induction (the default) or "
+                        "file.py:Class, a plateauscope.Probe of your own")
     p.add_argument("--probe-length", type=int,
                    help="the induction probe's copy length (default: 16, or less where the model is small)")
     p.add_argument("--n-exact", type=int, default=DEFAULT_BUDGET,

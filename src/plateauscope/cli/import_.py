@@ -2,12 +2,15 @@
 
 SOURCE is a folder of Hugging Face checkpoints (Trainer's checkpoint-N/, or any subfolders with
 config.json and model.safetensors or pytorch_model.bin; the step is trainer_state.json's global_step,
-else the last number in the folder's name) or nanoGPT ckpt.pt files (the step is iter_num). Nothing is
-copied: RUN/series.json lists each file with its step, SHA-256 (checked on every read), format,
-architecture and tokenizer. Every chosen checkpoint is read and checked first: a truncated file, a .pt
-that needs code to unpickle (refused, never loaded), a folder that mixes architectures or an
-unsupported one (an encoder, a state-space model) is one line, exit code 2, and no directory is left.
-Identical weights under two steps are named.
+else the last number in the folder's name), nanoGPT ckpt.pt files (the step is iter_num), or
+hf-cache:ORG/NAME, the step revisions of a model in the local Hugging Face cache ($HF_HUB_CACHE, else
+$HF_HOME/hub; nothing is downloaded): Pythia's stepN and OLMo's stepN-tokensM (the step is N), every one
+cached or those --revisions names. Nothing is copied: RUN/series.json lists each file with its step,
+SHA-256 (checked on every read), format, architecture and tokenizer. Every chosen checkpoint is read
+and checked first: a truncated file, a .pt that needs code to unpickle (refused, never loaded), a
+folder that mixes architectures, a revision the cache lacks, or an unsupported architecture (an
+encoder, a state-space model) is one line, exit code 2, and no directory is left. Identical weights
+under two steps are named.
 
 Supported: the decoder-only attention language models that TransformerLens 4's bridge loads (GPT-2,
 GPT-NeoX/Pythia, Llama, Mistral, Qwen, OLMo, ...). One model is built per series and each checkpoint's
@@ -20,6 +23,7 @@ and exact head patching, at every checkpoint (RUN/analysis/probe_induction.json)
 the training data (the Hessian, the LLC) refuse an imported run in one line.
 
     plateauscope import runs/hf_trainer_out --out checkpoints/imported [--every 2 | --steps 0,100,200] [--log-spaced 30]
+    plateauscope import hf-cache:EleutherAI/pythia-70m --out checkpoints/pythia [--revisions step0,step1000]
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ from tqdm.auto import tqdm
 from plateauscope.analysis.probe_pass import ProbeSeriesResult
 from plateauscope.cli.common import run_cli
 from plateauscope.cli.parser import OneLineParser
+from plateauscope.sources.hf_cache import parse_revisions
 from plateauscope.sources.importer import import_series
 from plateauscope.sources.selection import parse_steps
 
@@ -40,10 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``plateauscope import``."""
     p = OneLineParser(prog="plateauscope import", description=__doc__.split("\n\n")[0],
                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("source", type=Path, metavar="SOURCE", help="the series: a checkpoint folder or nanoGPT .pt files")
+    p.add_argument("source", metavar="SOURCE", help="the series: a checkpoint folder, nanoGPT .pt files, or "
+                                                    "hf-cache:ORG/NAME (step revisions in the local Hugging Face cache)")
     p.add_argument("--out", type=Path, required=True, help="the run directory to write (new or empty)")
     p.add_argument("--every", type=int, default=1, help="import every N-th checkpoint (the last always)")
     p.add_argument("--steps", help="import these steps only, comma-separated (e.g. 0,100,200)")
+    p.add_argument("--revisions", help="with hf-cache:ORG/NAME: import these revisions only, comma-separated "
+                                       "(e.g. step0,step1000 or step1000-tokens4B)")
     p.add_argument("--log-spaced", type=int, metavar="N", help="about N checkpoints spaced evenly in log(step)")
     p.add_argument("--device", default="cpu", help="cpu or cuda: where the weights are checked (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -71,16 +79,19 @@ def main(argv: list[str] | None = None) -> int:
     """``plateauscope import``: write the run directory and print one line about it."""
     def body(args: argparse.Namespace) -> None:
         steps = parse_steps(args.steps)
+        revisions = parse_revisions(args.revisions)
         bar = None
 
         def progress(i: int, n: int) -> None:
             nonlocal bar
             if bar is None:
-                bar = tqdm(total=n, desc=f"import {args.source.name}", disable=args.no_progress, dynamic_ncols=True)
+                bar = tqdm(total=n, desc=f"import {Path(args.source).name}", disable=args.no_progress,
+                           dynamic_ncols=True)
             bar.update(1)
 
         try:
-            result = import_series(args.source, args.out, args.every, steps, args.log_spaced, args.device, progress)
+            result = import_series(args.source, args.out, args.every, steps, args.log_spaced, args.device, progress,
+                                   revisions)
         finally:
             if bar is not None:
                 bar.close()

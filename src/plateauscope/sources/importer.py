@@ -22,6 +22,7 @@ from plateauscope.model.backend import BackendError, boot_causal_lm, check_causa
 from plateauscope.runs.files import RunError
 from plateauscope.runs.series import SeriesCheckpoint, weight_shapes, write_series
 from plateauscope.sources.found import FoundCheckpoint, SourceError
+from plateauscope.sources.hf_cache import is_hf_cache_source, read_hf_cache
 from plateauscope.sources.hf_folder import read_hf_folder
 from plateauscope.sources.nanogpt import nanogpt_files, read_nanogpt
 from plateauscope.sources.selection import select_steps
@@ -44,8 +45,16 @@ class ImportResult:
     """Pairs of steps whose weights are identical (same SHA-256)."""
 
 
-def find_checkpoints(source: Path) -> list[FoundCheckpoint]:
-    """The checkpoints of a source: a folder of Hugging Face checkpoints, or nanoGPT ``.pt`` files."""
+def find_checkpoints(source: str | Path, revisions: list[str] | None = None) -> list[FoundCheckpoint]:
+    """The checkpoints of a source: a folder of Hugging Face checkpoints, nanoGPT ``.pt`` files, or
+    ``hf-cache:ORG/NAME``, the step revisions of a model in the local Hugging Face cache (``revisions``:
+    these only; :mod:`plateauscope.sources.hf_cache`)."""
+    if is_hf_cache_source(source):
+        return read_hf_cache(str(source), revisions)
+    if revisions is not None:
+        raise SourceError(f"--revisions names revisions of a model in the Hugging Face cache (hf-cache:ORG/NAME), "
+                          f"not of {source}")
+    source = Path(source)
     if not source.exists():
         raise SourceError(f"{source}: no such file or folder")
     if source.is_file() or (nanogpt_files(source) and not (source / "config.json").is_file()
@@ -83,15 +92,18 @@ def check_one_model(found: list[FoundCheckpoint]) -> None:
 
 def import_series(source: str | Path, out: str | Path, every: int = 1, steps: list[int] | None = None,
                   log_spaced: int | None = None, device: str = "cpu",
-                  progress: Callable[[int, int], None] | None = None) -> ImportResult:
+                  progress: Callable[[int, int], None] | None = None,
+                  revisions: list[str] | None = None) -> ImportResult:
     """Import the chosen checkpoints of ``source`` as a run directory at ``out`` (files not copied).
 
-    ``progress(i, n)``: called after each checkpoint is checked (a progress bar). Raises SourceError or
-    RunError (one line) and writes nothing on bad input."""
-    source, out = Path(source).resolve(), Path(out)
+    ``progress(i, n)``: called after each checkpoint is checked (a progress bar); ``revisions``: with
+    ``hf-cache:ORG/NAME``, the revisions to import. Raises SourceError or RunError (one line) and writes
+    nothing on bad input."""
+    source = str(source) if is_hf_cache_source(source) else Path(source).resolve()
+    out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SourceError(f"{out}: already exists; --out must be a new (or empty) folder")
-    found = find_checkpoints(source)
+    found = find_checkpoints(source, revisions)
     check_one_model(found)
     chosen = set(select_steps([c.step for c in found], every, steps, log_spaced, str(source)))
     found = [c for c in found if c.step in chosen]

@@ -7,7 +7,18 @@ the analyses read on an imported run (:mod:`plateauscope.runs.series`). It is wr
 outside the model's vocabulary.
 
 Built in (:data:`BUILTIN_PROBES`): ``induction`` (:mod:`plateauscope.tasks.induction_probe`). A probe of
-one's own is a ``file.py:Class`` whose class subclasses both a task and :class:`Probe`.
+one's own is a ``file.py:Class`` (or ``module:Class``) whose class subclasses :class:`Probe` (and, if it
+likes, a task, whose abstract members it must then implement). It needs:
+
+* ``for_model(d_vocab, n_ctx, seed, **options)``, a classmethod building it for a model, and ``tokens``
+  (``[N, seq]`` token ids) or :meth:`Probe.probe_tokens`;
+* at least one measure: :meth:`Probe.detection_patterns` (head scores, on :meth:`Probe.scored_tokens`),
+  ``loss_gap(model)`` (a number per checkpoint, whose change point is read), or
+  ``prompt_pairs(n, seed)`` returning :class:`~plateauscope.tasks.base.PromptPairs` (exact head patching);
+* ``probe_name`` (letters, digits, ``_``): the results file ``RUN/analysis/probe_<probe_name>.json``
+  (default: the class's name).
+
+A class that lacks these, or whose code fails, is a one-line ProbeError naming the file (and the line).
 
 The head scores (:func:`detection_scores`) are TransformerLens's ``head_detector`` measure (``mul``):
 per head and sequence, the attention on the detection pattern's entries over all attention, then
@@ -17,6 +28,10 @@ averaged over the sequences.
 from __future__ import annotations
 
 import importlib
+import inspect
+import re
+import traceback
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -24,8 +39,8 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens.utilities import get_act_name
 
-from plateauscope.tasks.base import TaskError
-from plateauscope.tasks.loading import task_class
+from plateauscope.tasks.base import PromptPairs, Task, TaskError
+from plateauscope.tasks.loading import _check_class, _import_file, _import_module
 
 BUILTIN_PROBES: dict[str, str] = {"induction": "plateauscope.tasks.induction_probe:InductionProbe"}
 """Probe name -> ``module:Class``."""
@@ -49,6 +64,20 @@ class Probe:
         """Every sequence the probe runs (default: the task's ``tokens``)."""
         return self.tokens  # type: ignore[attr-defined]
 
+    def scored_tokens(self) -> Int[Tensor, "N seq"]:
+        """The sequences the head scores are measured on (default: :meth:`probe_tokens`)."""
+        return self.probe_tokens()
+
+    def head_scores(self, model: nn.Module) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
+        """Each detection pattern's score per head on :meth:`scored_tokens` (``head_detector``'s ``mul``
+        measure); {} without detection patterns."""
+        tokens = self.scored_tokens()
+        detections = self.detection_patterns(tokens)
+        if not detections:
+            return {}
+        patterns = logits_and_patterns(model, tokens)[1]
+        return {name: detection_scores(patterns, det) for name, det in detections.items()}
+
     def check_vocab(self, d_vocab: int) -> None:
         """A ProbeError naming the largest token id when one falls outside ``[0, d_vocab)``."""
         tokens = self.probe_tokens()
@@ -62,33 +91,125 @@ class Probe:
         return {}
 
     def signals(self, model: nn.Module) -> tuple[dict[str, Float[Tensor, "n_layers n_heads"]], float | None]:
-        """What the probe's pass records at each checkpoint: the head scores by name (``head_scores``, where the
-        probe has it) and the in-context loss gap (``loss_gap``, or None). A probe may override this to read
+        """What the probe's pass records at each checkpoint: the head scores by name (:meth:`head_scores`) and
+        the in-context loss gap (``loss_gap``, where the probe has one, else None). A probe may override this to read
         both from one forward."""
-        scores = self.head_scores(model) if hasattr(self, "head_scores") else {}
-        return scores, (self.loss_gap(model) if hasattr(self, "loss_gap") else None)
+        return self.head_scores(model), (self.loss_gap(model) if hasattr(self, "loss_gap") else None)
 
 
 def probe_class(spec: str) -> type:
-    """The probe class a name (:data:`BUILTIN_PROBES`) or ``file.py:Class`` names; else a one-line ProbeError."""
+    """The probe class a name (:data:`BUILTIN_PROBES`), ``file.py:Class`` or ``module:Class`` names, checked
+    for what a probe needs (module docstring); else a one-line ProbeError."""
     if spec in BUILTIN_PROBES:
         module, _, name = BUILTIN_PROBES[spec].partition(":")
-        cls = getattr(importlib.import_module(module), name)
-    else:
+        return getattr(importlib.import_module(module), name)
+    source, sep, name = spec.rpartition(":")
+    if not sep or not source or not name:
+        raise ProbeError(f"--probe {spec}: not a built-in probe ({', '.join(BUILTIN_PROBES)}) and not of the form "
+                         "file.py:Class or module:Class")
+    try:
+        module = _import_file(spec, source) if source.endswith(".py") else _import_module(spec, source)
+    except TaskError as e:
+        raise ProbeError(str(e).replace("--task", "--probe").replace("task file", "probe file")) from None
+    cls = getattr(module, name, None)
+    where = f"{source}:{name}"
+    if cls is None:
+        raise ProbeError(f"{source}: no class {name!r} in it (--probe {spec})")
+    if not (inspect.isclass(cls) and issubclass(cls, Probe)):
+        raise ProbeError(f"{where}: a probe must subclass plateauscope.Probe (and may subclass a task too)")
+    if issubclass(cls, Task):
+        missing = sorted(getattr(cls, "__abstractmethods__", ()))
+        if missing:
+            raise ProbeError(f"{where}: missing {', '.join(missing)} (required by plateauscope.Task, which it "
+                             "subclasses; a probe need not be a task)")
         try:
-            cls = task_class(spec)
+            _check_class(spec, source, cls)
         except TaskError as e:
-            raise ProbeError(f"--probe {spec}: not a built-in probe ({', '.join(BUILTIN_PROBES)}) ({e})") from None
-    if not issubclass(cls, Probe):
-        raise ProbeError(f"--probe {spec}: {cls.__name__} is a task, not a probe (subclass plateauscope.Probe too)")
+            raise ProbeError(str(e)) from None
+    missing = [what for what, absent in (
+        ("for_model (a classmethod: the probe for a model of d_vocab tokens and context n_ctx)",
+         getattr(cls.for_model, "__func__", None) is Probe.for_model.__func__),
+        ("a measure: detection_patterns(tokens), loss_gap(model) or prompt_pairs(n, seed)",
+         cls.detection_patterns is Probe.detection_patterns and cls.head_scores is Probe.head_scores
+         and not callable(getattr(cls, "loss_gap", None)) and not offers_pairs(cls))) if absent]
+    if missing:
+        raise ProbeError(f"{where}: missing {'; '.join(missing)}")
+    if cls.probe_name == Probe.probe_name:
+        cls.probe_name = cls.__name__
+    if not re.fullmatch(r"[A-Za-z0-9_]+", str(cls.probe_name)):
+        raise ProbeError(f"{where}: probe_name {cls.probe_name!r} must be letters, digits and '_' (it names "
+                         "the results file)")
     return cls
 
 
-def build_probe(spec: str, d_vocab: int, n_ctx: int, seed: int = 0, **options: Any) -> Probe:
-    """The probe ``spec`` built for a model (``options``: the probe's own, e.g. ``segment_len``), its tokens
-    checked against the vocabulary."""
-    probe = probe_class(spec).for_model(d_vocab, n_ctx, seed, **options)
+def offers_pairs(probe: Any) -> bool:
+    """Whether a probe (class or instance) brings prompt pairs: its own ``prompt_pairs``, or a task's with
+    the ``pairs`` capability."""
+    method = getattr(probe, "prompt_pairs", None)
+    if not callable(method):
+        return False
+    cls = probe if inspect.isclass(probe) else type(probe)
+    if issubclass(cls, Task):
+        return "pairs" in cls.capabilities
+    return True
+
+
+def probe_code_error(e: BaseException, cls: type, spec: str, what: str) -> ProbeError:
+    """A one-line ProbeError for an error raised while ``what`` ran: the probe file's function and line
+    where it failed, when it failed in the probe's own file."""
+    try:
+        source = inspect.getsourcefile(cls)
+    except TypeError:
+        source = None
+    inside = [f for f in traceback.extract_tb(e.__traceback__)
+              if source is not None and Path(f.filename).resolve() == Path(source).resolve()]
+    detail = f"{type(e).__name__}: {' '.join(str(e).split())}"
+    if inside and spec not in BUILTIN_PROBES:
+        return ProbeError(f"{source}: {inside[-1].name}() failed at line {inside[-1].lineno} ({detail})")
+    return ProbeError(f"--probe {spec}: {what} failed ({detail})")
+
+
+def check_probe(probe: Probe, d_vocab: int, n_pairs: int = 16) -> None:
+    """What the analyses read of a built probe, on a sample: ``[N, seq]`` integer tokens in the vocabulary,
+    ``[N, seq, seq]`` detection patterns, and prompt pairs whose tokens lie in the vocabulary; else a
+    one-line ProbeError."""
+    if type(probe).probe_tokens is Probe.probe_tokens and not hasattr(probe, "tokens"):
+        raise ProbeError(f"probe {probe.probe_name}: missing tokens or probe_tokens() (its [N, seq] token ids)")
+    tokens = probe.probe_tokens()
+    if not isinstance(tokens, Tensor) or tokens.dim() != 2 or tokens.dtype not in (torch.long, torch.int):
+        got = f"{tokens.dtype} {list(tokens.shape)}" if isinstance(tokens, Tensor) else type(tokens).__name__
+        raise ProbeError(f"probe {probe.probe_name}: its tokens must be an [N, seq] tensor of token ids, got {got}")
     probe.check_vocab(d_vocab)
+    scored = probe.scored_tokens()
+    for name, pattern in probe.detection_patterns(scored).items():
+        if not isinstance(pattern, Tensor) or tuple(pattern.shape) != (len(scored), scored.shape[1], scored.shape[1]):
+            got = list(pattern.shape) if isinstance(pattern, Tensor) else type(pattern).__name__
+            raise ProbeError(f"probe {probe.probe_name}: detection pattern {name!r} must be [N, seq, seq] = "
+                             f"{[len(scored), scored.shape[1], scored.shape[1]]}, got {got}")
+    if offers_pairs(probe):
+        pairs = probe.prompt_pairs(n_pairs, 0)  # type: ignore[attr-defined]
+        if not isinstance(pairs, PromptPairs):
+            raise ProbeError(f"probe {probe.probe_name}: prompt_pairs() must return a plateauscope.PromptPairs, "
+                             f"got {type(pairs).__name__}")
+        for part in ("clean", "corrupt", "clean_answer", "corrupt_answer"):
+            ids = getattr(pairs, part)
+            if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= d_vocab):
+                raise ProbeError(f"probe {probe.probe_name}: the prompt pairs' {part} token ids "
+                                 f"{int(ids.min())}..{int(ids.max())} fall outside the model's vocabulary of "
+                                 f"{d_vocab} tokens")
+
+
+def build_probe(spec: str, d_vocab: int, n_ctx: int, seed: int = 0, **options: Any) -> Probe:
+    """The probe ``spec`` built for a model (``options``: the probe's own, e.g. ``segment_len``), checked
+    against the vocabulary (:func:`check_probe`)."""
+    cls = probe_class(spec)
+    try:
+        probe = cls.for_model(d_vocab, n_ctx, seed, **options)
+        check_probe(probe, d_vocab)
+    except ProbeError:
+        raise
+    except Exception as e:  # noqa: BLE001 - a probe file's code can fail in any way; say where
+        raise probe_code_error(e, cls, spec, f"{cls.__name__}.for_model({', '.join(options) or ''})") from None
     return probe
 
 
