@@ -110,6 +110,11 @@ class HalfATask(Task, Probe):  # the task's abstract members left out
 
 class NotAProbe:
     pass
+
+
+class GapFails(CopyPairs):  # builds and checks, then fails on a model at the first checkpoint
+    def loss_gap(self, model):
+        return 1 / 0
 '''
 
 
@@ -231,6 +236,7 @@ def test_a_probe_that_subclasses_a_task_runs_under_its_own_name(imported, probe_
                       "plateauscope.Task"),
     ("NotAProbe", [], "my_probes.py:NotAProbe: a probe must subclass plateauscope.Probe"),
     ("Nowhere", [], "my_probes.py: no class 'Nowhere' in it"),
+    ("GapFails", [], "my_probes.py: loss_gap() failed at line"),
 ])
 def test_a_broken_probe_file_is_one_line_and_writes_nothing(imported, probe_file, capsys, spec, extra, match):
     _, chosen, run = imported

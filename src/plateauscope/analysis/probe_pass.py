@@ -28,7 +28,14 @@ from plateauscope.analysis.changepoint import ChangePointRule, change_point
 from plateauscope.analysis.patch import patch
 from plateauscope.analysis.results import analysis_dir, pick_steps, write_json_result
 from plateauscope.runs.series import ImportedSeries
-from plateauscope.tasks.probe import build_probe, offers_pairs, probe_class
+from plateauscope.tasks.probe import (
+    BUILTIN_PROBES,
+    ProbeError,
+    build_probe,
+    offers_pairs,
+    probe_class,
+    probe_code_error,
+)
 
 HEAD_THRESHOLD = 0.4
 """A head is named (an induction head, a previous-token head) where its score at the last step is above this."""
@@ -71,6 +78,19 @@ def named_heads(scores: torch.Tensor, threshold: float = HEAD_THRESHOLD) -> list
     return [(i // n_heads, i % n_heads) for i in order if scores.flatten()[i] > threshold]
 
 
+def _probe_call(call: Callable[[], Any], built: Any, spec: str, what: str) -> Any:
+    """``call()``; an error raised in a probe of one's own is one line naming its file and line (a built-in
+    probe's error is the toolkit's: raised as it is)."""
+    try:
+        return call()
+    except ProbeError:
+        raise
+    except Exception as e:
+        if spec in BUILTIN_PROBES:
+            raise
+        raise probe_code_error(e, type(built), spec, what) from None
+
+
 def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[int] | None = None, every: int = 1,
                      device: str = "cpu", patching: bool = True, progress: bool = True,
                      rule: ChangePointRule | None = None, n_pairs: int = 64, on_step: Callable[[int], None] | None = None,
@@ -90,8 +110,9 @@ def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[
         model = series.model(step, device, reuse=model)
         if built is None:
             built = build_probe(probe, model.cfg.d_vocab, model.cfg.n_ctx, **probe_options)
-            pairs = built.prompt_pairs(n_pairs, 0) if patching and offers_pairs(built) else None
-        scores, gap = built.signals(model)
+            pairs = (_probe_call(lambda: built.prompt_pairs(n_pairs, 0), built, probe, "prompt_pairs")
+                     if patching and offers_pairs(built) else None)
+        scores, gap = _probe_call(lambda: built.signals(model), built, probe, "head_scores / loss_gap")
         patched = patch(model, pairs, "heads").normalised.tolist() if pairs is not None else None
         records.append(ProbeStep(step, {k: v.tolist() for k, v in scores.items()}, gap, patched))
         if on_step is not None:
