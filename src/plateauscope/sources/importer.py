@@ -24,6 +24,7 @@ from plateauscope.sources.found import FoundCheckpoint, SourceError
 from plateauscope.sources.hf_folder import read_hf_folder
 from plateauscope.sources.nanogpt import nanogpt_files, read_nanogpt
 from plateauscope.sources.selection import select_steps
+from plateauscope.sources.tl_checkpoint import is_transformer_lens_source, read_transformer_lens
 
 log = logging.getLogger(__name__)
 
@@ -44,9 +45,12 @@ class ImportResult:
 
 
 def find_checkpoints(source: Path) -> list[FoundCheckpoint]:
-    """The checkpoints of a source: a folder of Hugging Face checkpoints, or nanoGPT ``.pt`` files."""
+    """The checkpoints of a source: a folder of Hugging Face checkpoints, nanoGPT ``.pt`` files, or
+    TransformerLens state dicts (:mod:`plateauscope.sources.tl_checkpoint`)."""
     if not source.exists():
         raise SourceError(f"{source}: no such file or folder")
+    if is_transformer_lens_source(source):
+        return read_transformer_lens(source)
     if source.is_file() or (nanogpt_files(source) and not (source / "config.json").is_file()
                             and not any(source.rglob("config.json"))):
         if source.suffix != ".pt" and source.is_file():
@@ -97,7 +101,7 @@ def import_series(source: str | Path, out: str | Path, every: int = 1, steps: li
     first = found[0]
     for c in found:  # the quick checks, before the long pass
         try:
-            check_weights_file(c.file, c.format)
+            check_weights_file(c.file, c.format, c.hf_config)
         except RunError as e:
             raise SourceError(str(e)) from None
     with tempfile.TemporaryDirectory() as config_dir:
@@ -109,7 +113,7 @@ def import_series(source: str | Path, out: str | Path, every: int = 1, steps: li
                 raise
             raise SourceError(f"{first.config_file}: the model cannot be built ({' '.join(str(e).split())[:200]})") from None
     try:  # the first checkpoint fits the model, before the long pass
-        load_causal_lm_state(model, decode_weights(first.file.read_bytes(), first.format, first.file))
+        load_causal_lm_state(model, decode_weights(first.file.read_bytes(), first.format, first.file, first.hf_config))
     except BackendError as e:
         raise SourceError(f"{first.file}: {e}") from None
     written: list[SeriesCheckpoint] = []
@@ -122,7 +126,7 @@ def import_series(source: str | Path, out: str | Path, every: int = 1, steps: li
             raise SourceError(f"{c.file}: cannot be read ({e.strerror})") from None
         digest = hashlib.sha256(data).hexdigest()
         try:
-            load_causal_lm_state(model, decode_weights(data, c.format, c.file))
+            load_causal_lm_state(model, decode_weights(data, c.format, c.file, c.hf_config))
         except BackendError as e:
             raise SourceError(f"{c.file}: {e}") from None
         if digest in by_hash:
