@@ -20,6 +20,7 @@ from plateauscope.cli import main as cli_main
 from plateauscope.runs.series import ImportedSeries
 from plateauscope.sources.found import SourceError
 from plateauscope.sources.importer import import_series
+from plateauscope.sources.tl_checkpoint import file_step
 from tests.sources.series_builders import SEGMENT, repeated_tokens, train_hf_series
 
 TL_FIELDS = dict(n_layers=2, d_model=32, n_heads=2, d_head=16, d_mlp=128, n_ctx=32, d_vocab=24, act_fn="gelu",
@@ -275,6 +276,7 @@ def test_a_folded_state_dict_or_a_missing_config_is_one_line(tmp_path, capsys):
     _one_line_error([str(source), "--out", str(tmp_path / "out")], capsys, "no LayerNorm weights")
     (source / "model_0.pt").unlink()
     torch.save(_hooked_state(0), source / "final.pt")
+    assert file_step(source / "run2_model_300.pt") == 300
     with pytest.raises(SourceError, match="cannot read its step"):
         import_series(source, tmp_path / "out")
     assert not (tmp_path / "out").exists()
