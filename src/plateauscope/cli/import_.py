@@ -2,7 +2,9 @@
 
 SOURCE is a folder of Hugging Face checkpoints (Trainer's checkpoint-N/, or any subfolders with
 config.json and model.safetensors or pytorch_model.bin; the step is trainer_state.json's global_step,
-else the last number in the folder's name) or nanoGPT ckpt.pt files (the step is iter_num). Nothing is
+else the last number in the folder's name), nanoGPT ckpt.pt files (the step is iter_num), or TransformerLens
+state dicts of a GPT-2-style model (HookedTransformer's or tools.training's model_N.pt, .pth or .safetensors,
+with the config's fields as cfg.json beside them; the step is the last number in the file's name). Nothing is
 copied: RUN/series.json lists each file with its step, SHA-256 (checked on every read), format,
 architecture and tokenizer. Every chosen checkpoint is read and checked first: a truncated file, a .pt
 that needs code to unpickle (refused, never loaded), a folder that mixes architectures or an
@@ -40,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``plateauscope import``."""
     p = OneLineParser(prog="plateauscope import", description=__doc__.split("\n\n")[0],
                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("source", type=Path, metavar="SOURCE", help="the series: a checkpoint folder or nanoGPT .pt files")
+    p.add_argument("source", type=Path, metavar="SOURCE", help="the series: a checkpoint folder, nanoGPT .pt files or TransformerLens state dicts")
     p.add_argument("--out", type=Path, required=True, help="the run directory to write (new or empty)")
     p.add_argument("--every", type=int, default=1, help="import every N-th checkpoint (the last always)")
     p.add_argument("--steps", help="import these steps only, comma-separated (e.g. 0,100,200)")
