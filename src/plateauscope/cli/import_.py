@@ -2,7 +2,9 @@
 
 SOURCE is a folder of Hugging Face checkpoints (Trainer's checkpoint-N/, or any subfolders with
 config.json and model.safetensors or pytorch_model.bin; the step is trainer_state.json's global_step,
-else the last number in the folder's name), nanoGPT ckpt.pt files (the step is iter_num), or
+else the last number in the folder's name), nanoGPT ckpt.pt files (the step is iter_num), TransformerLens
+state dicts of a GPT-2-style model (HookedTransformer's or tools.training's model_N.pt, .pth or .safetensors,
+with the config's fields as cfg.json beside them; the step is the last number in the file's name), or
 hf-cache:ORG/NAME, the step revisions of a model in the local Hugging Face cache ($HF_HUB_CACHE, else
 $HF_HOME/hub; nothing is downloaded): Pythia's stepN and OLMo's stepN-tokensM (the step is N), every one
 cached or those --revisions names. Nothing is copied: RUN/series.json lists each file with its step,
@@ -45,8 +47,9 @@ def build_parser() -> argparse.ArgumentParser:
     """The command line of ``plateauscope import``."""
     p = OneLineParser(prog="plateauscope import", description=__doc__.split("\n\n")[0],
                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
-    p.add_argument("source", metavar="SOURCE", help="the series: a checkpoint folder, nanoGPT .pt files, or "
-                                                    "hf-cache:ORG/NAME (step revisions in the local Hugging Face cache)")
+    p.add_argument("source", metavar="SOURCE", help="the series: a checkpoint folder, nanoGPT .pt files, TransformerLens "
+                                                    "state dicts, or hf-cache:ORG/NAME (step revisions in the local "
+                                                    "Hugging Face cache)")
     p.add_argument("--out", type=Path, required=True, help="the run directory to write (new or empty)")
     p.add_argument("--every", type=int, default=1, help="import every N-th checkpoint (the last always)")
     p.add_argument("--steps", help="import these steps only, comma-separated (e.g. 0,100,200)")

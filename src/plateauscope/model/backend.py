@@ -539,6 +539,7 @@ def boot_causal_lm(config_dir: str, device: str | torch.device = "cpu", tokenize
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():  # the draw is replaced: keep the RNG
         warnings.simplefilter("ignore")
         hf_model = AutoModelForCausalLM.from_config(config).to(device)
+        _add_lm_head_bias(hf_model, config)
         hf_tensors = dict(hf_model.state_dict(keep_vars=True))  # before the bridge wraps the modules
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True) if tokenizer_dir else None
         with _no_tokenizer_search(tokenizer is None):
@@ -550,6 +551,20 @@ def boot_causal_lm(config_dir: str, device: str | torch.device = "cpu", tokenize
     _HF_RENAME[bridge] = _checkpoint_renaming(hf_model, hf_tensors)
     _HF_CACHE_EXACT[bridge] = _hf_cache_is_exact(bridge.eval())
     return bridge
+
+
+LM_HEAD_BIAS = "plateauscope_lm_head_bias"
+"""A config field of an imported series: the unembedding has a bias, which Hugging Face's GPT-2 lacks
+(TransformerLens trains ``unembed.b_U``; :mod:`plateauscope.sources.tl_checkpoint`)."""
+
+
+def _add_lm_head_bias(hf_model: torch.nn.Module, config: Any) -> None:
+    """Give the model's ``lm_head`` a trainable bias (zeros) where its config's :data:`LM_HEAD_BIAS` asks for one;
+    the bridge runs ``lm_head``'s own forward, so the bias reaches the logits."""
+    head = hf_model.get_output_embeddings()
+    if getattr(config, LM_HEAD_BIAS, False) and isinstance(head, torch.nn.Linear) and head.bias is None:
+        head.bias = torch.nn.Parameter(torch.zeros(head.out_features, device=head.weight.device,
+                                                   dtype=head.weight.dtype))
 
 
 _HF_RENAME: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -41,9 +41,12 @@ from plateauscope.runs.files import (
     write_json_atomic,
 )
 
-WEIGHT_FORMATS: tuple[str, ...] = ("safetensors", "torch", "nanogpt")
+WEIGHT_FORMATS: tuple[str, ...] = ("safetensors", "torch", "nanogpt", "transformer_lens", "transformer_lens.safetensors")
 """How a checkpoint's file is read: ``safetensors``; ``torch``: a ``torch.save``'d Hugging Face state dict
-(``pytorch_model.bin``); ``nanogpt``: nanoGPT's ``ckpt.pt`` (its ``model`` entry, GPT-2 layout)."""
+(``pytorch_model.bin``); ``nanogpt``: nanoGPT's ``ckpt.pt`` (its ``model`` entry, GPT-2 layout);
+``transformer_lens`` / ``transformer_lens.safetensors``: a TransformerLens state dict (HookedTransformer's
+``blocks.0.attn.W_Q`` layout, or a TransformerBridge's ``blocks.0.attn.q.weight``) of a GPT-2-style model,
+``torch.save``'d or as safetensors, converted to Hugging Face's GPT-2 (:func:`transformer_lens_to_gpt2`)."""
 
 
 @dataclass(frozen=True)
@@ -72,9 +75,14 @@ def file_sha256(path: str | os.PathLike) -> str:
     return digest.hexdigest()
 
 
-def decode_weights(data: bytes, fmt: str, name: str | os.PathLike) -> dict[str, torch.Tensor]:
+def decode_weights(data: bytes, fmt: str, name: str | os.PathLike,
+                   hf_config: dict[str, Any] | None = None) -> dict[str, torch.Tensor]:
     """A Hugging Face state dict from a checkpoint file's bytes, never unpickling code; a file that is
-    truncated, not of its format, or that would need code to unpickle is a one-line RunError naming ``name``."""
+    truncated, not of its format, or that would need code to unpickle is a one-line RunError naming ``name``.
+    ``hf_config``: the series' Hugging Face config (the TransformerLens formats read its head count)."""
+    if fmt.startswith("transformer_lens"):
+        state = decode_weights(data, fmt.removeprefix("transformer_lens").lstrip(".") or "torch", name)
+        return transformer_lens_to_gpt2(state, (hf_config or {}).get("n_head"), name)
     if fmt == "safetensors":
         try:
             return load_safetensors(data)
@@ -98,14 +106,15 @@ def decode_weights(data: bytes, fmt: str, name: str | os.PathLike) -> dict[str, 
     return obj
 
 
-def weight_shapes(path: str | os.PathLike, fmt: str, data: bytes | None = None) -> dict[str, tuple[int, ...]]:
+def weight_shapes(path: str | os.PathLike, fmt: str, data: bytes | None = None,
+                  hf_config: dict[str, Any] | None = None) -> dict[str, tuple[int, ...]]:
     """The tensor names and shapes of a checkpoint file (``data``: its bytes, else read from ``path``): a
     safetensors file's from its header, its length checked against the header (a truncated file), without
-    decoding the tensors; any other format's decoded (a file that needs code to unpickle is refused). A
-    one-line RunError naming the file."""
+    decoding the tensors; any other format's decoded (a file that needs code to unpickle is refused;
+    ``hf_config`` as for :func:`decode_weights`). A one-line RunError naming the file."""
     path = Path(path)
     if fmt != "safetensors":
-        return {k: tuple(v.shape) for k, v in decode_weights(path.read_bytes() if data is None else data, fmt, path).items()}
+        return {k: tuple(v.shape) for k, v in decode_weights(path.read_bytes() if data is None else data, fmt, path, hf_config).items()}
     try:
         if data is None:
             with open(path, "rb") as f:
@@ -142,6 +151,84 @@ def nanogpt_to_hf(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         bias = key.removesuffix(".weight") + ".bias"  # bias=False: zero biases, Conv1D's [in, out] or LayerNorm's
         if bias not in out:
             out[bias] = torch.zeros(out[key].shape[-1], dtype=out[key].dtype)
+    return out
+
+
+_TL_BUFFERS = (".mask", ".IGNORE")
+"""HookedTransformer's attention buffers (the causal mask, its fill value): rebuilt by every model, not weights."""
+_TL_TOP = {"embed.W_E": "transformer.wte.weight", "pos_embed.W_pos": "transformer.wpe.weight",
+           "ln_final.w": "transformer.ln_f.weight", "ln_final.b": "transformer.ln_f.bias"}
+_TL_BLOCK = {"ln1.w": "ln_1.weight", "ln1.b": "ln_1.bias", "ln2.w": "ln_2.weight", "ln2.b": "ln_2.bias",
+             "attn.b_O": "attn.c_proj.bias", "mlp.W_in": "mlp.c_fc.weight", "mlp.b_in": "mlp.c_fc.bias",
+             "mlp.W_out": "mlp.c_proj.weight", "mlp.b_out": "mlp.c_proj.bias"}
+"""HookedTransformer's names -> GPT-2's, for the tensors that keep their layout (``Conv1D`` is ``[in, out]``
+like HookedTransformer's ``W_in`` / ``W_out``)."""
+_TL_PER_HEAD = ("attn.W_Q", "attn.W_K", "attn.W_V", "attn.b_Q", "attn.b_K", "attn.b_V", "attn.W_O")
+
+
+def _hooked_layout(state: dict[str, torch.Tensor], n_heads: int | None, name: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """A TransformerLens state dict in HookedTransformer's layout: as it is, or a TransformerBridge's
+    (``blocks.0.attn.q.weight``, what TransformerLens 4's ``tools.training`` saves of a ``boot_native``
+    model) rearranged by :func:`plateauscope.model.backend._bridge_in_hooked_layout`."""
+    if "embed.W_E" in state or "embed.weight" not in state:
+        return state
+    from plateauscope.model.backend import _bridge_in_hooked_layout
+
+    if not n_heads:
+        raise RunError(f"{name}: a TransformerBridge state dict needs its config's head count to be read")
+    try:
+        return _bridge_in_hooked_layout(state.items(), n_heads)
+    except (KeyError, ValueError) as e:
+        raise RunError(f"{name}: not a TransformerLens GPT-2-style state dict (cannot read {_one_line(e)}; "
+                       "supported: LayerNorm, learned positions, MLP, one K/V per head)") from None
+
+
+def transformer_lens_to_gpt2(state: dict[str, torch.Tensor], n_heads: int | None,
+                             name: str | os.PathLike) -> dict[str, torch.Tensor]:
+    """A TransformerLens state dict of a GPT-2-style model (LayerNorm, learned absolute positions, an MLP in
+    every block, one key and value per head) in Hugging Face's ``GPT2LMHeadModel`` layout, exactly:
+    ``W_Q``/``W_K``/``W_V`` ``[n_heads, d_model, d_head]`` -> ``c_attn.weight`` ``[d_model, 3 * d_model]``,
+    ``W_O`` ``[n_heads, d_head, d_model]`` -> ``c_proj.weight`` ``[d_model, d_model]``, ``W_U`` -> ``lm_head.weight``
+    transposed and ``b_U`` -> ``lm_head.bias`` (the series' config adds that bias to GPT-2). Anything else (rotary
+    tables, grouped K/V, gates, a model folded without its LayerNorm weights) is a one-line RunError naming ``name``."""
+    state = {k: v for k, v in _hooked_layout(state, n_heads, name).items() if not k.endswith(_TL_BUFFERS)}
+    if "blocks.0.attn.W_Q" in state and "blocks.0.ln1.w" not in state:
+        raise RunError(f"{name}: no LayerNorm weights (blocks.0.ln1.w): a folded model (fold_ln) or one without "
+                       "LayerNorm cannot be mapped back to GPT-2 exactly; save the unfolded model's state dict")
+    out: dict[str, torch.Tensor] = {}
+    per_head: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if key in _TL_TOP:
+            out[_TL_TOP[key]] = value
+        elif key == "unembed.W_U":
+            out["lm_head.weight"] = value.t().contiguous()
+        elif key == "unembed.b_U":
+            out["lm_head.bias"] = value
+        elif key.startswith("blocks.") and key.split(".", 2)[-1] in _TL_BLOCK:
+            _, layer, rest = key.split(".", 2)
+            out[f"transformer.h.{layer}.{_TL_BLOCK[rest]}"] = value
+        elif key.startswith("blocks.") and key.split(".", 2)[-1] in _TL_PER_HEAD:
+            per_head[key] = value
+        else:
+            raise RunError(f"{name}: {key} has no GPT-2 counterpart (supported: LayerNorm, learned positions, "
+                           "an MLP in every block, one key and value per head; not rotary, RMSNorm, grouped K/V, "
+                           "gated MLPs)")
+    layers = sorted({int(k.split(".")[1]) for k in per_head})
+    for layer in layers:
+        p = f"blocks.{layer}.attn."
+        try:
+            q, k, v = (per_head[p + w] for w in ("W_Q", "W_K", "W_V"))
+            biases = [per_head[p + b] for b in ("b_Q", "b_K", "b_V")]
+            w_o = per_head[p + "W_O"]
+        except KeyError as e:
+            raise RunError(f"{name}: {e.args[0]} is missing") from None
+        if not q.shape == k.shape == v.shape or q.dim() != 3:
+            raise RunError(f"{name}: {p}W_K has shape {tuple(k.shape)}, W_Q {tuple(q.shape)}: grouped or shared "
+                           "keys and values have no GPT-2 counterpart")
+        h = f"transformer.h.{layer}.attn."
+        out[h + "c_attn.weight"] = torch.cat([w.permute(1, 0, 2).reshape(w.shape[1], -1) for w in (q, k, v)], dim=1)
+        out[h + "c_attn.bias"] = torch.cat([b.reshape(-1) for b in biases])
+        out[h + "c_proj.weight"] = w_o.reshape(-1, w_o.shape[-1]).contiguous()
     return out
 
 
@@ -190,6 +277,7 @@ class ImportedSeries:
         self.source: str = raw.get("source", "")
         self.notes: list[str] = raw.get("notes", [])
         self.checkpoints: dict[int, SeriesCheckpoint] = {c.step: c for c in found}
+        self._hf_config: dict[str, Any] | None = None
 
     @property
     def steps(self) -> list[int]:
@@ -208,8 +296,10 @@ class ImportedSeries:
 
     @property
     def hf_config(self) -> dict[str, Any]:
-        """The series' Hugging Face config."""
-        return json.loads((self.path / MODEL_CONFIG_DIR / "config.json").read_text())
+        """The series' Hugging Face config (read once)."""
+        if self._hf_config is None:
+            self._hf_config = json.loads((self.path / MODEL_CONFIG_DIR / "config.json").read_text())
+        return self._hf_config
 
     def checkpoint(self, step: int) -> SeriesCheckpoint:
         """The manifest's entry of ``step``, or a one-line RunError naming the steps that exist."""
@@ -226,6 +316,7 @@ class ImportedSeries:
     def state(self, step: int) -> dict[str, torch.Tensor]:
         """The weights of ``step`` (a Hugging Face state dict), checked against the manifest's SHA-256."""
         entry = self.checkpoint(step)
+        config = self.hf_config if entry.format.startswith("transformer_lens") else None
         try:
             data = Path(entry.file).read_bytes()
         except OSError as e:
@@ -233,7 +324,7 @@ class ImportedSeries:
         if hashlib.sha256(data).hexdigest() != entry.sha256:
             raise RunError(f"{entry.file}: changed since it was imported (its SHA-256 differs from "
                            f"{self.path / SERIES_FILE})")
-        return decode_weights(data, entry.format, entry.file)
+        return decode_weights(data, entry.format, entry.file, config)
 
     def build_model(self, device: str | torch.device = "cpu") -> Model:
         """The series' one model (weights not yet loaded)."""

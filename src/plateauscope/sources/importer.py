@@ -26,6 +26,7 @@ from plateauscope.sources.hf_cache import is_hf_cache_source, read_hf_cache
 from plateauscope.sources.hf_folder import read_hf_folder
 from plateauscope.sources.nanogpt import nanogpt_files, read_nanogpt
 from plateauscope.sources.selection import select_steps
+from plateauscope.sources.tl_checkpoint import is_transformer_lens_source, read_transformer_lens
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +47,9 @@ class ImportResult:
 
 
 def find_checkpoints(source: str | Path, revisions: list[str] | None = None) -> list[FoundCheckpoint]:
-    """The checkpoints of a source: a folder of Hugging Face checkpoints, nanoGPT ``.pt`` files, or
-    ``hf-cache:ORG/NAME``, the step revisions of a model in the local Hugging Face cache (``revisions``:
-    these only; :mod:`plateauscope.sources.hf_cache`)."""
+    """The checkpoints of a source: a folder of Hugging Face checkpoints, nanoGPT ``.pt`` files, TransformerLens
+    state dicts (:mod:`plateauscope.sources.tl_checkpoint`), or ``hf-cache:ORG/NAME``, the step revisions of a
+    model in the local Hugging Face cache (``revisions``: these only; :mod:`plateauscope.sources.hf_cache`)."""
     if is_hf_cache_source(source):
         return read_hf_cache(str(source), revisions)
     if revisions is not None:
@@ -57,6 +58,8 @@ def find_checkpoints(source: str | Path, revisions: list[str] | None = None) -> 
     source = Path(source)
     if not source.exists():
         raise SourceError(f"{source}: no such file or folder")
+    if is_transformer_lens_source(source):
+        return read_transformer_lens(source)
     if source.is_file() or (nanogpt_files(source) and not (source / "config.json").is_file()
                             and not any(source.rglob("config.json"))):
         if source.suffix != ".pt" and source.is_file():
@@ -110,7 +113,7 @@ def import_series(source: str | Path, out: str | Path, every: int = 1, steps: li
     first = found[0]
     for c in found:  # the quick checks, before the long pass
         try:
-            weight_shapes(c.file, c.format)
+            weight_shapes(c.file, c.format, hf_config=c.hf_config)
         except RunError as e:
             raise SourceError(str(e)) from None
     with tempfile.TemporaryDirectory() as config_dir:
@@ -131,7 +134,7 @@ def import_series(source: str | Path, out: str | Path, every: int = 1, steps: li
             raise SourceError(f"{c.file}: cannot be read ({e.strerror})") from None
         digest = hashlib.sha256(data).hexdigest()
         try:  # the names and shapes fit the model (a safetensors file's from its header)
-            check_causal_lm_shapes(model, weight_shapes(c.file, c.format, data))
+            check_causal_lm_shapes(model, weight_shapes(c.file, c.format, data, c.hf_config))
         except BackendError as e:
             raise SourceError(f"{c.file}: {e}") from None
         except RunError as e:
