@@ -263,3 +263,13 @@ class Run:
             self._task = task_class(self.config.task_name).from_records(
                 self.config.task, read_jsonl(self.path / DATASET_FILE))
         return self._task
+
+
+def trained_run(path: str | os.PathLike, what: str) -> Run:
+    """The run at ``path`` for an analysis ``what`` that needs the training data (its data set, its training
+    loss, its config): an imported run (``plateauscope import``) is a one-line
+    :class:`~plateauscope.runs.imported.ImportedRunError` saying so."""
+    run = Run(path)
+    if is_imported(run.path):
+        raise run.needs_training(what)  # type: ignore[attr-defined]
+    return run
