@@ -1,0 +1,134 @@
+"""Every analysis that does not need the training data, on an imported GPT-NeoX series (rotary embeddings,
+parallel attention and MLP): ``plateauscope analyze``, the report, the time view and ``ps.Run``; one number
+checked against TransformerLens's own patching, the probe's evaluation against Hugging Face's forward, and
+the Hessian refused in one line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from transformer_lens import patching
+
+import plateauscope as ps
+from plateauscope.analysis.analyze import load_analysis
+from plateauscope.analysis.edges import EdgeGraph
+from plateauscope.analysis.inputs import last_logit_diff, prompt_pairs
+from plateauscope.analysis.results import analysis_dir
+from plateauscope.runs.imported import PROBE_FILE, PROBE_METRICS_FILE, ImportedRun
+from plateauscope.runs.run import Run
+from plateauscope.sources.importer import import_series
+from tests.sources.series_builders import SEGMENT
+
+STEPS = (0, 60, 120)
+N_EXAMPLES = 16
+
+
+@pytest.fixture(scope="module")
+def analysed(neox_series, tmp_path_factory):
+    """The imported series analysed at three steps with small settings (the CLI, as a user runs it)."""
+    from plateauscope.cli.analyze import main
+
+    source, _ = neox_series
+    run = import_series(source, tmp_path_factory.mktemp("imported") / "run").path
+    argv = ["--run", str(run), "--steps", *map(str, STEPS), "--probe-length", str(SEGMENT),
+            "--n-examples", str(N_EXAMPLES), "--ablation-groups", "2", "--n-exact", "2", "--circuit-pairs", "8",
+            "--n-exact-edges", "8", "--no-progress", "--workers", "1"]
+    assert main(argv) == 0
+    return source, run
+
+
+def test_analyze_runs_every_analysis_on_the_probe(analysed):
+    _, run = analysed
+    folder = analysis_dir(run)
+    assert json.loads((folder / PROBE_FILE).read_text()) == {"probe": "induction", "options": {"segment_len": SEGMENT}}
+    cache = load_analysis(run)
+    for name in ("attention", "attribution", "edges", "measures", "patterns"):  # the cheap pass: every step
+        assert [r["step"] for r in cache[name]] == list(STEPS), name
+    for name in ("patch", "circuit", "ablation", "edge_circuit", "edge_exact"):  # the expensive pass: landmarks
+        assert cache[name], name
+    routing = cache["routing"]
+    assert routing is not None and routing["plan"]["steps"]
+    metrics = Run(run).metrics()
+    assert [r["step"] for r in metrics] == list(STEPS)
+    assert all("loss" not in r for r in metrics)  # no training loss is made up
+    assert routing["tau"] == next(r["step"] for r in metrics if r["repeat_loss"] < 0.5 * Run(run).progress.height)
+
+
+def test_head_patching_equals_transformer_lens(analysed):
+    _, run = analysed
+    imported = Run(run)
+    record = load_analysis(run)["patch"][-1]
+    model = imported.model(record["step"])
+    pairs = prompt_pairs(imported.task(), N_EXAMPLES, 0)
+    _, clean_cache = model.run_with_cache(pairs.clean)
+
+    def metric(logits: torch.Tensor) -> torch.Tensor:
+        return last_logit_diff(logits[:, pairs.pred_pos], pairs)
+
+    expected = patching.get_act_patch_attn_head_out_all_pos(model, pairs.corrupt, clean_cache, metric)
+    assert torch.allclose(torch.tensor(record["heads"]["raw"]), expected.float(), atol=1e-4)
+    assert expected.abs().max() > 0.1  # the heads matter at the last step: the check can fail
+
+
+def test_the_probe_evaluation_is_hugging_faces(analysed):
+    from transformers import AutoModelForCausalLM
+
+    source, run = analysed
+    imported = Run(run)
+    task, tc = imported.task(), imported.config.train
+    evalset = task.build_evalset(tc.eval_groups, tc.tracked_groups, tc.seed)
+    hf = AutoModelForCausalLM.from_pretrained(source / f"checkpoint-{STEPS[-1]}").eval()
+    with torch.no_grad():
+        logp = hf(evalset.repeats[:, : task.input_len]).logits.log_softmax(-1)
+    pos = torch.tensor(task.loss_positions)
+    target = evalset.repeats[:, pos + 1]
+    repeat_loss = -logp[:, pos].gather(-1, target[..., None]).mean()
+    assert imported.metrics()[-1]["repeat_loss"] == pytest.approx(float(repeat_loss), abs=1e-4)
+
+
+def test_the_edge_graph_of_parallel_attention(analysed):
+    _, run = analysed
+    graph = EdgeGraph.of(Run(run).model(0))
+    assert graph.parallel
+    names = graph.edge_names()
+    assert not any(e["sender"].startswith("L0H") and e["receiver"] == "MLP0" for e in names)  # it reads the layer's input
+    assert any(e["sender"].startswith("L0H") and e["receiver"] == "MLP1" for e in names)
+    assert len(names) == len(EdgeGraph(2, 2, True).edges) - 2 * 2  # the two layers' heads -> their own MLP: gone
+
+
+def test_report_and_view_render(analysed):
+    from plateauscope.cli.report import main as report
+    from plateauscope.cli.view import main as view
+
+    _, run = analysed
+    assert report(["--run", str(run)]) == 0
+    assert view(["--run", str(run)]) == 0
+    text = (run / "report.html").read_text()
+    assert "imported series of GPTNeoXForCausalLM" in text and "the probe&#x27;s own sequences" in text
+    assert "tau at thresholds" not in text  # summary.json's, which an imported run has none of
+    assert "training loss (nats" not in text  # no curve of a training loss it does not have
+    view_text = (run / "view.html").read_text()
+    assert f"{run.name}: the circuit over training" in view_text and "repeat loss" in view_text
+
+
+def test_ps_run_in_a_notebook(analysed):
+    _, run = analysed
+    notebook = ps.Run(run)
+    assert isinstance(notebook, ImportedRun) and isinstance(notebook, ps.Run)
+    assert notebook.summary is None and notebook.steps[0] == 0
+    analysis = notebook.analysis()
+    assert [r.step for r in analysis.attention] == list(STEPS)
+    assert (analysis_dir(run) / PROBE_METRICS_FILE).exists()
+    model = notebook.model(STEPS[-1])
+    assert model.cfg.n_layers == notebook.config.model.n_layers == 2
+
+
+def test_the_hessian_says_why_not(analysed, capsys):
+    from plateauscope.cli.hessian import main as hessian
+
+    _, run = analysed
+    assert hessian(["--run", str(run)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no training data" in err and "Hessian" in err
