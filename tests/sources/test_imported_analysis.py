@@ -131,4 +131,4 @@ def test_the_hessian_says_why_not(analysed, capsys):
     _, run = analysed
     assert hessian(["--run", str(run)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "no training data" in err and "Hessian" in err
+    assert len(err.splitlines()) == 1 and "needs the training data" in err and "Hessian" in err

@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import inspect
 import json
+import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,6 +44,7 @@ from plateauscope.runs.files import (
     read_json,
     read_jsonl,
     write_json_atomic,
+    write_text_atomic,
 )
 from plateauscope.runs.run import Run
 from plateauscope.runs.series import ImportedSeries
@@ -57,6 +59,11 @@ EVAL_SEQUENCES = 64
 NOT_TRAINING_KEYS = ("loss",)
 """Fields of the task's evaluation dropped from an imported run's metrics: ``loss`` is the training loss in a
 run trained here (its figures say so); on a probe it would be the probe's, so it is left out."""
+
+
+def _finite(record: dict[str, Any]) -> dict[str, Any]:
+    """``record`` with NaN and infinite floats as None (strict JSON)."""
+    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in record.items()}
 
 
 class ImportedRunError(RunError):
@@ -180,8 +187,6 @@ class ImportedRun(Run):
                  on_step: Callable[[int], None] | None = None) -> list[dict]:
         """The probe's evaluation (its task's ``evaluate``, less :data:`NOT_TRAINING_KEYS`) at each of ``steps``
         that has none for this probe, appended to ``RUN/analysis/probe_metrics.jsonl``; return :meth:`metrics`."""
-        from plateauscope.analysis.results import append_records  # the analysis layer sits above runs
-
         have = {r["step"] for r in self.metrics()}
         todo = [s for s in steps if s not in have]
         if todo:
@@ -194,7 +199,11 @@ class ImportedRun(Run):
                 records.append({"step": step, **values, "task": fingerprint})
                 if on_step is not None:
                     on_step(step)
-            append_records(self.path / ANALYSIS_DIR / PROBE_METRICS_FILE, records)
+            file = self.path / ANALYSIS_DIR / PROBE_METRICS_FILE
+            old = file.read_text() if file.exists() else ""
+            if old and not old.endswith("\n"):  # a torn last line: dropped
+                old = old.rsplit("\n", 1)[0] + "\n" if "\n" in old else ""
+            write_text_atomic(file, old + "".join(json.dumps(_finite(r), allow_nan=False) + "\n" for r in records))
         return self.metrics()
 
     @property
@@ -234,5 +243,8 @@ class ImportedRun(Run):
 
     def needs_training(self, what: str) -> ImportedRunError:
         """The one-line error of an analysis ``what`` that needs the training data."""
-        return ImportedRunError(f"{self.path}: an imported series ({self.series.source or 'series.json'}) has no "
-                                f"training data: {what} needs a run trained here")
+        return ImportedRunError(f"{self.path}: an imported series ({self.series.source or 'series.json'}), which has "
+                                f"no training data: {what} needs the training data of a run trained here")
+
+
+Run.imported_class = ImportedRun

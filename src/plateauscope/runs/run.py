@@ -121,18 +121,16 @@ class Run:
     """A run directory, read-only: config, dataset, metrics, and the checkpoint series."""
 
     imported_class: ClassVar[type[Run] | None] = None
-    """The class ``cls(path)`` returns for an imported run (a subclass of ``cls``; None:
-    :class:`plateauscope.runs.imported.ImportedRun`)."""
+    """The class ``cls(path)`` returns for an imported run, a subclass of ``cls``: for this class
+    :class:`plateauscope.runs.imported.ImportedRun`, which sets it (the package imports that module)."""
 
     def __new__(cls, path: str | os.PathLike | None = None, *args: Any, **kwargs: Any) -> Run:
         """An :class:`~plateauscope.runs.imported.ImportedRun` (or ``cls.imported_class``) for an imported run
         (it has a ``series.json``): the same read-only interface, over a series trained elsewhere."""
-        if path is not None and is_imported(path):
-            from plateauscope.runs.imported import ImportedRun
-
-            target = cls.imported_class or ImportedRun
-            if not issubclass(cls, target) and issubclass(target, cls):
-                return super().__new__(target)
+        target = cls.imported_class
+        if target is not None and path is not None and is_imported(path) and not issubclass(cls, target) \
+                and issubclass(target, cls):
+            return super().__new__(target)
         return super().__new__(cls)
 
     def __init__(self, path: str | os.PathLike):
