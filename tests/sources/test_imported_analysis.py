@@ -132,3 +132,70 @@ def test_the_hessian_says_why_not(analysed, capsys):
     assert hessian(["--run", str(run)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "needs the training data" in err and "Hessian" in err
+
+
+def test_edges_of_parallel_attention_equal_hugging_faces_forward(analysed):
+    """Exact patching of single edges on the bridge (``patch_each_edge``: rotary keys, parallel attention and MLP)
+    against Hugging Face's own GPT-NeoX forward with the clean head output added where that receiver reads:
+    a head's key (through the layer norm, the fused QKV projection and the rotary embedding), the MLP of the
+    next layer, the logits."""
+    from transformers import AutoModelForCausalLM
+
+    from plateauscope.analysis.edges import EdgeRuns, patch_each_edge
+
+    source, run = analysed
+    imported = Run(run)
+    pairs = prompt_pairs(imported.task(), N_EXAMPLES, 0)
+    runs = EdgeRuns.of(imported.model(STEPS[-1]), pairs)
+    hf = AutoModelForCausalLM.from_pretrained(source / f"checkpoint-{STEPS[-1]}").eval()
+    layers, d_head = hf.gpt_neox.layers, hf.config.hidden_size // hf.config.num_attention_heads
+    sender = 1  # L0H1: its edges are the strongest at the last step
+
+    def sender_output(tokens: torch.Tensor) -> torch.Tensor:  # L0H1's share of layer 0's dense projection
+        seen = {}
+        handle = layers[0].attention.dense.register_forward_pre_hook(lambda m, args: seen.update(z=args[0]))
+        with torch.no_grad():
+            hf(tokens)
+        handle.remove()
+        cut = slice(sender * d_head, (sender + 1) * d_head)
+        return seen["z"][..., cut] @ layers[0].attention.dense.weight[:, cut].T
+
+    delta = sender_output(pairs.clean) - sender_output(pairs.corrupt)
+
+    def head_input(head: int, which: int) -> list:  # one head's q / k / v (0 / 1 / 2) from the patched stream
+        seen = {}
+
+        def replace(module, args, out):
+            norm = layers[1].input_layernorm  # called as functions: the hooks stay out of it
+            normed = torch.nn.functional.layer_norm(seen["x"] + delta, norm.normalized_shape, norm.weight, norm.bias,
+                                                    norm.eps)
+            alt = torch.nn.functional.linear(normed, module.weight, module.bias)
+            shape = (*out.shape[:-1], -1, 3 * d_head)
+            out, alt = out.view(shape).clone(), alt.view(shape)
+            cut = slice(which * d_head, (which + 1) * d_head)
+            out[..., head, cut] = alt[..., head, cut]
+            return out.flatten(-2)
+
+        return [layers[1].input_layernorm.register_forward_pre_hook(lambda m, args: seen.update(x=args[0])),
+                layers[1].attention.query_key_value.register_forward_hook(replace)]
+
+    def metric(handles: list) -> float:
+        with torch.no_grad():
+            logits = hf(pairs.corrupt).logits[:, pairs.pred_pos]
+        for handle in handles:
+            handle.remove()
+        return float(last_logit_diff(logits, pairs))
+
+    def added(module: torch.nn.Module) -> list:
+        return [module.register_forward_pre_hook(lambda m, args: (args[0] + delta,))]
+
+    corrupt = metric([])
+    names = runs.graph.edge_names()
+    for receiver, kind, handles in (("L1H1", "k", lambda: head_input(1, 1)), ("L1H0", "v", lambda: head_input(0, 2)),
+                                    ("MLP1", "mlp", lambda: added(layers[1].post_attention_layernorm)),
+                                    ("logits", "logits", lambda: added(hf.gpt_neox.final_layer_norm))):
+        index = next(i for i, e in enumerate(names)
+                     if (e["sender"], e["receiver"], e["input"]) == (f"L0H{sender}", receiver, kind))
+        expected = metric(handles()) - corrupt
+        assert abs(expected) > 0.01, receiver  # an edge that matters: the check can fail
+        assert float(patch_each_edge(runs, [index]).effect[index]) == pytest.approx(expected, abs=1e-4), receiver
