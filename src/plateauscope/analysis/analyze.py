@@ -35,6 +35,10 @@ reported, so the fast mode can be trusted, or not, with numbers. ``routing.json`
 ``redundant`` / ``unresolved`` / ``none``) and the plan (``plan``: which steps got the expensive
 pass, and why).
 
+An imported run (``plateauscope import``, :class:`plateauscope.runs.imported.ImportedRun`) is analysed the same
+way on its probe: the probe's evaluation at the chosen steps stands in for the training metrics (tau, the
+plateau), each checkpoint runs through the bridge's own forward, and nothing reads training data it lacks.
+
     plateauscope analyze --run checkpoints/demo [--every N | --steps 0 100 200] [--n-exact 8] [--full]
 """
 
