@@ -78,6 +78,7 @@ from plateauscope.analysis.results import median
 from plateauscope.model.backend import Model, hooked_parameters, shares_prefixes
 from plateauscope.model.fused import layer_norm
 from plateauscope.model.heads import head_label
+from plateauscope.runs.files import RunError
 
 HEAD_INPUTS = ("q", "k", "v")
 """The three receivers of a head, in the order of :attr:`EdgeGraph.receivers`."""
@@ -198,8 +199,12 @@ def emulated_head_inputs(model: Model, hooks: list[tuple[str, Callable]]) -> lis
     query (key, value) is computed from its own copy through ``ln1`` and its ``W_Q``, ``b_Q``; the
     result replaces the model's own at ``attn.hook_q`` (``hook_k``, ``hook_v``). Gradients flow from
     the query back to the copies, so attribution reads them as on HookedTransformer."""
-    params = hooked_parameters(model)
     cfg = model.cfg
+    grouped = (getattr(cfg, "n_key_value_heads", None) or cfg.n_heads) != cfg.n_heads
+    if cfg.normalization_type not in (None, "LN", "LNPre") or grouped:
+        raise RunError(f"edges: this model's attention does not split its inputs per head, and its "
+                       f"{cfg.normalization_type} norm or grouped keys are not emulated here; analyse it with --no-edges")
+    params = hooked_parameters(model)
     resid: dict[int, Tensor] = {}
     out: list[tuple[str, Callable]] = []
     layers: set[int] = set()
