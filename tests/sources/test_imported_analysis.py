@@ -93,7 +93,8 @@ def test_the_edge_graph_of_parallel_attention(analysed):
     graph = EdgeGraph.of(Run(run).model(0))
     assert graph.parallel
     names = graph.edge_names()
-    assert not any(e["sender"].startswith("L0H") and e["receiver"] == "MLP0" for e in names)  # it reads the layer's input
+    # the MLP reads the layer's input: no head of its own layer sends to it
+    assert not any(e["sender"].startswith("L0H") and e["receiver"] == "MLP0" for e in names)
     assert any(e["sender"].startswith("L0H") and e["receiver"] == "MLP1" for e in names)
     assert len(names) == len(EdgeGraph(2, 2, True).edges) - 2 * 2  # the two layers' heads -> their own MLP: gone
 
@@ -117,7 +118,10 @@ def test_ps_run_in_a_notebook(analysed):
     _, run = analysed
     notebook = ps.Run(run)
     assert isinstance(notebook, ImportedRun) and isinstance(notebook, ps.Run)
-    assert notebook.summary is None and notebook.steps[0] == 0
+    assert set(notebook.summary) == {"ladder"} and notebook.steps[0] == 0  # the probe's stages, nothing trained
+    assert notebook.summary["ladder"]["final_stage"] == "bigram"  # the copy: induction formed
+    last = notebook.metrics()[-1]  # on repeats the in-context bigram is the copy, one-hot: KL = the repeat loss
+    assert last["kl_bigram"] == pytest.approx(last["repeat_loss"], abs=1e-4)
     analysis = notebook.analysis()
     assert [r.step for r in analysis.attention] == list(STEPS)
     assert (analysis_dir(run) / PROBE_METRICS_FILE).exists()

@@ -203,7 +203,8 @@ def emulated_head_inputs(model: Model, hooks: list[tuple[str, Callable]]) -> lis
     grouped = (getattr(cfg, "n_key_value_heads", None) or cfg.n_heads) != cfg.n_heads
     if cfg.normalization_type not in (None, "LN", "LNPre") or grouped:
         raise RunError(f"edges: this model's attention does not split its inputs per head, and its "
-                       f"{cfg.normalization_type} norm or grouped keys are not emulated here; analyse it with --no-edges")
+                       f"{cfg.normalization_type} norm or grouped keys are not emulated here; analyse it with "
+                       "--no-edges")
     params = hooked_parameters(model)
     resid: dict[int, Tensor] = {}
     out: list[tuple[str, Callable]] = []

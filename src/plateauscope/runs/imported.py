@@ -9,14 +9,15 @@ trained elsewhere (``plateauscope import``, :mod:`plateauscope.runs.series`).
 * ``model(step, reuse=)``: the series' one TransformerLens 4 bridge with the step's weights (its own forward:
   the fast paths do not take a bridge of an imported model, ``plateauscope.model.backend.shares_prefixes``);
 * ``metrics()``: the probe's evaluation at each evaluated step (:meth:`ImportedRun.evaluate`; the task's
-  ``evaluate`` on the probe's own sequences, not on any training data), from ``RUN/analysis/probe_metrics.jsonl``;
-  the training loss is not among them;
-* ``summary``: None (nothing was trained here); ``plateau()``: the probe's verdict from its references on
-  those evaluations, or None;
+  ``evaluate`` on the probe's own sequences, not on any training data, and the KL from each of the probe's
+  reference predictors where it has them), from ``RUN/analysis/probe_metrics.jsonl``; the training loss is
+  not among them;
+* ``summary``: no ``summary.json`` (nothing was trained here): only the ladder of the probe's references
+  (its stages), or None; ``plateau()``: the probe's verdict from its plateau references, or None;
 * ``config``: :class:`ImportedConfig`, the model's shape and the probe's evaluation settings only.
 
-What needs the training data (the Hessian, the LLC on the training distribution, the ladder of
-``summary.json``) raises :class:`ImportedRunError`, one line saying so.
+What needs the training data (the Hessian, the LLC on the training distribution, grafting) raises
+:class:`ImportedRunError`, one line saying so.
 """
 
 from __future__ import annotations
@@ -46,6 +47,8 @@ from plateauscope.runs.files import (
     write_json_atomic,
     write_text_atomic,
 )
+from plateauscope.runs.metrics import compute_tau, plateau_span
+from plateauscope.runs.references import ReferenceLadder, ladder_summary
 from plateauscope.runs.run import Run
 from plateauscope.runs.series import ImportedSeries
 from plateauscope.tasks.base import Task
@@ -117,7 +120,8 @@ def read_probe_choice(path: str | os.PathLike) -> dict[str, Any]:
     if not file.exists():
         return {"probe": "induction", "options": {}}
     raw = read_json(file)
-    if not isinstance(raw, dict) or not isinstance(raw.get("probe"), str) or not isinstance(raw.get("options", {}), dict):
+    if not isinstance(raw, dict) or not isinstance(raw.get("probe"), str) \
+            or not isinstance(raw.get("options", {}), dict):
         raise RunError(f"{file}: not a probe choice ({{\"probe\": name, \"options\": {{...}}}})")
     return {"probe": raw["probe"], "options": raw.get("options", {})}
 
@@ -192,10 +196,12 @@ class ImportedRun(Run):
         if todo:
             task, tc, fingerprint = self.task(), self.config.train, self.task_fingerprint()
             evalset = task.build_evalset(tc.eval_groups, tc.tracked_groups, tc.seed)
+            ladder = ReferenceLadder.build(task, evalset)  # the probe's references, where it has them
             model, records = None, []
             for step in todo:
                 model = self.model(step, device, reuse=model)
                 values = {k: v for k, v in task.evaluate(model, evalset).items() if k not in NOT_TRAINING_KEYS}
+                values.update(ladder.kl(model, task) if ladder is not None else {})
                 records.append({"step": step, **values, "task": fingerprint})
                 if on_step is not None:
                     on_step(step)
@@ -208,8 +214,17 @@ class ImportedRun(Run):
 
     @property
     def summary(self) -> dict | None:
-        """None: an imported run has no ``summary.json`` (nothing was trained here)."""
-        return None
+        """No ``summary.json`` (nothing was trained here): only the ``ladder`` block, computed from the probe's
+        evaluation where the probe has references (its stages; the plateau span the probe's), else None."""
+        task = self.task()
+        records = self.metrics()
+        if "references" not in task.capabilities or not records:
+            return None
+        rungs = task.reference_predictors()
+        progress = task.progress
+        span = plateau_span(records, progress, compute_tau(records, progress))
+        ladder = ladder_summary(records, [r.name for r in rungs], [r.label for r in rungs], span)
+        return {"ladder": ladder} if ladder else None
 
     def plateau(self) -> dict | None:
         """The probe's plateau verdict from its references on its evaluations (None: a probe without

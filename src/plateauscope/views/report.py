@@ -61,10 +61,12 @@ from plateauscope.views.timeline_figures import run_timeline
 MOMENTS: tuple[str, ...] = ("plateau start", "t_form", "tau/2", "tau", "end")
 """The moments at which attention patterns are shown (each at the nearest checkpoint)."""
 
-IMPORTED_NOTE = ("An imported series: every number here is measured on the probe's own sequences (its evaluation stands "
-                 "in for the training metrics: tau and the plateau are the probe's repeat loss against its height), not "
-                 "on the training data, which an imported run lacks; the training loss, summary.json's thresholds and "
-                 "ladder, the Hessian and the LLC on the training distribution are not shown.")
+IMPORTED_NOTE = ("An imported series: every number here is measured on the probe's own sequences (its evaluation "
+                 "stands in for the training metrics: tau and the plateau are the probe's progress measure against its "
+                 "height), not on the training data, which an imported run lacks; the stages are the probe's reference "
+                 "predictors'; "
+                 "the training loss, summary.json's thresholds, the Hessian and the LLC on the training "
+                 "distribution are not shown.")
 """The report's note on an imported run (``plateauscope import``)."""
 _CV_DIV = re.compile(r'<div id="(circuits-vis-[^"]+)"')
 _CV_SCRIPT_OPEN = '<script crossorigin type="module">'
