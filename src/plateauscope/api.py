@@ -15,6 +15,7 @@ from plateauscope.analysis.analyze import AnalysisSettings, analyze_run
 from plateauscope.analysis.landmarks import DEFAULT_BUDGET
 from plateauscope.analysis.records import Analysis, read_analysis
 from plateauscope.errors import ConfigError
+from plateauscope.runs import imported as imported_run
 from plateauscope.runs import run as run_directory
 from plateauscope.runs.config import RunConfig
 from plateauscope.runs.presets import run_config
@@ -32,6 +33,14 @@ class Run(run_directory.Run):
         """The analysis cache made with ``settings`` (default: those of the latest ``analyze``), as typed
         records (:mod:`plateauscope.analysis.records`)."""
         return read_analysis(self.path, settings)
+
+
+class ImportedRun(imported_run.ImportedRun, Run):
+    """An imported run (``plateauscope import``): :class:`plateauscope.runs.imported.ImportedRun`, with
+    :meth:`Run.analysis`. ``Run(path)`` returns one where ``path`` holds a ``series.json``."""
+
+
+Run.imported_class = ImportedRun
 
 
 def train(config: str | RunConfig | None = None, out: str | Path | None = None, *, task: str | None = None,

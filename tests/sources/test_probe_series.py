@@ -76,7 +76,9 @@ def test_analyze_runs_the_probe_on_an_imported_run_and_the_hessian_says_why_not(
 
     run = imported[2]
     capsys.readouterr()
-    assert cli_main(["analyze", "--run", str(run), "--no-progress", "--probe-length", str(SEGMENT), "--steps", *map(str, imported[1][-3:])]) == 0
+    assert cli_main(["analyze", "--run", str(run), "--no-progress", "--probe-length", str(SEGMENT), "--steps", *map(str, imported[1][-3:]),
+                     "--n-examples", "16", "--ablation-groups", "2", "--n-exact", "2", "--circuit-pairs", "8",
+                     "--n-exact-edges", "8", "--workers", "1"]) == 0  # then the full analysis on the probe: kept small
     out = capsys.readouterr().out
     assert "probe induction on 3 checkpoints of GPTNeoXForCausalLM" in out and "induction heads at the last step: L1" in out
     assert cli_main(["hessian", "--run", str(run)]) == 2

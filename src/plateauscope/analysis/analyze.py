@@ -35,6 +35,10 @@ reported, so the fast mode can be trusted, or not, with numbers. ``routing.json`
 ``redundant`` / ``unresolved`` / ``none``) and the plan (``plan``: which steps got the expensive
 pass, and why).
 
+An imported run (``plateauscope import``, :class:`plateauscope.runs.imported.ImportedRun`) is analysed the same
+way on its probe: the probe's evaluation at the chosen steps stands in for the training metrics (tau, the
+plateau), each checkpoint runs through the bridge's own forward, and nothing reads training data it lacks.
+
     plateauscope analyze --run checkpoints/demo [--every N | --steps 0 100 200] [--n-exact 8] [--full]
 """
 
@@ -104,6 +108,7 @@ from plateauscope.analysis.results import (
 from plateauscope.analysis.summary import summarize
 from plateauscope.model.backend import resolve_backend
 from plateauscope.processes import thread_map
+from plateauscope.runs.imported import ImportedRun
 from plateauscope.runs.interventions import has_interventions
 from plateauscope.runs.metrics import compute_tau
 from plateauscope.runs.run import Run, RunError
@@ -251,10 +256,13 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     resolve_backend(backend)  # an uninstalled one: one line, before anything runs
-    analysis = SeriesAnalysis(Run(run_dir), settings, device, backend, workers, edges, progress)
-    chosen = pick_steps(analysis.run.steps, every, steps)
+    run = Run(run_dir)
+    chosen = pick_steps(run.steps, every, steps)
     if not chosen:
-        raise RunError(f"{analysis.run.path}: the run has no checkpoints")
+        raise RunError(f"{run.path}: the run has no checkpoints")
+    if isinstance(run, ImportedRun):  # its metrics: the probe's evaluation at the chosen steps
+        run.evaluate(chosen, device)
+    analysis = SeriesAnalysis(run, settings, device, backend, workers, edges, progress)
     if full:
         plan = analysis.full_plan(chosen, n_exact)
     elif not expensive:

@@ -111,6 +111,7 @@ from plateauscope.analysis.results import (
     write_json_result,
 )
 from plateauscope.model.heads import head_label
+from plateauscope.runs.imported import PROBE_METRICS_FILE, ImportedRun
 from plateauscope.runs.metrics import compute_tau, plateau_span
 from plateauscope.runs.run import METRICS_FILE, Run, RunError, read_json
 
@@ -310,7 +311,8 @@ def metric_signals(run: Run, records: list[dict[str, Any]]) -> dict[str, Signal]
     out = {}
     for key, what in keys.items():
         if any(r.get(key) is not None for r in records):
-            out[key] = Signal(steps, [r.get(key) for r in records], METRICS_FILE, what)
+            out[key] = Signal(steps, [r.get(key) for r in records],
+                              PROBE_METRICS_FILE if isinstance(run, ImportedRun) else METRICS_FILE, what)
     return out
 
 
@@ -446,11 +448,22 @@ def read_signals(run_dir: str | Path) -> dict[str, Signal]:
     """Every signal of a run (module docstring), by name: ``metrics.jsonl`` first, then the analysis
     cache and the LLC where they exist. A one-line RunError without a run or its metrics."""
     run = Run(run_dir)
+    if isinstance(run, ImportedRun):  # its metrics: the probe's evaluation, written by plateauscope analyze
+        records = run.metrics()
+        if not records:
+            raise RunError(f"{run.path}: no probe evaluation ({PROBE_METRICS_FILE}); run plateauscope analyze "
+                           f"--run {run.path} first")
+        return _signals(run, records)
     if not (run.path / METRICS_FILE).exists():
         raise RunError(f"{run.path}: no {METRICS_FILE} (train the run first)")
     records = run.metrics()
     if not records:
         raise RunError(f"{run.path}: {METRICS_FILE} is empty")
+    return _signals(run, records)
+
+
+def _signals(run: Run, records: list[dict[str, Any]]) -> dict[str, Signal]:
+    """:func:`read_signals` of a run with metrics."""
     out = metric_signals(run, records)
     cache = load_analysis(run.path) if analysis_dir(run.path).is_dir() else None
     head = routing_head(run, cache)

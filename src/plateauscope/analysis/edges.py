@@ -7,7 +7,8 @@ the same in every run and belongs to no edge) and every MLP. *Receivers* read it
 query, key and value inputs (three receivers), each MLP's input and the logits (the final
 residual stream). An edge joins a sender to every receiver downstream of it: a head of layer l
 reads the embeddings and every head and MLP of the layers before l; the MLP of layer l also reads
-the heads of layer l; the logits read every sender. An attention-only model has no MLP nodes.
+the heads of layer l (not where attention and MLP run in parallel, GPT-NeoX's: there it reads what
+the heads read); the logits read every sender. An attention-only model has no MLP nodes.
 
 Patching edges (:func:`patch_edges`, the one generic function). Run a *base* prompt set; at each
 receiver, for every sender whose edge to it is patched, replace what the receiver reads from
@@ -77,6 +78,7 @@ from plateauscope.analysis.results import median
 from plateauscope.model.backend import Model, hooked_parameters, shares_prefixes
 from plateauscope.model.fused import layer_norm
 from plateauscope.model.heads import head_label
+from plateauscope.runs.files import RunError
 
 HEAD_INPUTS = ("q", "k", "v")
 """The three receivers of a head, in the order of :attr:`EdgeGraph.receivers`."""
@@ -103,11 +105,15 @@ class EdgeGraph:
     n_layers: int
     n_heads: int
     has_mlp: bool
+    parallel: bool = False
+    """Attention and MLP in parallel (GPT-NeoX, GPT-J): a layer's MLP reads the layer's input, as its heads do,
+    so no head of its own layer sends to it."""
 
     @classmethod
     def of(cls, model: Model) -> EdgeGraph:
         """The graph of ``model``."""
-        return cls(model.cfg.n_layers, model.cfg.n_heads, not model.cfg.attn_only)
+        return cls(model.cfg.n_layers, model.cfg.n_heads, not model.cfg.attn_only,
+                   bool(getattr(model.cfg, "parallel_attn_mlp", False)))
 
     @cached_property
     def senders(self) -> list[tuple[str, int]]:
@@ -124,7 +130,7 @@ class EdgeGraph:
         out = []
         for layer in range(self.n_layers):
             out += [(head_label(layer, h), x, 2 * layer) for h in range(self.n_heads) for x in HEAD_INPUTS]
-            out += [(f"MLP{layer}", "mlp", 2 * layer + 1)] if self.has_mlp else []
+            out += [(f"MLP{layer}", "mlp", 2 * layer + (0 if self.parallel else 1))] if self.has_mlp else []
         return out + [("logits", "logits", 2 * self.n_layers)]
 
     @cached_property
@@ -193,8 +199,13 @@ def emulated_head_inputs(model: Model, hooks: list[tuple[str, Callable]]) -> lis
     query (key, value) is computed from its own copy through ``ln1`` and its ``W_Q``, ``b_Q``; the
     result replaces the model's own at ``attn.hook_q`` (``hook_k``, ``hook_v``). Gradients flow from
     the query back to the copies, so attribution reads them as on HookedTransformer."""
-    params = hooked_parameters(model)
     cfg = model.cfg
+    grouped = (getattr(cfg, "n_key_value_heads", None) or cfg.n_heads) != cfg.n_heads
+    if cfg.normalization_type not in (None, "LN", "LNPre") or grouped:
+        raise RunError(f"edges: this model's attention does not split its inputs per head, and its "
+                       f"{cfg.normalization_type} norm or grouped keys are not emulated here; analyse it with "
+                       "--no-edges")
+    params = hooked_parameters(model)
     resid: dict[int, Tensor] = {}
     out: list[tuple[str, Callable]] = []
     layers: set[int] = set()
@@ -617,7 +628,8 @@ def edge_record(model: Model, pairs: PromptPairs) -> dict[str, Any]:
 
 def _edge_record(runs: EdgeRuns, scores: EdgeScores) -> dict[str, Any]:
     g = runs.graph
-    return {"graph": {"n_layers": g.n_layers, "n_heads": g.n_heads, "has_mlp": g.has_mlp},
+    return {"graph": {"n_layers": g.n_layers, "n_heads": g.n_heads, "has_mlp": g.has_mlp,
+                      **({"parallel": True} if g.parallel else {})},
             "clean": runs.clean, "corrupt": runs.corrupt, "effect": [round(x, 6) for x in scores.effect.tolist()]}
 
 

@@ -84,7 +84,7 @@ from plateauscope.analysis.results import (
     settings_key,
     with_task,
 )
-from plateauscope.runs.run import Run, RunError
+from plateauscope.runs.run import Run, RunError, trained_run
 from plateauscope.tasks.base import Task
 
 log = logging.getLogger(__name__)
@@ -251,7 +251,7 @@ def analyze_series(run_dir: str | Path, steps: Sequence[int] | None = None, *, k
                    max_iter: int = DEFAULT_MAX_ITER, escape_from: int | None = None, escape_to: int | None = None,
                    method: str = "vjp", device: str = "cpu", progress: bool = True) -> list[dict[str, Any]]:
     """Geometry records of the chosen steps (default: the escape endpoints), computing only what the cache lacks."""
-    run = Run(run_dir)
+    run = trained_run(run_dir, "the Hessian (of the training loss)")
     available = run.steps
     if not available:
         raise RunError(f"{run.path}: the run has no checkpoints")

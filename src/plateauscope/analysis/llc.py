@@ -61,7 +61,7 @@ from plateauscope.analysis.results import (
     write_json_result,
 )
 from plateauscope.runs.metrics import compute_tau
-from plateauscope.runs.run import Run, RunError, read_jsonl
+from plateauscope.runs.run import Run, RunError, read_jsonl, trained_run
 from plateauscope.tasks.base import Task
 
 log = logging.getLogger(__name__)
@@ -405,7 +405,7 @@ def llc_series(run_dir: str | Path, steps: list[int] | None = None, every: int =
     """
     settings.validate()
     require_devinterp()
-    run = Run(run_dir)
+    run = trained_run(run_dir, "the LLC (on the training distribution)")
     chosen = pick_steps(run.steps, every, steps)
     if not chosen:
         raise RunError(f"{run.path}: the run has no checkpoints")

@@ -18,6 +18,7 @@ from plateauscope.cli.common import CliError, add_backend_arg, run_cli
 from plateauscope.cli.import_ import format_probe_series
 from plateauscope.cli.parser import OneLineParser
 from plateauscope.cli.text.analysis import format_summary
+from plateauscope.runs.imported import record_probe
 from plateauscope.runs.run import Run
 from plateauscope.runs.series import is_imported
 from plateauscope.views.pages import live_status
@@ -39,8 +40,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--every", type=int, default=1, help="analyse every N-th checkpoint (default 1: all)")
     p.add_argument("--steps", type=int, nargs="+", help="analyse exactly these steps")
     p.add_argument("--probe", default="induction",
-                   help="an imported run (plateauscope import): the probe its pass runs, induction (the default) or "
-                        "file.py:Class, a plateauscope.Probe of your own")
+                   help="an imported run (plateauscope import): the probe its analyses run on, induction (the "
+                        "default) or file.py:Class, a plateauscope.Probe of your own (recorded in "
+                        "RUN/analysis/probe.json for the report, the view and ps.Run)")
     p.add_argument("--probe-length", type=int,
                    help="the induction probe's copy length (default: 16, or less where the model is small)")
     p.add_argument("--n-exact", type=int, default=DEFAULT_BUDGET,
@@ -101,12 +103,13 @@ def main(argv: list[str] | None = None) -> int:
                                     circuit_ablation=args.circuit_ablation, smooth=args.smooth,
                                     edge_target=args.edge_target, circuit_pairs=args.circuit_pairs,
                                     n_exact_edges=args.n_exact_edges)
-        if is_imported(args.run):  # a series trained elsewhere: the probe's cheap pass
+        if is_imported(args.run):  # a series trained elsewhere: the probe's pass, then every analysis on its data
+            if args.follow:
+                raise CliError(f"--follow: {args.run} is an imported series, not a run training here")
             options = {} if args.probe_length is None else {"segment_len": args.probe_length}
             print(format_probe_series(analyze_imported(args.run, args.probe, args.steps, args.every, args.device,
                                                        progress=not args.no_progress, **options)))
-            print(f"results in {analysis_dir(args.run)}")
-            return
+            record_probe(args.run, args.probe, options)  # the probe every later analysis and view reads
         if args.follow:
             if args.steps or args.every != 1 or args.full or args.workers is not None:
                 raise CliError("--follow analyses every checkpoint with the adaptive plan and the default workers: "

@@ -30,6 +30,7 @@ from plateauscope.analysis.results import settings_key
 from plateauscope.cli.common import CliError, resolve_ckpt, run_cli, write_json
 from plateauscope.cli.parser import OneLineParser
 from plateauscope.cli.text.analysis import format_record
+from plateauscope.runs.series import is_imported
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,6 +93,8 @@ def main(argv: list[str] | None = None) -> int:
             write_json(args.json, records)
             return
         run, step = resolve_ckpt(args.ckpt, args.step)
+        if is_imported(run.path):
+            raise run.needs_training("the Hessian (of the training loss)")
         d_from, d_to = default_escape(run)
         e_from = d_from if args.escape_from is None else args.escape_from
         e_to = d_to if args.escape_to is None else args.escape_to

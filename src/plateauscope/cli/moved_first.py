@@ -24,6 +24,7 @@ from plateauscope.cli.text.analysis import moved_first_text
 from plateauscope.cli.text.dynamics import over_seeds_text
 from plateauscope.dynamics.moved_first import over_seeds, sweep_moved_first
 from plateauscope.runs.run import METRICS_FILE
+from plateauscope.runs.series import is_imported
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.run is not None:
             if not args.run.is_dir():
                 raise CliError(f"{args.run}: no such run directory")
-            if not (args.run / METRICS_FILE).exists():
+            if not (args.run / METRICS_FILE).exists() and not is_imported(args.run):  # an imported run: the probe's
                 raise CliError(f"{args.run}: no {METRICS_FILE} (train the run first)")
             result = moved_first(args.run, rule, write=not args.no_write)
             print(moved_first_text(result))

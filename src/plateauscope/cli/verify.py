@@ -17,7 +17,7 @@ from pathlib import Path
 from plateauscope.cli.common import run_cli
 from plateauscope.cli.parser import OneLineParser
 from plateauscope.runs.files import verified_files, verify_run
-from plateauscope.runs.run import Run
+from plateauscope.runs.run import trained_run
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,7 +32,8 @@ def main(argv: list[str] | None = None) -> int:
     bad = []
 
     def body(args: argparse.Namespace) -> None:
-        runs = [Run(path).path for path in args.runs]  # every path is a run, before any checking
+        runs = [trained_run(path, "verify (it checks the checkpoints a run trained here wrote)").path
+                for path in args.runs]  # every path is a run, before any checking
         for run in runs:
             problems = verify_run(run)
             for name, problem in problems:

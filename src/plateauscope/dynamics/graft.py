@@ -108,7 +108,7 @@ def graft_bisection(run_dir: str | Path, part: str, criterion: float = 0.5, out:
                     on_trial: Callable[[dict], None] | None = None) -> dict[str, Any]:
     """The earliest checkpoint of a run whose ``part`` suffices (module docstring); written to
     ``out/graft.json`` (default :func:`bisection_dir`) and returned. ``on_trial`` sees each trial's record."""
-    run = rd.Run(run_dir)
+    run = rd.trained_run(run_dir, "grafting (it retrains from a checkpoint)")
     if not 0 < criterion <= 1:
         raise ConfigError(f"--criterion must lie in (0, 1] (the grafted tau as a fraction of tau_0), got {criterion}")
     check_part(part, run.config.model.n_layers, run.config.model.n_heads)

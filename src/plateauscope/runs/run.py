@@ -13,7 +13,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 
@@ -26,7 +26,7 @@ from plateauscope.model.backend import (
     resolve_backend,
 )
 from plateauscope.runs.config import RunConfig
-from plateauscope.runs.files import _CKPT_RE, SERIES_FILE, _one_line
+from plateauscope.runs.files import _CKPT_RE, _one_line
 
 # The run directory's files, re-exported so that ``run`` (imported as ``rd``) is the one name for them.
 from plateauscope.runs.files import (
@@ -120,13 +120,23 @@ from plateauscope.tasks.loading import task_class, use_task_copy
 class Run:
     """A run directory, read-only: config, dataset, metrics, and the checkpoint series."""
 
+    imported_class: ClassVar[type[Run] | None] = None
+    """The class ``cls(path)`` returns for an imported run, a subclass of ``cls``: for this class
+    :class:`plateauscope.runs.imported.ImportedRun`, which sets it (the package imports that module)."""
+
+    def __new__(cls, path: str | os.PathLike | None = None, *args: Any, **kwargs: Any) -> Run:
+        """An :class:`~plateauscope.runs.imported.ImportedRun` (or ``cls.imported_class``) for an imported run
+        (it has a ``series.json``): the same read-only interface, over a series trained elsewhere."""
+        target = cls.imported_class
+        if target is not None and path is not None and is_imported(path) and not issubclass(cls, target) \
+                and issubclass(target, cls):
+            return super().__new__(target)
+        return super().__new__(cls)
+
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         if not self.path.is_dir():
             raise RunError(f"{self.path}: no such run directory")
-        if is_imported(self.path):  # no config, task or training data: only the probe's pass reads it
-            raise RunError(f"{self.path}: an imported series ({SERIES_FILE}): this analysis needs the training data "
-                           "and config of a run trained here; `plateauscope analyze --run` runs the probe's pass on it")
         raw = read_json(self.path / CONFIG_FILE)
         try:
             copy = raw.get("task_source") if isinstance(raw, dict) else None
@@ -251,3 +261,13 @@ class Run:
             self._task = task_class(self.config.task_name).from_records(
                 self.config.task, read_jsonl(self.path / DATASET_FILE))
         return self._task
+
+
+def trained_run(path: str | os.PathLike, what: str) -> Run:
+    """The run at ``path`` for an analysis ``what`` that needs the training data (its data set, its training
+    loss, its config): an imported run (``plateauscope import``) is a one-line
+    :class:`~plateauscope.runs.imported.ImportedRunError` saying so."""
+    run = Run(path)
+    if is_imported(run.path):
+        raise run.needs_training(what)  # type: ignore[attr-defined]
+    return run

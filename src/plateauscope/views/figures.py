@@ -144,8 +144,9 @@ def loss_curves(records: list[dict[str, Any]], progress: ProgressMeasure, tau: i
                         specs=[[{"secondary_y": True}], [{}]])
     fig.add_trace(go.Scatter(x=steps, y=[r[key] / height for r in rec], name=f"{progress.label} / {hl}",
                              mode="lines", line={"color": "#1f77b4", "width": 2.5}), row=1, col=1)
-    fig.add_trace(go.Scatter(x=steps, y=[r.get("loss") for r in rec], name="training loss (nats/token)",
-                             mode="lines", line={"color": "#ff7f0e", "width": 1.5}), row=1, col=1, secondary_y=True)
+    if any(r.get("loss") is not None for r in rec):  # an imported run has no training loss
+        fig.add_trace(go.Scatter(x=steps, y=[r.get("loss") for r in rec], name="training loss (nats/token)",
+                                 mode="lines", line={"color": "#ff7f0e", "width": 1.5}), row=1, col=1, secondary_y=True)
     if has_set_loss:
         fig.add_trace(go.Scatter(x=steps, y=[r.get("set_loss") for r in rec], name="set loss (nats)",
                                  mode="lines", line={"color": "#9467bd", "width": 1.5, "dash": "dash"}),

@@ -33,7 +33,7 @@ from circuitsvis.utils.render import RenderedHTML
 
 from plateauscope.analysis.analyze import load_analysis
 from plateauscope.analysis.attention import example_patterns
-from plateauscope.analysis.changepoint import moved_first
+from plateauscope.analysis.changepoint import moved_first, run_landmarks
 from plateauscope.analysis.landmarks import nearest
 from plateauscope.analysis.measures import descriptions, measure_series
 from plateauscope.analysis.results import (
@@ -48,6 +48,7 @@ from plateauscope.analysis.results import (
 from plateauscope.analysis.snap import snap_statistics
 from plateauscope.analysis.summary import plateau_stretch
 from plateauscope.model.heads import head_label
+from plateauscope.runs.imported import ImportedRun
 from plateauscope.runs.machine import describe
 from plateauscope.runs.run import Run, RunError, read_json, write_text_atomic
 from plateauscope.views.figures import all_figures, heldout_curves, llc_figure
@@ -60,6 +61,13 @@ from plateauscope.views.timeline_figures import run_timeline
 MOMENTS: tuple[str, ...] = ("plateau start", "t_form", "tau/2", "tau", "end")
 """The moments at which attention patterns are shown (each at the nearest checkpoint)."""
 
+IMPORTED_NOTE = ("An imported series: every number here is measured on the probe's own sequences (its evaluation "
+                 "stands in for the training metrics: tau and the plateau are the probe's progress measure against its "
+                 "height), not on the training data, which an imported run lacks; the stages are the probe's reference "
+                 "predictors'; "
+                 "the training loss, summary.json's thresholds, the Hessian and the LLC on the training "
+                 "distribution are not shown.")
+"""The report's note on an imported run (``plateauscope import``)."""
 _CV_DIV = re.compile(r'<div id="(circuits-vis-[^"]+)"')
 _CV_SCRIPT_OPEN = '<script crossorigin type="module">'
 _CV_RENDER = "CircuitsVis.render("
@@ -143,6 +151,20 @@ def split_circuitsvis(rendered: RenderedHTML) -> tuple[str, str, str]:
     return library, m.group(1), call
 
 
+def has_landmarks(run: Run, tau: int | None) -> bool:
+    """Whether what moved first is read on ``run``: it has tau and a plateau span (``summary.json``'s; on an
+    imported run, the probe's evaluation's, ``plateauscope.analysis.changepoint.run_landmarks``)."""
+    if tau is None:
+        return False
+    if not isinstance(run, ImportedRun):
+        return bool((run.summary or {}).get("plateau_span"))
+    try:
+        run_landmarks(run)
+    except RunError:
+        return False
+    return True
+
+
 def _bracket(b: Sequence[float | int] | None, fmt: str = "{}") -> str:
     return "" if not b else f" (bracket {fmt.format(b[0])} .. {fmt.format(b[1])})"
 
@@ -161,8 +183,9 @@ def summary_rows(run: Run, metrics: list[dict[str, Any]], selector: dict[str, An
     rows = [
         (hl, f"{pm.height:.3f}" + (f" (K = {run.config.task.K})" if hl == "log K" else "")),
         (f"tau (first step with {pm.label} < 0.5 {hl})", na(sel.get("tau"), "{}") + _bracket(sel.get("tau_bracket"))),
-        (f"tau at thresholds 0.3 / 0.5 / 0.7 {hl}",
-         " / ".join(na(v, "{}") for v in (summary.get("tau_by_threshold") or {}).values()) or "n/a"),
+        *([(f"tau at thresholds 0.3 / 0.5 / 0.7 {hl}",
+            " / ".join(na(v, "{}") for v in (summary.get("tau_by_threshold") or {}).values()) or "n/a")]
+          if not isinstance(run, ImportedRun) else []),  # summary.json's, written by training
         (f"plateau ({pm.label} within 10% of {hl}" + (f", {cue} < 0.1 {hl})" if pm.cue_effect_key else ")"),
          plateau_sentence(counts, pm.label, hl)),
         *([("set loss on the plateau (median)", f"{na(summary.get('plateau_median_set_loss'))} nats "
@@ -317,7 +340,7 @@ def report_figures(run: Run, analysis: dict[str, Any], sel: dict[str, Any]) -> l
     head_llc_path = analysis_dir(run.path) / HEAD_LLC_SUMMARY_FILE
     if head_llc_path.exists():  # written by plateauscope llc --per-head
         figures.append(("head_llc", "Per-head LLC over training", *head_llc_curves(read_json(head_llc_path))))
-    if tau is not None and (run.summary or {}).get("plateau_span"):  # the one change-point rule on every signal
+    if has_landmarks(run, tau):  # the one change-point rule on every signal
         figures.append(("moved_first", "What moved first", *run_timeline(moved_first(run.path, write=False))))
     return figures
 
@@ -330,11 +353,14 @@ def build_report(run_dir: str | Path, n_examples: int = 2, seed: int = 0) -> str
     tau = sel.get("tau")
     snap = snap_statistics(metrics, tau)
     cfg = run.config
+    origin = (f"imported series of {cfg.model.architecture} from {run.series.source or 'series.json'}; probe"
+              if isinstance(run, ImportedRun) else f"preset {cfg.preset or 'none'}, task")
     parts = [f"<h1>Run report: {html.escape(run.path.name)}</h1>",
-             f'<p class="sub">{html.escape(str(run.path.resolve()))} - preset {html.escape(cfg.preset or "none")}, '
-             f"task {html.escape(run.task().describe())}, {len(run.task().tokens)} sequences; "
+             f'<p class="sub">{html.escape(str(run.path.resolve()))} - {html.escape(origin)} '
+             f"{html.escape(run.task().describe())}, {len(run.task().tokens)} sequences; "
              f"{cfg.model.n_layers} layers x {cfg.model.n_heads} heads, d_model {cfg.model.d_model}; "
              f"{len(run.steps)} checkpoints up to step {run.steps[-1] if run.steps else 'n/a'}</p>",
+             *([f'<p class="note">{html.escape(IMPORTED_NOTE)}</p>'] if isinstance(run, ImportedRun) else []),
              "<h2>Summary</h2>", table_html(summary_rows(run, metrics, sel, snap))]
     svg, caption = build_overview(run.path)
     parts += ["<h2>At a glance</h2>", f'<div class="figure">{svg}</div>', f'<p class="caption">{html.escape(caption)}</p>']
@@ -375,7 +401,7 @@ def measures_section(run: Run, records: list[dict[str, Any]], tau: int | None) -
     without records (an analysis made before measures were cached)."""
     if not records:
         return []
-    moved = moved_first(run.path, write=False) if tau is not None and (run.summary or {}).get("plateau_span") else None
+    moved = moved_first(run.path, write=False) if has_landmarks(run, tau) else None
     what = descriptions(run.task())
     notes = "; ".join(f"{name}: {text}" for name, text in what.items() if name in records[-1]["values"])
     return ["<h2>Measures</h2>", table_html(measure_rows(records, moved)),
