@@ -254,3 +254,22 @@ def test_a_probe_file_that_is_not_there_is_one_line(imported, tmp_path, capsys):
     assert cli_main(["analyze", "--run", str(imported[2]), "--probe", f"{tmp_path}/none.py:P"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"{tmp_path}/none.py: no such probe file (--probe" in err, err
+
+
+def test_the_whole_analysis_runs_on_a_probe_that_is_a_task_and_only_the_pass_on_one_that_is_not(
+        imported, probe_file, capsys):
+    from plateauscope.runs.run import Run
+
+    _, chosen, run = imported
+    capsys.readouterr()
+    assert cli_main(["analyze", "--run", str(run), "--no-progress", "--probe", f"{probe_file}:CopyPairs"]) == 0
+    assert "is a probe but not a plateauscope.Task" in capsys.readouterr().out
+    assert not (analysis_dir(run) / "probe.json").exists()  # nothing later reads a probe it cannot analyse
+    spec = f"{probe_file}:TwoBackInduction"
+    assert cli_main(["analyze", "--run", str(run), "--no-progress", "--probe", spec, "--probe-length", "8"]) == 0
+    assert "results in" in capsys.readouterr().out
+    assert json.loads((analysis_dir(run) / "probe.json").read_text())["probe"] == spec
+    ran = Run(run)
+    assert [r["step"] for r in ran.metrics()] == chosen
+    assert [m.name for m in ran.task().measures()] == ["two_back_score", "in_context_loss_gap"]  # its own pattern
+    assert cli_main(["report", "--run", str(run)]) == 0 and (run / "report.html").is_file()

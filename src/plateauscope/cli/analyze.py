@@ -21,6 +21,8 @@ from plateauscope.cli.text.analysis import format_summary
 from plateauscope.runs.imported import record_probe
 from plateauscope.runs.run import Run
 from plateauscope.runs.series import is_imported
+from plateauscope.tasks.base import Task
+from plateauscope.tasks.probe import probe_class
 from plateauscope.views.pages import live_status
 
 
@@ -109,6 +111,11 @@ def main(argv: list[str] | None = None) -> int:
             options = {} if args.probe_length is None else {"segment_len": args.probe_length}
             print(format_probe_series(analyze_imported(args.run, args.probe, args.steps, args.every, args.device,
                                                        progress=not args.no_progress, **options)))
+            if not issubclass(probe_class(args.probe), Task):  # prompts and patterns only: its pass is all of it
+                print(f"--probe {args.probe} is a probe but not a plateauscope.Task (no evaluate): its pass above is "
+                      "its analysis; the patching sweep, ablation, circuit, stages, report and view need a probe "
+                      "that subclasses a task too, as induction does")
+                return
             record_probe(args.run, args.probe, options)  # the probe every later analysis and view reads
         if args.follow:
             if args.steps or args.every != 1 or args.full or args.workers is not None:

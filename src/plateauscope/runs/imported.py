@@ -252,6 +252,9 @@ class ImportedRun(Run):
                 raise RunError(f"{self.path / ANALYSIS_DIR / PROBE_FILE}: {_one_line(e)}") from None
             except ConfigError as e:
                 raise RunError(f"{self.path}: {e}") from None
+            if not isinstance(probe, Task):
+                raise RunError(f"{self.path / ANALYSIS_DIR / PROBE_FILE}: probe {self.choice['probe']} is not a "
+                               "plateauscope.Task; the analyses of a run read a probe that subclasses a task too")
             self._task = probe  # type: ignore[assignment]
             self.config = dataclasses.replace(self.config, task=getattr(probe, "cfg", None))
         return self._task  # type: ignore[return-value]

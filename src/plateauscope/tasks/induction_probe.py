@@ -95,11 +95,11 @@ class InductionProbe(InductionTask, Probe):
         return float(loss[:, 1:L].mean()), float(loss[:, L + 1: 2 * L].mean())
 
     def measures(self) -> tuple[Measure, ...]:
-        """The two head scores (per head) and the in-context loss gap (per model)."""
-        return (Measure("previous_token_score", lambda m, task, ev: task.head_scores(m)["previous_token"], "head",
-                        "head_detector's previous-token score"),
-                Measure("induction_score", lambda m, task, ev: task.head_scores(m)["induction"], "head",
-                        "head_detector's induction score"),
+        """Each detection pattern's head score (per head; a subclass's own patterns too) and the in-context loss
+        gap (per model)."""
+        names = self.detection_patterns(self.scored_tokens()[:1])
+        return (*(Measure(f"{name}_score", lambda m, task, ev, name=name: task.head_scores(m)[name], "head",
+                          f"head_detector's {name.replace('_', '-')} score") for name in names),
                 Measure("in_context_loss_gap", lambda m, task, ev: task.loss_gap(m), "model",
                         "loss on the first copy minus loss on the second"))
 
