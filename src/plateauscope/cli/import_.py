@@ -16,13 +16,15 @@ under two steps are named.
 
 Supported: the decoder-only attention language models that TransformerLens 4's bridge loads (GPT-2,
 GPT-NeoX/Pythia, Llama, Mistral, Qwen, OLMo, ...). One model is built per series and each checkpoint's
-weights are loaded into it. The analyses run the bridge's own forward on them; the fused and
-prefix-sharing fast paths cover the runs trained here.
+weights are loaded into it. The analyses run the bridge's own forward on them (on GPT-NeoX, patches
+share the clean prefix through Hugging Face's cache); the fused and prefix-sharing fast paths cover
+the runs trained here.
 
-Then `plateauscope analyze --run RUN [--probe induction] [--probe-length L]` runs the probe's pass:
-head_detector's previous-token and induction scores, the in-context loss gap and its change point,
-and exact head patching, at every checkpoint (RUN/analysis/probe_induction.json). Analyses that need
-the training data (the Hessian, the LLC) refuse an imported run in one line.
+Then `plateauscope analyze --run RUN [--probe induction | file.py:Class] [--probe-length L]` runs the
+probe's pass: head_detector's previous-token and induction scores, the in-context loss gap and its
+change point, and exact head patching, at every checkpoint (RUN/analysis/probe_induction.json); on a
+probe that is also a task, every analysis after it, on the probe's data. Analyses that need the
+training data (the Hessian, the LLC, grafting) refuse an imported run in one line.
 
     plateauscope import runs/hf_trainer_out --out checkpoints/imported [--every 2 | --steps 0,100,200] [--log-spaced 30]
     plateauscope import hf-cache:EleutherAI/pythia-70m --out checkpoints/pythia [--revisions step0,step1000]
