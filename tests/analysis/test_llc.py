@@ -75,6 +75,26 @@ def test_regular_model_has_llc_d_over_2():
     assert res["stationary"], res["drift"]
 
 
+class DroppedLinear(Linear):
+    """:class:`Linear` behind a dropout layer, as a Hugging Face model with dropout in its config."""
+
+    def __init__(self, w: torch.Tensor):
+        super().__init__(1, w)
+        self.drop = torch.nn.Dropout(0.5)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return super().forward(self.drop(x))
+
+
+@needs_devinterp
+def test_the_sampler_runs_without_dropout():
+    data, w = _regression()
+    settings = _settings(num_draws=50, num_burnin_steps=10)
+    plain = L.estimate_llc(Linear(1, w), data, None, settings, loss_fn=_mse)
+    dropped = L.estimate_llc(DroppedLinear(w).train(), data, None, settings, loss_fn=_mse)
+    assert dropped["llc_per_chain"] == plain["llc_per_chain"]  # the loss is a function of the weights alone
+
+
 @needs_devinterp
 def test_redundant_copy_does_not_lower_the_llc():
     data, w = _regression()

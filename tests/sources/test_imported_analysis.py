@@ -203,3 +203,35 @@ def test_edges_of_parallel_attention_equal_hugging_faces_forward(analysed):
         expected = metric(handles()) - corrupt
         assert abs(expected) > 0.01, receiver  # an edge that matters: the check can fail
         assert float(patch_each_edge(runs, [index]).effect[index]) == pytest.approx(expected, abs=1e-4), receiver
+
+
+def test_the_llc_samples_on_the_probes_sequences(analysed, capsys):
+    """The LLC of an imported run: its loss at the checkpoint is Hugging Face's model's task loss on the probe's
+    sequences (computed by hand), and it grows as induction forms."""
+    pytest.importorskip("devinterp")
+    from transformers import AutoModelForCausalLM
+
+    from plateauscope.cli.llc import main as llc
+
+    source, run = analysed
+    steps = (STEPS[0], STEPS[-1])
+    argv = ["--run", str(run), "--steps", *map(str, steps), "--chains", "2", "--draws", "30", "--burnin", "10",
+            "--no-calibration", "--no-progress"]
+    assert llc(argv) == 0
+    assert "the loss on 512 probe sequences" in capsys.readouterr().out
+    summary = json.loads((analysis_dir(run) / "llc.json").read_text())
+    task = Run(run).task()
+    assert summary["data"].startswith(f"{len(task.tokens)} probe sequences")
+    records = {r["step"]: r for r in map(json.loads, (analysis_dir(run) / "llc.jsonl").read_text().splitlines())}
+    for step in steps:
+        hf = AutoModelForCausalLM.from_pretrained(source / f"checkpoint-{step}").eval()
+        with torch.no_grad():
+            logp = hf(task.tokens[:, : task.input_len]).logits.log_softmax(-1)
+        pos = torch.tensor(task.loss_positions)
+        by_hand = -logp[:, pos].gather(-1, task.tokens[:, pos + 1, None]).mean()
+        assert records[step]["init_loss"] == pytest.approx(float(by_hand), abs=1e-4)
+    assert summary["llc"][1] > 5 * summary["llc"][0]  # the copy formed: a less degenerate solution
+    capsys.readouterr()
+    assert llc(["--run", str(run), "--per-head", "--steps", str(steps[-1]), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "the per-head LLC masks the weights of plateauscope's own" in err

@@ -96,7 +96,8 @@ from plateauscope.model.loss import fused_loss
 from plateauscope.processes import available_cores, spawn_pool
 from plateauscope.runs.interventions import HEAD_WEIGHTS, Interventions, has_interventions
 from plateauscope.runs.metrics import compute_tau
-from plateauscope.runs.run import Run, RunError, trained_run
+from plateauscope.runs.run import Run, RunError
+from plateauscope.runs.series import is_imported
 from plateauscope.tasks.base import Task
 
 HEAD_LLC_SETTINGS = LLCSettings(num_chains=1, num_draws=300, num_burnin_steps=10, batch_size=16, lr=1e-3,
@@ -557,7 +558,11 @@ def head_llc_series(run_dir: str | Path, steps: list[int] | None = None, every: 
     head_weight_names(0, part)
     if forward not in FORWARDS:
         raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
-    run = trained_run(run_dir, "the per-head LLC (on the training distribution)")
+    run = Run(run_dir)
+    if is_imported(run.path):
+        raise RunError(f"{run.path}: an imported series: the per-head LLC masks the weights of plateauscope's own "
+                       "model layout (W_Q, W_K, W_V per head), not a bridge's; plateauscope llc without --per-head "
+                       "samples the whole model on the probe's sequences")
     chosen = pick_steps(run.steps, every, steps)
     if not chosen:
         raise RunError(f"{run.path}: the run has no checkpoints")

@@ -5,8 +5,9 @@ SGLD (``devinterp.optim.SGMCMC.sgld``, Lau et al. 2023)::
 
     w_{t+1} = w_t - eps/2 (nbeta grad L_m(w_t) + gamma (w_t - w*)) + N(0, eps)
 
-where ``L_m`` is the training loss on a minibatch of ``m`` examples of the run's own data set,
-and estimate ``LLC = nbeta (E_chain[L(w_t)] - L(w*))``. ``L`` is the training objective,
+where ``L_m`` is the training loss on a minibatch of ``m`` examples of the run's own data set (an
+imported series, ``plateauscope import``, has none: its probe's sequences and the probe's task loss
+stand in, and ``llc.json``'s ``data`` says which), and estimate ``LLC = nbeta (E_chain[L(w_t)] - L(w*))``. ``L`` is the training objective,
 ``Task.loss`` (``plateauscope.tasks.base``): the mean cross-entropy over the A (target) tokens
 under teacher forcing. ``E_chain`` is the mean of the minibatch losses of the draws (the steps
 after burn-in) over all chains; ``L(w*)`` is the loss at the checkpoint on a fixed, seeded
@@ -61,7 +62,8 @@ from plateauscope.analysis.results import (
     write_json_result,
 )
 from plateauscope.runs.metrics import compute_tau
-from plateauscope.runs.run import Run, RunError, read_jsonl, trained_run
+from plateauscope.runs.run import Run, RunError, read_jsonl
+from plateauscope.runs.series import is_imported
 from plateauscope.tasks.base import Task
 
 log = logging.getLogger(__name__)
@@ -247,7 +249,7 @@ def estimate_llc(model: torch.nn.Module, tokens: Shaped[Tensor, "N ..."], task: 
     frozen_change = 0.0
     for chain in range(settings.num_chains):
         release_graphs(model)
-        sampler_model = copy.deepcopy(model).train()
+        sampler_model = copy.deepcopy(model)  # in eval mode: no dropout, the loss a function of the weights
         for p in sampler_model.parameters():
             p.requires_grad_(True)
         if masks is None:
@@ -395,6 +397,13 @@ def nearest(steps: list[int], values: list[float], target: float | int | None) -
     return {"step": steps[i], "llc": values[i]}
 
 
+def data_of(run: Run) -> str:
+    """What the LLC's loss is taken on: the training set, or an imported run's probe sequences."""
+    task = run.task()
+    where = "probe sequences (an imported series has no training data)" if is_imported(run.path) else "training sequences"
+    return f"{len(task.tokens)} {where}: {task.describe()}"
+
+
 def llc_series(run_dir: str | Path, steps: list[int] | None = None, every: int = 1,
                settings: LLCSettings = LLCSettings(), calib_step: int | None = None, calibrate_check: bool = True,
                device: str = "cpu", progress: bool = True) -> dict[str, Any]:
@@ -405,7 +414,7 @@ def llc_series(run_dir: str | Path, steps: list[int] | None = None, every: int =
     """
     settings.validate()
     require_devinterp()
-    run = trained_run(run_dir, "the LLC (on the training distribution)")
+    run = Run(run_dir)  # an imported run samples on its probe's sequences (data_of)
     chosen = pick_steps(run.steps, every, steps)
     if not chosen:
         raise RunError(f"{run.path}: the run has no checkpoints")
@@ -425,6 +434,7 @@ def llc_series(run_dir: str | Path, steps: list[int] | None = None, every: int =
     drifts = [d for r in records for d in r["drift"]]
     result = {
         "settings": settings.to_dict(),
+        "data": data_of(run),
         "steps": chosen,
         "llc": llc,
         "llc_std": [r["llc_std"] for r in records],

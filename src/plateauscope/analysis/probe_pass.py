@@ -9,7 +9,7 @@ change-point rule (``plateauscope.analysis.changepoint``) on the loss gap, with 
 series as its baseline, and the heads named at the last step.
 
 The result is written to ``RUN/analysis/probe_<name>.json``. An analysis that needs the training data
-(the Hessian, the LLC on the training distribution, the plateau verdict) is not run on an imported run.
+(the Hessian, the plateau verdict) is not run on an imported run.
 
     plateauscope analyze --run IMPORTED [--probe induction] [--every N | --steps ...]
 """

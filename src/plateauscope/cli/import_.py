@@ -24,7 +24,8 @@ Then `plateauscope analyze --run RUN [--probe induction | file.py:Class] [--prob
 probe's pass: head_detector's previous-token and induction scores, the in-context loss gap and its
 change point, and exact head patching, at every checkpoint (RUN/analysis/probe_induction.json); on a
 probe that is also a task, every analysis after it, on the probe's data. Analyses that need the
-training data (the Hessian, the LLC, grafting) refuse an imported run in one line.
+training data (the Hessian, grafting) refuse an imported run in one line; `plateauscope llc`
+samples on the probe's sequences (not --per-head).
 
     plateauscope import runs/hf_trainer_out --out checkpoints/imported [--every 2 | --steps 0,100,200] [--log-spaced 30]
     plateauscope import hf-cache:EleutherAI/pythia-70m --out checkpoints/pythia [--revisions step0,step1000]

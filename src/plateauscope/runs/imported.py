@@ -16,8 +16,8 @@ trained elsewhere (``plateauscope import``, :mod:`plateauscope.runs.series`).
   (its stages), or None; ``plateau()``: the probe's verdict from its plateau references, or None;
 * ``config``: :class:`ImportedConfig`, the model's shape and the probe's evaluation settings only.
 
-What needs the training data (the Hessian, the LLC on the training distribution, grafting) raises
-:class:`ImportedRunError`, one line saying so.
+What needs the training data (the Hessian, grafting) raises :class:`ImportedRunError`, one line saying so;
+the LLC samples on the probe's sequences.
 """
 
 from __future__ import annotations

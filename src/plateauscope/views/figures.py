@@ -621,8 +621,8 @@ def llc_figure(summary: dict[str, Any], title: str = "Local learning coefficient
     calib_text = (f" Doubling the draws at step {calib['step']} changes it by {100 * calib['rel_change']:.1f}%."
                   if calib else "")
     caption = (f"The local learning coefficient (SGLD: {s['num_chains']} chains x {s['num_draws']} draws, "
-               f"eps {s['lr']:g}, gamma {s['localization']:g}, nbeta {s['nbeta']:g}) at each analysed checkpoint; "
-               f"compare where it moves with t_form (the selector head forms) and tau (the loss drops)."
+               f"eps {s['lr']:g}, gamma {s['localization']:g}, nbeta {s['nbeta']:g}) at each analysed checkpoint, "
+               f"the loss on {summary.get('data', 'the training sequences')}; compare where it moves with t_form (the selector head forms) and tau (the loss drops)."
                + calib_text)
     return fig, caption
 

@@ -65,8 +65,8 @@ IMPORTED_NOTE = ("An imported series: every number here is measured on the probe
                  "stands in for the training metrics: tau and the plateau are the probe's progress measure against its "
                  "height), not on the training data, which an imported run lacks; the stages are the probe's reference "
                  "predictors'; "
-                 "the training loss, summary.json's thresholds, the Hessian and the LLC on the training "
-                 "distribution are not shown.")
+                 "the training loss, summary.json's thresholds and the Hessian are not shown; an LLC is the "
+                 "probe's sequences'.")
 """The report's note on an imported run (``plateauscope import``)."""
 _CV_DIV = re.compile(r'<div id="(circuits-vis-[^"]+)"')
 _CV_SCRIPT_OPEN = '<script crossorigin type="module">'

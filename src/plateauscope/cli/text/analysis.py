@@ -235,7 +235,8 @@ def format_record(r: dict[str, Any]) -> str:
 
 def format_llc_summary(s: dict[str, Any]) -> str:
     """The series summary as a few plain lines."""
-    lines = [f"LLC at {len(s['steps'])} checkpoints ({s['steps'][0]}..{s['steps'][-1]}), settings {s['settings']}"]
+    lines = [f"LLC at {len(s['steps'])} checkpoints ({s['steps'][0]}..{s['steps'][-1]}), settings {s['settings']}",
+             f"  the loss on {s.get('data', 'the training sequences')}"]
     for name, at in s["at"].items():
         if at:
             lines.append(f"  {name:<14} step {at['step']:>6}: LLC {at['llc']:.2f}")
