@@ -47,6 +47,8 @@ _API: dict[str, str] = {
     "AttentionRule": "plateauscope.tasks.base:AttentionRule",
     "ReferencePredictor": "plateauscope.tasks.base:ReferencePredictor",
     "Probe": "plateauscope.tasks.probe:Probe",
+    "encode_texts": "plateauscope.tasks.probe:encode_texts",
+    "token_id": "plateauscope.tasks.probe:token_id",
     # sweeps
     "SweepSpec": "plateauscope.sweeps.spec:SweepSpec",
     "SWEEPS": "plateauscope.sweeps.catalogue:SWEEPS",
@@ -149,7 +151,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from plateauscope.sweeps.executors import run_sweep
     from plateauscope.sweeps.spec import SweepSpec
     from plateauscope.tasks.base import AttentionRule, Measure, ProgressMeasure, PromptPairs, ReferencePredictor, Task, TaskError
-    from plateauscope.tasks.probe import Probe
+    from plateauscope.tasks.probe import Probe, encode_texts, token_id
     from plateauscope.views import figures
     from plateauscope.views.report import attention_views, moment_steps, write_report
     from plateauscope.views.sweep_figures import sweep_figures

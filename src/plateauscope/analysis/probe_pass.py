@@ -109,7 +109,8 @@ def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[
     for step in tqdm(chosen, desc=f"probe {Path(run_dir).name}", disable=not progress, dynamic_ncols=True):
         model = series.model(step, device, reuse=model)
         if built is None:
-            built = build_probe(probe, model.cfg.d_vocab, model.cfg.n_ctx, **probe_options)
+            built = build_probe(probe, model.cfg.d_vocab, model.cfg.n_ctx, tokenizer=series.loaded_tokenizer,
+                                    **probe_options)
             pairs = (_probe_call(lambda: built.prompt_pairs(n_pairs, 0), built, probe, "prompt_pairs")
                      if patching and offers_pairs(built) else None)
         scores, gap = _probe_call(lambda: built.signals(model), built, probe, "head_scores / loss_gap")

@@ -525,6 +525,19 @@ _HF_PARAMETERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 """A booted bridge's Hugging Face tensors under their Hugging Face names (the bridge wraps each module)."""
 
 
+def load_tokenizer(folder: str | None) -> Any:
+    """The Hugging Face tokenizer saved in ``folder`` (offline), or None for None; a folder whose tokenizer
+    files cannot be read is a one-line BackendError naming it."""
+    if folder is None:
+        return None
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as e:
+        raise BackendError(f"{folder}: the tokenizer cannot be read ({' '.join(str(e).split())[:200]})") from None
+
+
 def boot_causal_lm(config_dir: str, device: str | torch.device = "cpu", tokenizer_dir: str | None = None) -> Model:
     """A TransformerLens 4 bridge of the Hugging Face causal language model whose ``config.json`` is in
     ``config_dir``, with freshly initialised weights (the caller loads a checkpoint's into
@@ -533,7 +546,7 @@ def boot_causal_lm(config_dir: str, device: str | torch.device = "cpu", tokenize
     is fetched from a hub. Built once per series; each checkpoint's weights are loaded into it."""
     resolve_backend("bridge")
     from transformer_lens.model_bridge import TransformerBridge
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     config = AutoConfig.from_pretrained(config_dir, local_files_only=True)
     with torch.random.fork_rng(devices=[]), warnings.catch_warnings():  # the draw is replaced: keep the RNG
@@ -541,7 +554,7 @@ def boot_causal_lm(config_dir: str, device: str | torch.device = "cpu", tokenize
         hf_model = AutoModelForCausalLM.from_config(config).to(device)
         _add_lm_head_bias(hf_model, config)
         hf_tensors = dict(hf_model.state_dict(keep_vars=True))  # before the bridge wraps the modules
-        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True) if tokenizer_dir else None
+        tokenizer = load_tokenizer(tokenizer_dir)
         with _no_tokenizer_search(tokenizer is None):
             bridge = TransformerBridge.boot_transformers(str(config_dir), hf_model=hf_model, tokenizer=tokenizer,
                                                          device=device)

@@ -247,7 +247,7 @@ class ImportedRun(Run):
 
             try:
                 probe = build_probe(self.choice["probe"], self.shape.d_vocab, self.shape.n_ctx,
-                                    **self.choice["options"])
+                                    tokenizer=self.series.loaded_tokenizer, **self.choice["options"])
             except TypeError as e:  # an option the probe does not take
                 raise RunError(f"{self.path / ANALYSIS_DIR / PROBE_FILE}: {_one_line(e)}") from None
             except ConfigError as e:

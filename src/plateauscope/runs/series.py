@@ -15,6 +15,7 @@ every checkpoint's weights into it, so a long series runs in flat memory.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -30,7 +31,7 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load as load_safetensors
 
-from plateauscope.model.backend import Model, boot_causal_lm, load_causal_lm_state
+from plateauscope.model.backend import BackendError, Model, boot_causal_lm, load_causal_lm_state, load_tokenizer
 from plateauscope.runs.files import (
     MODEL_CONFIG_DIR,
     SERIES_FILE,
@@ -293,6 +294,14 @@ class ImportedSeries:
     def tokenizer(self) -> str | None:
         """The tokenizer folder of the series, or None (token ids)."""
         return next(iter(self.checkpoints.values())).tokenizer
+
+    @functools.cached_property
+    def loaded_tokenizer(self) -> Any:
+        """The series' Hugging Face tokenizer (:attr:`tokenizer`'s files), or None (token ids)."""
+        try:
+            return load_tokenizer(self.tokenizer)
+        except BackendError as e:
+            raise RunError(str(e)) from None
 
     @property
     def hf_config(self) -> dict[str, Any]:

@@ -15,6 +15,8 @@ likes, a task, whose abstract members it must then implement). It needs:
 * at least one measure: :meth:`Probe.detection_patterns` (head scores, on :meth:`Probe.scored_tokens`),
   ``loss_gap(model)`` (a number per checkpoint, whose change point is read), or
   ``prompt_pairs(n, seed)`` returning :class:`~plateauscope.tasks.base.PromptPairs` (exact head patching);
+* a ``for_model`` with a ``tokenizer`` argument gets the series' tokenizer (None without one): prompts written
+  as text become token ids with :func:`encode_texts`, answers with :func:`token_id`;
 * ``probe_name`` (letters, digits, ``_``): the results file ``RUN/analysis/probe_<probe_name>.json``
   (default: the class's name).
 
@@ -199,18 +201,48 @@ def check_probe(probe: Probe, d_vocab: int, n_pairs: int = 16) -> None:
                                  f"{d_vocab} tokens")
 
 
-def build_probe(spec: str, d_vocab: int, n_ctx: int, seed: int = 0, **options: Any) -> Probe:
+def build_probe(spec: str, d_vocab: int, n_ctx: int, seed: int = 0, tokenizer: Any = None, **options: Any) -> Probe:
     """The probe ``spec`` built for a model (``options``: the probe's own, e.g. ``segment_len``), checked
-    against the vocabulary (:func:`check_probe`)."""
+    against the vocabulary (:func:`check_probe`). ``tokenizer``: the model's (None: token ids only), handed to a
+    ``for_model`` that takes a ``tokenizer`` argument; one that needs it, on a series without, is a ProbeError."""
     cls = probe_class(spec)
+    wants = inspect.signature(cls.for_model).parameters.get("tokenizer")
+    if wants is not None:
+        if tokenizer is None and wants.default is inspect.Parameter.empty:
+            raise ProbeError(f"--probe {spec}: its for_model needs the model's tokenizer, and the series has none "
+                             "(token ids only: import checkpoints saved with their tokenizer files)")
+        options = {**options, "tokenizer": tokenizer}
     try:
         probe = cls.for_model(d_vocab, n_ctx, seed, **options)
         check_probe(probe, d_vocab)
-    except ProbeError:
-        raise
+    except ProbeError as e:  # named by the probe, or by the probe's use of encode_texts / token_id
+        raise e if str(e).startswith(("probe ", "--probe ")) else ProbeError(f"--probe {spec}: {e}") from None
     except Exception as e:  # noqa: BLE001 - a probe file's code can fail in any way; say where
-        raise probe_code_error(e, cls, spec, f"{cls.__name__}.for_model({', '.join(options) or ''})") from None
+        named = ", ".join(k for k in options if k != "tokenizer")
+        raise probe_code_error(e, cls, spec, f"{cls.__name__}.for_model({named})") from None
     return probe
+
+
+def encode_texts(tokenizer: Any, texts: list[str]) -> Int[Tensor, "N seq"]:
+    """Prompts written as text, as token ids of the model's tokenizer (no special tokens added): one row per
+    text, all of one length, since a probe's prompts are read position by position; a ProbeError otherwise."""
+    if tokenizer is None:
+        raise ProbeError("the probe writes its prompts as text, and the series has no tokenizer (token ids only)")
+    ids = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    for text, row in zip(texts, ids):
+        if len(row) != len(ids[0]):
+            raise ProbeError(f"the probe's prompts differ in length: {texts[0]!r} is {len(ids[0])} tokens, {text!r} "
+                             f"{len(row)}; prompts are compared position by position")
+    return torch.tensor(ids, dtype=torch.long)
+
+
+def token_id(tokenizer: Any, text: str) -> int:
+    """The one token id of ``text`` (an answer, or a token a position is found by); a ProbeError when the
+    tokenizer makes it more or fewer than one token."""
+    ids = encode_texts(tokenizer, [text])[0]
+    if len(ids) != 1:
+        raise ProbeError(f"the probe's token {text!r} is {len(ids)} tokens of the model's tokenizer, not one")
+    return int(ids[0])
 
 
 @torch.no_grad()
