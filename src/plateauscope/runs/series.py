@@ -107,28 +107,25 @@ def decode_weights(data: bytes, fmt: str, name: str | os.PathLike,
     return obj
 
 
-def weight_shapes(path: str | os.PathLike, fmt: str, data: bytes | None = None,
-                  hf_config: dict[str, Any] | None = None) -> dict[str, tuple[int, ...]]:
-    """The tensor names and shapes of a checkpoint file (``data``: its bytes, else read from ``path``): a
-    safetensors file's from its header, its length checked against the header (a truncated file), without
-    decoding the tensors; any other format's decoded (a file that needs code to unpickle is refused;
-    ``hf_config`` as for :func:`decode_weights`). A one-line RunError naming the file."""
+def weight_shapes(path: str | os.PathLike, fmt: str, hf_config: dict[str, Any] | None = None
+                  ) -> dict[str, tuple[int, ...]]:
+    """The tensor names and shapes of a checkpoint file: a safetensors file's from its header, its length
+    checked against the header (a truncated file), without decoding the tensors; any other format's decoded
+    (a file that needs code to unpickle is refused; ``hf_config`` as for :func:`decode_weights`). A one-line
+    RunError naming the file."""
     path = Path(path)
     if fmt != "safetensors":
-        return {k: tuple(v.shape) for k, v in decode_weights(path.read_bytes() if data is None else data, fmt, path, hf_config).items()}
+        return {k: tuple(v.shape) for k, v in decode_weights(path.read_bytes(), fmt, path, hf_config).items()}
     try:
-        if data is None:
-            with open(path, "rb") as f:
-                n = int.from_bytes(f.read(8), "little")
-                raw, size = (f.read(n) if 0 < n < (1 << 27) else b""), path.stat().st_size
-        else:
-            n = int.from_bytes(data[:8], "little")
-            raw, size = data[8: 8 + n], len(data)
+        with open(path, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            raw = f.read(n) if 0 < n < (1 << 27) else b""
         tensors = {k: v for k, v in json.loads(raw).items() if k != "__metadata__"}
         shapes = {k: tuple(v["shape"]) for k, v in tensors.items()}
         end = max((v["data_offsets"][1] for v in tensors.values()), default=0)
     except (OSError, ValueError, TypeError, KeyError, AttributeError):
         raise RunError(f"{path}: not a complete safetensors file, truncated or damaged (its header cannot be read)") from None
+    size = path.stat().st_size
     if size != 8 + n + end:
         raise RunError(f"{path}: not a complete safetensors file, truncated or damaged ({size} bytes, "
                        f"its header names {8 + n + end})")
@@ -278,7 +275,6 @@ class ImportedSeries:
         self.source: str = raw.get("source", "")
         self.notes: list[str] = raw.get("notes", [])
         self.checkpoints: dict[int, SeriesCheckpoint] = {c.step: c for c in found}
-        self._hf_config: dict[str, Any] | None = None
 
     @property
     def steps(self) -> list[int]:
@@ -303,12 +299,10 @@ class ImportedSeries:
         except BackendError as e:
             raise RunError(str(e)) from None
 
-    @property
+    @functools.cached_property
     def hf_config(self) -> dict[str, Any]:
         """The series' Hugging Face config (read once)."""
-        if self._hf_config is None:
-            self._hf_config = json.loads((self.path / MODEL_CONFIG_DIR / "config.json").read_text())
-        return self._hf_config
+        return json.loads((self.path / MODEL_CONFIG_DIR / "config.json").read_text())
 
     def checkpoint(self, step: int) -> SeriesCheckpoint:
         """The manifest's entry of ``step``, or a one-line RunError naming the steps that exist."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,14 @@ from plateauscope.errors import ConfigError
 
 class SourceError(ConfigError):
     """A series that cannot be imported (one line naming the file or flag)."""
+
+
+def read_source_json(path: Path) -> Any:
+    """A JSON file of a source (a config, a trainer state), or a one-line SourceError naming it."""
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise SourceError(f"{path}: not readable JSON ({' '.join(str(e).split())})") from None
 
 
 @dataclass(frozen=True)

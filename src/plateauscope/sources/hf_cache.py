@@ -20,8 +20,8 @@ import os
 import re
 from pathlib import Path
 
-from plateauscope.sources.found import FoundCheckpoint, SourceError
-from plateauscope.sources.hf_folder import TOKENIZER_FILES, WEIGHT_FILES, _read_json
+from plateauscope.sources.found import FoundCheckpoint, SourceError, read_source_json
+from plateauscope.sources.hf_folder import TOKENIZER_FILES, WEIGHT_FILES
 
 PREFIX = "hf-cache:"
 """How a source names a model in the Hugging Face cache: ``hf-cache:EleutherAI/pythia-70m``."""
@@ -82,7 +82,7 @@ def read_snapshot(name: str, revision: str, snapshot: Path, step: int) -> FoundC
                           + f" in the local Hugging Face cache ({snapshot})")
     file, fmt = weights[0]
     tokenizer = snapshot if any((snapshot / t).is_file() for t in TOKENIZER_FILES) else None
-    return FoundCheckpoint(step, file, fmt, _read_json(snapshot / "config.json"), snapshot / "config.json", tokenizer)
+    return FoundCheckpoint(step, file, fmt, read_source_json(snapshot / "config.json"), snapshot / "config.json", tokenizer)
 
 
 def read_hf_cache(source: str, revisions: list[str] | None = None) -> list[FoundCheckpoint]:

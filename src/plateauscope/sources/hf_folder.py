@@ -7,11 +7,10 @@ folder's name (``checkpoint-1200``, ``step_300``); a folder with neither is a on
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
-from plateauscope.sources.found import FoundCheckpoint, SourceError
+from plateauscope.sources.found import FoundCheckpoint, SourceError, read_source_json
 
 WEIGHT_FILES = (("model.safetensors", "safetensors"), ("pytorch_model.bin", "torch"))
 """The weights file of a checkpoint folder, by preference, and its format."""
@@ -25,18 +24,11 @@ def is_checkpoint_folder(folder: Path) -> bool:
     return (folder / "config.json").is_file() and any((folder / name).is_file() for name, _ in WEIGHT_FILES)
 
 
-def _read_json(path: Path) -> dict:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise SourceError(f"{path}: not readable JSON ({' '.join(str(e).split())})") from None
-
-
 def folder_step(folder: Path) -> int:
     """The checkpoint's step: ``trainer_state.json``'s ``global_step``, else the last number in the folder's name."""
     state = folder / "trainer_state.json"
     if state.is_file():
-        step = _read_json(state).get("global_step")
+        step = read_source_json(state).get("global_step")
         if isinstance(step, int) and step >= 0:
             return step
         raise SourceError(f"{state}: no global_step (an integer) to read the step from")
@@ -50,7 +42,7 @@ def read_checkpoint_folder(folder: Path) -> FoundCheckpoint:
     """One checkpoint folder."""
     file, fmt = next((folder / name, fmt) for name, fmt in WEIGHT_FILES if (folder / name).is_file())
     tokenizer = folder if any((folder / name).is_file() for name in TOKENIZER_FILES) else None
-    return FoundCheckpoint(folder_step(folder), file, fmt, _read_json(folder / "config.json"),
+    return FoundCheckpoint(folder_step(folder), file, fmt, read_source_json(folder / "config.json"),
                            folder / "config.json", tokenizer)
 
 

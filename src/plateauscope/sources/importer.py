@@ -111,9 +111,10 @@ def import_series(source: str | Path, out: str | Path, every: int = 1, steps: li
     chosen = set(select_steps([c.step for c in found], every, steps, log_spaced, str(source)))
     found = [c for c in found if c.step in chosen]
     first = found[0]
-    for c in found:  # the quick checks, before the long pass
+    shapes: dict[int, dict[str, tuple[int, ...]]] = {}
+    for c in found:  # the quick checks, before the long pass (a safetensors file's header only)
         try:
-            weight_shapes(c.file, c.format, hf_config=c.hf_config)
+            shapes[c.step] = weight_shapes(c.file, c.format, hf_config=c.hf_config)
         except RunError as e:
             raise SourceError(str(e)) from None
     with tempfile.TemporaryDirectory() as config_dir:
@@ -127,27 +128,26 @@ def import_series(source: str | Path, out: str | Path, every: int = 1, steps: li
     written: list[SeriesCheckpoint] = []
     by_hash: dict[str, int] = {}
     duplicates: list[tuple[int, int]] = []
+    notes: list[str] = []
     for i, c in enumerate(found):
         try:
             data = c.file.read_bytes()
         except OSError as e:
             raise SourceError(f"{c.file}: cannot be read ({e.strerror})") from None
         digest = hashlib.sha256(data).hexdigest()
-        try:  # the names and shapes fit the model (a safetensors file's from its header)
-            check_causal_lm_shapes(model, weight_shapes(c.file, c.format, data, c.hf_config))
+        try:  # the names and shapes fit the model
+            check_causal_lm_shapes(model, shapes[c.step])
         except BackendError as e:
             raise SourceError(f"{c.file}: {e}") from None
-        except RunError as e:
-            raise SourceError(str(e)) from None
         if digest in by_hash:
             duplicates.append((by_hash[digest], c.step))
+            notes.append(f"steps {by_hash[digest]} and {c.step} have identical weights (SHA-256 {digest[:12]}...): "
+                         "one of them serves the other's files")
         by_hash.setdefault(digest, c.step)
         written.append(SeriesCheckpoint(c.step, str(c.file.resolve()), digest, len(data), c.format, c.architecture,
                                         str(c.tokenizer.resolve()) if c.tokenizer else None))
         if progress is not None:
             progress(i + 1, len(found))
-    notes = [f"steps {a} and {b} have identical weights (SHA-256 {d[:12]}...): one of them serves the other's files"
-             for (a, b), d in zip(duplicates, [written[[w.step for w in written].index(b)].sha256 for _, b in duplicates])]
     for note in notes:
         log.warning("%s: %s", source, note)
     try:

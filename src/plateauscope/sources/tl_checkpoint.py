@@ -29,7 +29,7 @@ from typing import Any
 from plateauscope.model.backend import LM_HEAD_BIAS
 from plateauscope.runs.files import RunError
 from plateauscope.runs.series import decode_weights
-from plateauscope.sources.found import FoundCheckpoint, SourceError
+from plateauscope.sources.found import FoundCheckpoint, SourceError, read_source_json
 
 CONFIG_FILES = ("cfg.json", "config.json")
 """Where a folder of TransformerLens checkpoints keeps its config, by preference."""
@@ -58,14 +58,6 @@ _MUST_BE: tuple[tuple[str, Any, str], ...] = (
     ("use_normalization_before_and_after", False, "GPT-2 has one LayerNorm before each sublayer"),
 )
 """Config fields that must keep HookedTransformerConfig's default for the model to be GPT-2, and why."""
-
-
-def _read_json(path: Path) -> Any:
-    """A JSON file's content, or a one-line SourceError naming it."""
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise SourceError(f"{path}: not readable JSON ({' '.join(str(e).split())})") from None
 
 
 def config_file(folder: Path) -> Path | None:
@@ -174,7 +166,7 @@ def read_transformer_lens(source: Path) -> list[FoundCheckpoint]:
         raise SourceError(f"{folder}: TransformerLens state dicts without their config: write the model's "
                           "HookedTransformerConfig (or TransformerBridgeConfig) fields as JSON to "
                           f"{folder / 'cfg.json'} (d_model, n_layers, n_heads, d_head, d_mlp, n_ctx, d_vocab, act_fn)")
-    raw = _read_json(cfg_file)
+    raw = read_source_json(cfg_file)
     hf_config = gpt2_config(raw, cfg_file)
     by_step: dict[int, FoundCheckpoint] = {}
     for file in weight_files(source):
