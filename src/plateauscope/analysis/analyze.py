@@ -69,6 +69,7 @@ from plateauscope.analysis.edges import (
     edge_and_attribution_records,
     edge_circuit_record,
     edge_record,
+    edges_refusal,
     edges_summary,
     exact_edge_record,
 )
@@ -302,6 +303,15 @@ class SeriesAnalysis:
         self.held: queue.SimpleQueue[torch.nn.Module | None] = queue.SimpleQueue()
         for _ in range(workers):
             self.held.put(None)
+        self.refused: dict[str, str] = {}
+        """Analysis -> why the model's family has none (one line each); the other analyses run."""
+        if edges and run.steps:
+            model = run.model(run.steps[-1], device, backend, reuse=self.held.get())
+            self.held.put(model)
+            why = edges_refusal(model)
+            if why is not None:
+                self.refused["edges"], self.edges = why, False
+                log.warning("%s: %s", run.path, why)
 
     # ---- the plans ----------------------------------------------------------------------------
 
@@ -367,7 +377,8 @@ class SeriesAnalysis:
             cache = {**cache, "patch": cache["attribution"]}
         result = {**summarize(self.run, cache, self.tau, self.records, self.settings.smooth, self.pairs),
                   "edges": edges_summary(cache["edges"], cache["edge_circuit"], cache["edge_exact"], tau=self.tau),
-                  "plan": plan, "settings": self.settings.to_dict(), "task": self.fingerprint}
+                  "plan": plan, "settings": self.settings.to_dict(), "task": self.fingerprint,
+                  **({"refused": self.refused} if self.refused else {})}
         write_json_result(self.folder / ROUTING_FILE, result)
         (self.folder / LEGACY_ROUTING_FILE).unlink(missing_ok=True)  # an older analysis's summary, now replaced
         return result

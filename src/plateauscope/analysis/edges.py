@@ -75,7 +75,8 @@ from plateauscope.analysis.prefix import (
     savers,
 )
 from plateauscope.analysis.results import median
-from plateauscope.model.backend import Model, hooked_parameters, shares_prefixes
+from plateauscope.model.backend import Model, hooked_parameters, is_causal_lm, shares_prefixes
+from plateauscope.model.families import family_of, head_input, mlp_input, mlp_reads
 from plateauscope.model.fused import layer_norm
 from plateauscope.model.heads import head_label
 from plateauscope.runs.files import RunError
@@ -108,12 +109,27 @@ class EdgeGraph:
     parallel: bool = False
     """Attention and MLP in parallel (GPT-NeoX, GPT-J): a layer's MLP reads the layer's input, as its heads do,
     so no head of its own layer sends to it."""
+    n_kv_heads: int | None = None
+    """Grouped keys (Mistral, Qwen2, Gemma 2): the key/value heads, each shared by ``n_heads // n_kv_heads`` query
+    heads; None: one per query head. A key or value receiver is then a key/value head, as in TransformerLens's
+    ``use_split_qkv_input``: its node is the first query head of its group (``L1H2 (k)`` with groups of two is the
+    key input that ``L1H2`` and ``L1H3`` read)."""
 
     @classmethod
     def of(cls, model: Model) -> EdgeGraph:
         """The graph of ``model``."""
-        return cls(model.cfg.n_layers, model.cfg.n_heads, not model.cfg.attn_only,
-                   bool(getattr(model.cfg, "parallel_attn_mlp", False)))
+        family = family_of(model)
+        return cls(model.cfg.n_layers, model.cfg.n_heads, family.mlp != "none", family.parallel,
+                   family.n_kv_heads if family.grouped else None)
+
+    @property
+    def group(self) -> int:
+        """Query heads per key/value head (1 without grouped keys)."""
+        return self.n_heads // (self.n_kv_heads or self.n_heads)
+
+    def reads_keys(self, head: int) -> bool:
+        """Whether ``head`` stands for a key/value head's receivers (the first query head of its group)."""
+        return head % self.group == 0
 
     @cached_property
     def senders(self) -> list[tuple[str, int]]:
@@ -129,7 +145,8 @@ class EdgeGraph:
         """``(node id, input, rank)``: input ``q`` / ``k`` / ``v`` of a head, ``mlp`` or ``logits``."""
         out = []
         for layer in range(self.n_layers):
-            out += [(head_label(layer, h), x, 2 * layer) for h in range(self.n_heads) for x in HEAD_INPUTS]
+            out += [(head_label(layer, h), x, 2 * layer) for h in range(self.n_heads) for x in HEAD_INPUTS
+                    if x == "q" or self.reads_keys(h)]
             out += [(f"MLP{layer}", "mlp", 2 * layer + (0 if self.parallel else 1))] if self.has_mlp else []
         return out + [("logits", "logits", 2 * self.n_layers)]
 
@@ -171,11 +188,12 @@ def split_inputs(model: Model) -> Iterator[bool]:
     (TransformerLens 4's ``boot_native`` bridge), :func:`emulated_head_inputs` stands in."""
     old = (model.cfg.use_split_qkv_input, model.cfg.use_hook_mlp_in)
     mlp = not model.cfg.attn_only  # TransformerLens refuses the MLP input hook without MLPs
-    try:
-        model.set_use_split_qkv_input(True)
-        native = True
-    except NotImplementedError:  # "none of this model's attention bridges support" the split
-        native = False
+    native = not is_causal_lm(model)  # another trainer's model: its own modules compute each input, emulated
+    if native:
+        try:
+            model.set_use_split_qkv_input(True)
+        except NotImplementedError:  # "none of this model's attention bridges support" the split
+            native = False
     if mlp:
         model.set_use_hook_mlp_in(True)
     try:
@@ -188,6 +206,19 @@ def split_inputs(model: Model) -> Iterator[bool]:
 
 
 _HEAD_INPUT_HOOK = re.compile(r"blocks\.(\d+)\.hook_([qkv])_input")
+_MLP_INPUT_HOOK = re.compile(r"blocks\.(\d+)\.hook_mlp_in")
+
+
+def edges_refusal(model: Model) -> str | None:
+    """Why the edge graph is undefined for ``model``'s family (None: it is defined). A block that normalises the
+    attention's (or MLP's) output before adding it to the residual stream (Gemma 2's sandwich norms, OLMo 2's
+    post-norm) makes the stream a nonlinear function of the heads' outputs: no head's output is a term of it,
+    and an edge from a head has no meaning."""
+    block = model.blocks[0]
+    if is_causal_lm(model) and any(hasattr(block, n) for n in ("ln1_post", "ln2_post")):
+        return (f"edges: {family_of(model).describe()} normalises each attention and MLP output before adding it to "
+                "the residual stream, so no head's output is a term of the stream and its edges are undefined")
+    return None
 
 
 def emulated_head_inputs(model: Model, hooks: list[tuple[str, Callable]]) -> list[tuple[str, Callable]]:
@@ -200,11 +231,13 @@ def emulated_head_inputs(model: Model, hooks: list[tuple[str, Callable]]) -> lis
     result replaces the model's own at ``attn.hook_q`` (``hook_k``, ``hook_v``). Gradients flow from
     the query back to the copies, so attribution reads them as on HookedTransformer."""
     cfg = model.cfg
-    grouped = (getattr(cfg, "n_key_value_heads", None) or cfg.n_heads) != cfg.n_heads
-    if cfg.normalization_type not in (None, "LN", "LNPre") or grouped:
-        raise RunError(f"edges: this model's attention does not split its inputs per head, and its "
-                       f"{cfg.normalization_type} norm or grouped keys are not emulated here; analyse it with "
-                       "--no-edges")
+    refusal = edges_refusal(model)
+    if refusal is not None:
+        raise RunError(refusal)
+    if is_causal_lm(model):
+        return _emulated_inputs_of_modules(model, hooks)
+    if family_of(model).grouped:
+        raise RunError("edges: grouped keys in a model built here are not emulated; analyse it with --no-edges")
     params = hooked_parameters(model)
     resid: dict[int, Tensor] = {}
     out: list[tuple[str, Callable]] = []
@@ -237,6 +270,49 @@ def emulated_head_inputs(model: Model, hooks: list[tuple[str, Callable]]) -> lis
             layers.add(layer)
             out.insert(0, (get_act_name("resid_pre", layer), save_resid(layer)))
         out.append((get_act_name(match[2], layer), recompute(layer, match[2], fn)))
+    return out
+
+
+def _emulated_inputs_of_modules(model: Model, hooks: list[tuple[str, Callable]]) -> list[tuple[str, Callable]]:
+    """:func:`emulated_head_inputs` for a bridge of another trainer's model, through its own modules
+    (:func:`plateauscope.model.families.head_input` and :func:`~plateauscope.model.families.mlp_input`): each head's
+    (key/value head's) input is its own copy of ``hook_resid_pre``, replaced at ``attn.hook_q`` (``hook_k``,
+    ``hook_v``); the MLP's is the stream it reads (``hook_resid_pre`` in a parallel block, else
+    ``hook_resid_mid``), replaced at ``mlp.hook_in`` after the MLP's norm."""
+    family = family_of(model)
+    resid: dict[str, Tensor] = {}
+    saved: set[str] = set()
+    out: list[tuple[str, Callable]] = []
+
+    def save(name: str) -> Callable:
+        def keep(act: Tensor, hook) -> None:
+            resid[name] = act
+        return keep
+
+    def replaced(source: str, n: int | None, compute: Callable[[Tensor], Tensor], fn: Callable) -> Callable:
+        def replace_input(act: Tensor, hook) -> Tensor:
+            x = resid[source]
+            copies = x if n is None else x[:, :, None, :].expand(-1, -1, n, -1)
+            changed = fn(copies, hook)
+            return compute(copies if changed is None else changed)
+        return replace_input
+
+    for name, fn in hooks:
+        head, mlp = _HEAD_INPUT_HOOK.fullmatch(name), _MLP_INPUT_HOOK.fullmatch(name)
+        if head is None and mlp is None:
+            out.append((name, fn))
+            continue
+        layer = int((head or mlp)[1])
+        source = get_act_name("resid_pre" if head else mlp_reads(model), layer)
+        if source not in saved:
+            saved.add(source)
+            out.insert(0, (source, save(source)))
+        if head:
+            x = head[2]
+            n = family.n_heads if x == "q" else family.n_kv_heads
+            out.append((get_act_name(x, layer), replaced(source, n, head_input(model, layer, x), fn)))
+        else:
+            out.append((f"blocks.{layer}.mlp.hook_in", replaced(source, None, mlp_input(model, layer), fn)))
     return out
 
 
@@ -274,8 +350,8 @@ def _receiver_hook_names(graph: EdgeGraph) -> list[tuple[str, list[int]]]:
     out = []
     for layer in range(graph.n_layers):
         for x in HEAD_INPUTS:
-            out.append((get_act_name(f"{x}_input", layer),
-                        [index[(head_label(layer, h), x)] for h in range(graph.n_heads)]))
+            out.append((get_act_name(f"{x}_input", layer), [index[(head_label(layer, h), x)] for h in range(graph.n_heads)
+                                                            if x == "q" or graph.reads_keys(h)]))
         if graph.has_mlp:
             out.append((get_act_name("mlp_in", layer), [index[(f"MLP{layer}", "mlp")]]))
     return out + [(get_act_name("resid_post", graph.n_layers - 1), [index[("logits", "logits")]])]
@@ -629,7 +705,8 @@ def edge_record(model: Model, pairs: PromptPairs) -> dict[str, Any]:
 def _edge_record(runs: EdgeRuns, scores: EdgeScores) -> dict[str, Any]:
     g = runs.graph
     return {"graph": {"n_layers": g.n_layers, "n_heads": g.n_heads, "has_mlp": g.has_mlp,
-                      **({"parallel": True} if g.parallel else {})},
+                      **({"parallel": True} if g.parallel else {}),
+                      **({"n_kv_heads": g.n_kv_heads} if g.n_kv_heads else {})},
             "clean": runs.clean, "corrupt": runs.corrupt, "effect": [round(x, 6) for x in scores.effect.tolist()]}
 
 

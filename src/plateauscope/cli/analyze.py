@@ -138,5 +138,7 @@ def main(argv: list[str] | None = None) -> int:
                                  full=args.full, wait=not args.no_wait, workers=args.workers)
         print(format_summary(result, Run(args.run).progress))
         print(f"results in {analysis_dir(args.run)}")
+        if result.get("refused"):  # the rest ran; what the family has none of is one line each, and exit code 2
+            raise CliError("; ".join(result["refused"].values()))
 
     return run_cli(body, argv, build_parser())

@@ -275,6 +275,12 @@ def shares_prefixes(model: torch.nn.Module) -> bool:
     return hasattr(model, "original_model") and model not in _HF_PARAMETERS and unsupported_reason(model.cfg) is None
 
 
+def is_causal_lm(model: torch.nn.Module) -> bool:
+    """Whether ``model`` is a bridge of another trainer's Hugging Face model (:func:`boot_causal_lm`), in its
+    layout, rather than a model the toolkit builds (HookedTransformer's layout)."""
+    return model in _HF_PARAMETERS
+
+
 def shares_hf_cache(model: torch.nn.Module) -> bool:
     """Whether ``model`` is a bridge of another trainer's model (:func:`boot_causal_lm`): its runs share a
     prefix of positions through Hugging Face's own key/value cache (the bridge's ``past_key_values``), every

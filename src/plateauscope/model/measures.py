@@ -34,16 +34,17 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor
 
-from plateauscope.model.backend import Model, hooked_parameters
+from plateauscope.model.backend import Model
+from plateauscope.model.families import embedding_matrix, parameters_by_layer
 
 
 def weight_norms(model: Model) -> tuple[float, list[float]]:
-    """The L2 norm of all trainable parameters, and of each layer's (``blocks.<l>.*``) parameters."""
-    params = hooked_parameters(model)
-    squares = {name: float(p.detach().double().square().sum()) for name, p in params.items()}
-    per_layer = [sum(v for name, v in squares.items() if name.startswith(f"blocks.{layer}."))
-                 for layer in range(model.cfg.n_layers)]
-    return sum(squares.values()) ** 0.5, [v ** 0.5 for v in per_layer]
+    """The L2 norm of all trainable parameters (each once: a tied embedding and unembedding once), and of each
+    layer's parameters (the modules of ``model.blocks[l]``), whatever the model's layout
+    (:func:`plateauscope.model.families.parameters_by_layer`)."""
+    squares = [(float(p.detach().double().square().sum()), layer) for _, p, layer in parameters_by_layer(model)]
+    per_layer = [sum(v for v, at in squares if at == layer) for layer in range(model.cfg.n_layers)]
+    return sum(v for v, _ in squares) ** 0.5, [v ** 0.5 for v in per_layer]
 
 
 def effective_rank(matrix: Float[Tensor, "rows cols"]) -> float:
@@ -57,8 +58,8 @@ def effective_rank(matrix: Float[Tensor, "rows cols"]) -> float:
 
 
 def embedding_effective_rank(model: Model) -> float:
-    """:func:`effective_rank` of the token embedding ``W_E`` ``[d_vocab, d_model]``."""
-    return effective_rank(hooked_parameters(model)["embed.W_E"])
+    """:func:`effective_rank` of the token embedding ``[d_vocab, d_model]`` (the model's own tensor)."""
+    return effective_rank(embedding_matrix(model))
 
 
 @dataclass

@@ -59,6 +59,8 @@ PROBE_METRICS_FILE = "probe_metrics.jsonl"
 """In ``RUN/analysis``: the probe's evaluation per step (:meth:`ImportedRun.evaluate`), keyed by the probe."""
 EVAL_SEQUENCES = 64
 """Probe sequences each evaluation scores (the probe's ``eval_groups`` and ``tracked_groups``)."""
+UNBOUNDED_CONTEXT = 2048
+"""The context of a model whose positions have no limit in its config (ALiBi: Bloom): what the probes may use."""
 NOT_TRAINING_KEYS = ("loss",)
 """Fields of the task's evaluation dropped from an imported run's metrics: ``loss`` is the training loss in a
 run trained here (its figures say so); on a probe it would be the probe's, so it is left out."""
@@ -108,8 +110,10 @@ def model_shape(series: ImportedSeries) -> ImportedModel:
     folder = series.path / MODEL_CONFIG_DIR
     try:
         cfg = AutoConfig.from_pretrained(str(folder), local_files_only=True)
+        n_ctx = next((getattr(cfg, k) for k in ("max_position_embeddings", "n_positions", "seq_length")
+                      if isinstance(getattr(cfg, k, None), int)), UNBOUNDED_CONTEXT)
         return ImportedModel(int(cfg.num_hidden_layers), int(cfg.num_attention_heads), int(cfg.hidden_size),
-                             int(cfg.vocab_size), int(cfg.max_position_embeddings), series.architecture)
+                             int(cfg.vocab_size), int(n_ctx), series.architecture)
     except (OSError, ValueError, AttributeError, TypeError) as e:
         raise RunError(f"{folder / 'config.json'}: not a readable model config ({_one_line(e)})") from None
 
