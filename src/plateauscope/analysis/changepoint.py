@@ -507,9 +507,12 @@ def run_landmarks(run: Run) -> tuple[int, int, int]:
     if not span:
         raise RunError(f"{run.path}: the run has no plateau span (summary.json plateau_span): no band to read")
     start = max(int(span[0]), int(run.config.train.hide_cue_until or 0))
-    if start >= int(span[1]):
+    if start >= int(span[1]) and run.config.train.hide_cue_until:
         raise RunError(f"{run.path}: the cue is released at step {start}, after the plateau ends ({span[1]}): "
                        "no band to read")
+    if start >= int(span[1]):
+        raise RunError(f"{run.path}: the plateau spans steps {span[0]} to {span[1]}, no checkpoint between them: "
+                       "no band to read (analyse more checkpoints before tau)")
     return start, int(span[1]), int(tau)
 
 

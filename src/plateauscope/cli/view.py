@@ -8,7 +8,7 @@ from pathlib import Path
 
 import plateauscope.views.view as _module
 from plateauscope.analysis.analyze import analyze_run, load_analysis
-from plateauscope.analysis.results import VIEW_FILE
+from plateauscope.analysis.results import VIEW_FILE, read_routing_summary
 from plateauscope.cli.common import CliError, run_cli
 from plateauscope.cli.parser import OneLineParser
 from plateauscope.runs.run import Run
@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.out is not None and args.out.is_dir():
             raise CliError(f"--out {args.out} is a directory; give a file name")
         run = Run(args.run)
-        if args.analyze and not load_analysis(run.path)["edges"]:
+        if args.analyze and not load_analysis(run.path)["edges"] and not (read_routing_summary(run.path) or {}).get(
+                "refused"):
             print(f"no edge analysis in {run.path}: analysing every {args.every}. checkpoint first", file=sys.stderr)
             analyze_run(run.path, every=args.every)
         path = write_view(run.path, args.out)

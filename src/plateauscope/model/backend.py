@@ -33,6 +33,7 @@ import copy
 import functools
 import importlib.metadata
 import json
+import re
 import warnings
 import weakref
 from collections.abc import Callable, Iterable, Iterator
@@ -279,6 +280,12 @@ def is_causal_lm(model: torch.nn.Module) -> bool:
     """Whether ``model`` is a bridge of another trainer's Hugging Face model (:func:`boot_causal_lm`), in its
     layout, rather than a model the toolkit builds (HookedTransformer's layout)."""
     return model in _HF_PARAMETERS
+
+
+def hf_tensors(model: Model) -> dict[str, torch.Tensor]:
+    """A bridge of another trainer's model: its Hugging Face parameters and buffers under their own names, as the
+    model held them before the bridge wrapped its modules (without the bridge's split copies of a joint QKV)."""
+    return _HF_PARAMETERS[model]
 
 
 def shares_hf_cache(model: torch.nn.Module) -> bool:
@@ -622,7 +629,7 @@ def load_causal_lm_state(model: Model, state: dict[str, torch.Tensor]) -> Model:
     in place (no new tensors: a series loaded checkpoint after checkpoint keeps its memory flat). A tied
     ``lm_head.weight`` may be absent from the file; buffers (masks, rotary tables) keep the model's own."""
     params, rename = _HF_PARAMETERS[model], _HF_RENAME[model]
-    state = {rename(k): v for k, v in state.items()}
+    state = merged_experts({rename(k): v for k, v in state.items()})
     check_causal_lm_shapes(model, {k: tuple(v.shape) for k, v in state.items()})
     with torch.no_grad():
         for k, v in state.items():
@@ -631,12 +638,44 @@ def load_causal_lm_state(model: Model, state: dict[str, torch.Tensor]) -> Model:
     return model
 
 
+_EXPERT_KEY = re.compile(r"(.+\.experts)\.(\d+)\.(w1|w2|w3|gate_proj|up_proj|down_proj)\.weight")
+EXPERT_PARTS = {"w1": "gate", "w3": "up", "w2": "down", "gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+"""A mixture of experts' per-expert weight names in a checkpoint (Mixtral's ``w1`` / ``w3`` / ``w2``; OLMoE's and
+Qwen2-MoE's ``gate_proj`` / ``up_proj`` / ``down_proj``) -> the part of the expert each is."""
+
+
+def merged_experts(state: dict[str, Any]) -> dict[str, Any]:
+    """A checkpoint's per-expert tensors (``...experts.E.w1.weight``: how Transformers saves a mixture of experts)
+    merged into the fused parameters its modules hold, as ``from_pretrained``'s converters do: ``experts.gate_up_proj``
+    ``[E, 2 * I, H]`` (each expert's gate rows, then its up rows) and ``experts.down_proj`` ``[E, H, I]``. The values
+    may be tensors or shapes (tuples); anything else passes unchanged."""
+    parts: dict[str, dict[str, dict[int, Any]]] = {}
+    out: dict[str, Any] = {}
+    for key, value in state.items():
+        match = _EXPERT_KEY.fullmatch(key)
+        if match is None:
+            out[key] = value
+        else:
+            parts.setdefault(match[1], {}).setdefault(EXPERT_PARTS[match[3]], {})[int(match[2])] = value
+    for prefix, by_part in parts.items():
+        if set(by_part) != {"gate", "up", "down"} or len({len(v) for v in by_part.values()}) != 1:
+            raise BackendError(f"{prefix}: the experts' weights are incomplete (found {sorted(by_part)})")
+        gate, up, down = ([by_part[p][e] for e in sorted(by_part[p])] for p in ("gate", "up", "down"))
+        if isinstance(gate[0], tuple):
+            out[f"{prefix}.gate_up_proj"] = (len(gate), gate[0][0] + up[0][0], gate[0][1])
+            out[f"{prefix}.down_proj"] = (len(down), *down[0])
+        else:
+            out[f"{prefix}.gate_up_proj"] = torch.stack([torch.cat([g, u]) for g, u in zip(gate, up)])
+            out[f"{prefix}.down_proj"] = torch.stack(down)
+    return out
+
+
 def check_causal_lm_shapes(model: Model, shapes: dict[str, tuple[int, ...]]) -> None:
     """A BackendError (one line) unless a checkpoint of these tensor names and shapes (``model.safetensors``
     names, or the model's own) fits a bridge from :func:`boot_causal_lm`: every parameter present (a tied
     ``lm_head.weight`` may be absent), nothing unknown, every shape the model's."""
     params, rename = _HF_PARAMETERS[model], _HF_RENAME[model]
-    shapes = {rename(k): tuple(v) for k, v in shapes.items()}
+    shapes = merged_experts({rename(k): tuple(v) for k, v in shapes.items()})
     names = {k for k, t in params.items() if isinstance(t, torch.nn.Parameter)}
     unexpected = sorted(k for k in shapes if k not in params)
     tied = {"lm_head.weight"} if getattr(model.original_model.config, "tie_word_embeddings", False) else set()

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from plateauscope.model.backend import Model, hooked_parameters, is_causal_lm
+from plateauscope.model.backend import Model, hf_tensors, hooked_parameters, is_causal_lm
 
 NORMS = {"LN": "LayerNorm", "LNPre": "LayerNorm", "RMS": "RMSNorm", "RMSPre": "RMSNorm", None: "none"}
 """TransformerLens's ``normalization_type`` -> the family's norm, in words."""
@@ -108,8 +108,8 @@ def parameters_by_layer(model: Model) -> list[tuple[str, Tensor, int | None]]:
                 for p in block.original_component.parameters()}
     seen: set[int] = set()
     out = []
-    for name, p in model.original_model.named_parameters(remove_duplicate=False):
-        if id(p) in seen:
+    for name, p in hf_tensors(model).items():  # the model's own (the bridge adds split copies of a joint QKV)
+        if not isinstance(p, torch.nn.Parameter) or id(p) in seen:
             continue
         seen.add(id(p))
         out.append((name, p, layer_of.get(id(p))))

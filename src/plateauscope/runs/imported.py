@@ -176,8 +176,8 @@ class ImportedRun(Run):
         if backend not in (None, "bridge"):
             raise ImportedRunError(f"{self.path}: an imported series runs on the bridge backend (TransformerLens 4), "
                                    f"not --backend {backend}")
-        if reuse is not None:
-            reuse.reset_hooks(including_permanent=True)
+        if reuse is not None:  # the bridge's own permanent hooks stay (OPT's fire its MLP's input hook)
+            reuse.reset_hooks(including_permanent=False)
         model = self.series.model(step, device, reuse=reuse)
         return model.eval() if model.training else model
 

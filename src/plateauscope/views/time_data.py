@@ -28,7 +28,7 @@ from typing import Any
 from plateauscope.analysis.analyze import AnalysisSettings, load_analysis
 from plateauscope.analysis.edges import edges_summary, graph_of_record
 from plateauscope.analysis.measures import measure_series
-from plateauscope.analysis.results import HEAD_LLC_SUMMARY_FILE, analysis_dir
+from plateauscope.analysis.results import HEAD_LLC_SUMMARY_FILE, analysis_dir, read_routing_summary
 from plateauscope.model.heads import parse_head_label
 from plateauscope.runs.references import kl_key
 from plateauscope.runs.run import Run, RunError, read_json
@@ -55,6 +55,9 @@ def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None
     cache = load_analysis(run.path, settings)
     edges = cache["edges"]
     if not edges:
+        refused = ((read_routing_summary(run.path) or {}).get("refused") or {}).get("edges")
+        if refused:  # the family has no edge graph: the view, which draws the edge circuit, has nothing to draw
+            raise RunError(f"{run.path}: the time view draws the edge circuit over training, and {refused}")
         raise RunError(f"{analysis_dir(run.path)}: no edge analysis; run plateauscope analyze --run {run.path} first")
     graph = graph_of_record(edges[-1])
     steps = [r["step"] for r in edges]
