@@ -39,6 +39,7 @@ _API: dict[str, str] = {
     "get_preset": "plateauscope.runs.presets:get_preset",
     # tasks
     "load_task": "plateauscope.api:load_task",
+    "import_series": "plateauscope.sources.importer:import_series",
     "Task": "plateauscope.tasks.base:Task",
     "TaskError": "plateauscope.tasks.base:TaskError",
     "Measure": "plateauscope.tasks.base:Measure",
@@ -147,6 +148,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from plateauscope.runs.files import MANIFEST_FILE as SWEEP_MANIFEST
     from plateauscope.runs.presets import PRESETS, get_preset, run_config
     from plateauscope.runs.run import RunError
+    from plateauscope.sources.importer import import_series
     from plateauscope.sweeps.catalogue import SWEEPS, get_sweep
     from plateauscope.sweeps.executors import run_sweep
     from plateauscope.sweeps.spec import SweepSpec

@@ -11,8 +11,9 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from plateauscope.analysis.analyze import AnalysisSettings, analyze_run
+from plateauscope.analysis.analyze import AnalysisSettings
 from plateauscope.analysis.landmarks import DEFAULT_BUDGET
+from plateauscope.analysis.probe_pass import analyze_series
 from plateauscope.analysis.records import Analysis, read_analysis
 from plateauscope.errors import ConfigError
 from plateauscope.runs import imported as imported_run
@@ -68,16 +69,23 @@ def train_seeds(config: str | RunConfig, out: str | Path, seeds: list[int], *, p
 
 def analyze(run: str | Path | Run, *, every: int = 1, steps: list[int] | None = None, n_exact: int = DEFAULT_BUDGET,
             progress: bool = True, backend: str | None = None, edges: bool = True, full: bool = False,
-            workers: int | None = None, **settings: Any) -> dict[str, Any]:
+            workers: int | None = None, probe: str = "induction", probe_options: dict[str, Any] | None = None,
+            device: str = "cpu", **settings: Any) -> dict[str, Any]:
     """Analyse a run's checkpoints into its cache (what the cache lacks) and return the run's summary
     of the analyses (the routing head, t_form by each rule, the lead, the circuit and edges). The
     expensive analyses run at the landmarks the cheap pass finds, then at the steps where it changes
     fastest, up to ``n_exact`` steps in all; ``full``: the exhaustive plan (``plateauscope.analysis.analyze``);
-    ``workers``: checkpoints of the cheap pass analysed side by side (None: ``default_workers`` there)."""
+    ``workers``: checkpoints of the cheap pass analysed side by side (None: ``default_workers`` there).
+
+    An imported run (``plateauscope import``) is analysed on ``probe`` (``induction`` or ``file.py:Class``, with
+    ``probe_options`` such as ``{"segment_len": 8}``), as ``plateauscope analyze --probe`` does: the probe's pass
+    (its record under the summary's ``probe`` key), then every analysis where the probe is a task too (only the
+    pass, ``{"probe": ...}``, where it is not)."""
     path = run.path if isinstance(run, run_directory.Run) else Path(run)
-    return analyze_run(path, steps=steps, every=every, n_exact=n_exact, progress=progress, backend=backend,
-                       edges=edges, full=full, workers=workers,
-                       settings=AnalysisSettings(**settings) if settings else None)
+    passed, summary = analyze_series(path, probe, probe_options, steps, every, device, progress=progress,
+                                     n_exact=n_exact, backend=backend, edges=edges, full=full, workers=workers,
+                                     settings=AnalysisSettings(**settings) if settings else None)
+    return (summary or {}) | ({"probe": passed.to_dict()} if passed is not None else {})
 
 
 def load_task(spec: str, **options: Any) -> Task:

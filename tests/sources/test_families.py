@@ -292,7 +292,8 @@ def test_single_edges_equal_hooks_on_the_hugging_face_model(family):
     def mlp_input() -> list:
         norm, entry, seen = module(second, lay["mlp_ln"]), module(second, lay["mlp"]), {}
         return [norm.register_forward_pre_hook(lambda m, args: seen.update(x=args[0])),
-                entry.register_forward_pre_hook(lambda m, args: (norm.forward(seen["x"] + delta), *args[1:]))]
+                entry.register_forward_pre_hook(  # OPT runs its MLP on [batch * pos, d]
+                    lambda m, args: (norm.forward(seen["x"] + delta.reshape(seen["x"].shape)), *args[1:]))]
 
     def metric(handles: list) -> float:
         with torch.no_grad():

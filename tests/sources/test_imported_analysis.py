@@ -235,3 +235,40 @@ def test_the_llc_samples_on_the_probes_sequences(analysed, capsys):
     assert llc(["--run", str(run), "--per-head", "--steps", str(steps[-1]), "--no-progress"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "the per-head LLC masks the weights of plateauscope's own" in err
+
+
+def test_an_unexpected_error_is_one_line_naming_where_with_the_traceback_in_a_log(analysed, capsys, monkeypatch):
+    """A bug inside one analysis (here injected into the attention patterns' record) is no traceback on the screen:
+    one line naming the analysis, the checkpoint and the family, exit code 1, and the traceback in the run's log."""
+    from plateauscope.analysis import analyze as driver
+    from plateauscope.cli.analyze import main
+    from plateauscope.cli.common import ERROR_LOG
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected\nsecond line")
+
+    monkeypatch.setattr(driver, "pattern_record", broken)
+    _, run = analysed
+    argv = ["--run", str(run), "--steps", str(STEPS[-1]), "--probe-length", str(SEGMENT), "--n-examples", "8",
+            "--seed", "7", "--no-edges", "--n-exact", "0", "--no-progress", "--workers", "1"]
+    capsys.readouterr()
+    assert main(argv) == 1
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert f"patterns at step {STEPS[-1]} on gpt_neox (GPTNeoXForCausalLM" in err and "RuntimeError: injected" in err
+    log = run / ERROR_LOG
+    assert str(log) in err and "Traceback" in log.read_text() and "in broken" in log.read_text()
+
+
+def test_ps_analyze_is_the_cli_on_an_imported_run(analysed, tmp_path):
+    """``ps.import_series`` and ``ps.analyze(run, probe=...)``: the same records as the command line's."""
+    source, cli_run = analysed
+    run = ps.import_series(source, tmp_path / "run").path
+    summary = ps.analyze(run, steps=list(STEPS), probe="induction", probe_options={"segment_len": SEGMENT},
+                         progress=False, workers=1, n_exact=2, n_examples=N_EXAMPLES, ablation_groups=2,
+                         circuit_pairs=8, n_exact_edges=8)
+    assert summary["probe"]["probe"] == "induction" and [s["step"] for s in summary["probe"]["steps"]] == list(STEPS)
+    assert json.loads((analysis_dir(run) / PROBE_FILE).read_text())["options"] == {"segment_len": SEGMENT}
+    ours, theirs = load_analysis(run), load_analysis(cli_run)
+    assert [r["heads"]["raw"] for r in ours["patch"]] == [r["heads"]["raw"] for r in theirs["patch"]]
+    assert [r["effect"] for r in ours["edges"]] == [r["effect"] for r in theirs["edges"]]

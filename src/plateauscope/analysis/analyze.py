@@ -107,7 +107,9 @@ from plateauscope.analysis.results import (
     writes_cache,
 )
 from plateauscope.analysis.summary import summarize
+from plateauscope.errors import AnalysisFailure
 from plateauscope.model.backend import resolve_backend
+from plateauscope.model.families import family_of
 from plateauscope.processes import thread_map
 from plateauscope.runs.imported import ImportedRun
 from plateauscope.runs.interventions import has_interventions
@@ -455,20 +457,28 @@ class SeriesAnalysis:
             return [name for name in CACHE_FILES if step in wanted.get(name, ()) and step not in before[name]]
 
         def analyse(step: int) -> dict[str, Any]:
-            model = self.held.get()
+            model, doing = self.held.get(), "loading the checkpoint"
             try:
                 model = self.run.model(step, self.device, self.backend, reuse=model)
                 fresh: dict[str, Any] = {}
                 if {"attention", "measures"} <= set(missing(step)) and "cue" in self.task.capabilities:
                     # one forward gives both (the same examples)
+                    doing = "attention and measures"
                     fresh["attention"], fresh["measures"] = attention_and_measures(model, self.task, self.inputs)
                 if {"attribution", "edges"} <= set(missing(step)):
                     # one clean forward and one corrupted forward and backward give both
+                    doing = "edges and attribution"
                     fresh["edges"], fresh["attribution"] = edge_and_attribution_records(
                         model, self.pairs, self.settings.patch_targets)
                 for name in missing(step):
+                    doing = name
                     fresh[name] = self.compute(name, step, model, fresh, before)
                 return fresh
+            except (RunError, ValueError, KeyboardInterrupt):  # a user's error, one line as it is
+                raise
+            except Exception as e:  # a bug: where it happened, for the one line (cli.common.run_cli)
+                family = family_of(model).describe() if model is not None else type(self.run).__name__
+                raise AnalysisFailure(doing, step, family, e) from e
             finally:
                 self.held.put(model)
 

@@ -24,10 +24,14 @@ from typing import Any
 import torch
 from tqdm.auto import tqdm
 
+from plateauscope.analysis.analyze import analyze_run
 from plateauscope.analysis.changepoint import ChangePointRule, change_point
 from plateauscope.analysis.patch import patch
 from plateauscope.analysis.results import analysis_dir, pick_steps, write_json_result
-from plateauscope.runs.series import ImportedSeries
+from plateauscope.runs.imported import record_probe
+from plateauscope.runs.run import RunError
+from plateauscope.runs.series import ImportedSeries, is_imported
+from plateauscope.tasks.base import Task
 from plateauscope.tasks.probe import (
     BUILTIN_PROBES,
     ProbeError,
@@ -129,3 +133,24 @@ def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[
         result.loss_gap_change = found.to_dict() if found else None
     write_json_result(analysis_dir(run_dir) / f"probe_{probe_name}.json", result.to_dict())
     return result
+
+
+def analyze_series(run_dir: str | Path, probe: str = "induction", probe_options: dict[str, Any] | None = None,
+                   steps: list[int] | None = None, every: int = 1, device: str = "cpu", progress: bool = True,
+                   **analysis: Any) -> tuple[ProbeSeriesResult | None, dict[str, Any] | None]:
+    """A run's whole analysis, trained here or imported: for an imported run, the probe's pass
+    (:func:`plateauscope.analysis.probe_pass.analyze_imported`), then, where the probe is also a task, every analysis on
+    the probe's data (:func:`analyze_run`, ``analysis``: its keyword arguments), the probe recorded for the report,
+    the view and ``ps.Run``; for a run trained here, :func:`analyze_run` alone (``probe`` must be left as it is).
+    Returns ``(the probe's pass or None, the summary or None)``: None where a probe that is not a task has no more."""
+    options = probe_options or {}
+    if not is_imported(run_dir):
+        if probe != "induction" or options:
+            raise RunError(f"{run_dir}: a probe is for an imported run (plateauscope import); this run's analyses read "
+                           "its own task")
+        return None, analyze_run(run_dir, steps, every, device=device, progress=progress, **analysis)
+    passed = analyze_imported(run_dir, probe, steps, every, device, progress=progress, **options)
+    if not issubclass(probe_class(probe), Task):  # prompts and patterns only: its pass is all of it
+        return passed, None
+    record_probe(run_dir, probe, options)  # the probe every later analysis and view reads
+    return passed, analyze_run(run_dir, steps, every, device=device, progress=progress, **analysis)

@@ -9,20 +9,18 @@ from pathlib import Path
 import plateauscope.analysis.analyze as _module
 from plateauscope.analysis.ablate import KINDS
 from plateauscope.analysis.analyze import MAX_WORKERS, AnalysisSettings, analyze_run
+from plateauscope.analysis.probe_pass import analyze_series
 from plateauscope.analysis.edges import CIRCUIT_PAIRS, FAITHFULNESS_TARGET
 from plateauscope.analysis.follow import POLL_S, follow
 from plateauscope.analysis.landmarks import DEFAULT_BUDGET
-from plateauscope.analysis.probe_pass import analyze_imported
+from plateauscope.analysis.probe_pass import analyze_series
 from plateauscope.analysis.results import analysis_dir
 from plateauscope.cli.common import CliError, add_backend_arg, run_cli
 from plateauscope.cli.import_ import format_probe_series
 from plateauscope.cli.parser import OneLineParser
 from plateauscope.cli.text.analysis import format_summary
-from plateauscope.runs.imported import record_probe
 from plateauscope.runs.run import Run
 from plateauscope.runs.series import is_imported
-from plateauscope.tasks.base import Task
-from plateauscope.tasks.probe import probe_class
 from plateauscope.views.pages import live_status
 
 
@@ -109,15 +107,17 @@ def main(argv: list[str] | None = None) -> int:
             if args.follow:
                 raise CliError(f"--follow: {args.run} is an imported series, not a run training here")
             options = {} if args.probe_length is None else {"segment_len": args.probe_length}
-            print(format_probe_series(analyze_imported(args.run, args.probe, args.steps, args.every, args.device,
-                                                       progress=not args.no_progress, **options)))
-            if not issubclass(probe_class(args.probe), Task):  # prompts and patterns only: its pass is all of it
+            passed, result = analyze_series(
+                args.run, args.probe, options, args.steps, args.every, args.device, progress=not args.no_progress,
+                n_exact=args.n_exact, settings=settings, backend=args.backend, edges=not args.no_edges, full=args.full,
+                wait=not args.no_wait, workers=args.workers)
+            print(format_probe_series(passed))
+            if result is None:
                 print(f"--probe {args.probe} is a probe but not a plateauscope.Task (no evaluate): its pass above is "
                       "its analysis; the patching sweep, ablation, circuit, stages, report and view need a probe "
                       "that subclasses a task too, as induction does")
                 return
-            record_probe(args.run, args.probe, options)  # the probe every later analysis and view reads
-        if args.follow:
+        elif args.follow:
             if args.steps or args.every != 1 or args.full or args.workers is not None:
                 raise CliError("--follow analyses every checkpoint with the adaptive plan and the default workers: "
                                "not with --steps, --every, --full or --workers")

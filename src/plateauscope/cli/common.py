@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
 from plateauscope.analysis.results import write_json_result
+from plateauscope.errors import AnalysisFailure
 from plateauscope.model.backend import BACKENDS, BackendError
+from plateauscope.runs.files import write_text_atomic
 from plateauscope.runs.run import Run, RunError
 
 
@@ -60,12 +63,41 @@ def write_json(path: Path | None, obj: Any) -> None:
         write_json_result(path, obj)
 
 
+ERROR_LOG = "plateauscope-error.log"
+"""In the run directory (else the working directory): the traceback of the last unexpected error of a command."""
+
+
+def error_log_path(args: argparse.Namespace) -> Path:
+    """Where an unexpected error's traceback goes: the run directory of ``--run`` / ``--ckpt`` (a checkpoint's run),
+    else the working directory."""
+    for name in ("run", "ckpt", "out"):
+        path = getattr(args, name, None)
+        if isinstance(path, Path):
+            folder = path if path.is_dir() else path.parent.parent if path.is_file() else None
+            if folder is not None and folder.is_dir():
+                return folder / ERROR_LOG
+    return Path.cwd() / ERROR_LOG
+
+
 def run_cli(body, argv: list[str] | None, parser: argparse.ArgumentParser) -> int:
-    """Parse, run ``body(args)``, and turn user errors into one line on stderr with exit code 2."""
+    """Parse, run ``body(args)``, and turn user errors into one line on stderr with exit code 2. Any other
+    exception is a bug: one line naming where it happened (the analysis, checkpoint and family of an
+    :class:`~plateauscope.errors.AnalysisFailure`) and the log file that holds its traceback, exit code 1."""
     args = parser.parse_args(argv)
     try:
         body(args)
     except (RunError, CliError, BackendError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except Exception as e:  # noqa: BLE001 -- an error that escapes is a bug: one line, the traceback in a file
+        log = error_log_path(args)
+        try:
+            write_text_atomic(log, f"plateauscope {parser.prog.split()[-1]} {' '.join(argv or sys.argv[1:])}\n"
+                                   + "".join(traceback.format_exception(e)))
+            where = f"the traceback is in {log}"
+        except OSError:
+            where = "the traceback could not be written"
+        what = str(e) if isinstance(e, AnalysisFailure) else f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+        print(f"error: {what} (an error in plateauscope, not in your input; {where})", file=sys.stderr)
+        return 1
     return 0
