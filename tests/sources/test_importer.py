@@ -111,12 +111,15 @@ def test_bad_input_is_one_line_and_leaves_nothing(three_checkpoints, tmp_path, c
     bad.write_bytes(data[: len(data) // 2])
     _one_line_error([str(source), "--out", str(out)], capsys, "truncated")
     assert not out.exists() and not list(tmp_path.glob(".out.*"))
+    kept = [str(s) for s in steps if s != steps[1]]  # --steps leaves the truncated file out: the rest imports
+    assert cli_main(["import", str(source), "--out", str(tmp_path / "skipped"), "--steps", ",".join(kept)]) == 0
     bad.write_bytes(data)
     # a folder mixing architectures
     config = source / f"checkpoint-{steps[2]}" / "config.json"
     original = config.read_text()
     config.write_text(json.dumps({**json.loads(original), "architectures": ["LlamaForCausalLM"], "model_type": "llama"}))
     _one_line_error([str(source), "--out", str(out)], capsys, "mixes architectures")
+    assert cli_main(["import", str(source), "--out", str(tmp_path / "foreign"), "--steps", ",".join(map(str, steps[:2]))]) == 0
     config.write_text(original)
     # unreadable steps (two folders of one step)
     shutil.copytree(source / f"checkpoint-{steps[0]}", source / "again" / f"checkpoint-{steps[0]}")
@@ -163,3 +166,22 @@ def test_import_cli_prints_one_line(three_checkpoints, tmp_path, capsys):
     out = capsys.readouterr().out
     assert f"3 checkpoints of GPTNeoXForCausalLM, steps {steps[0]}..{steps[-1]}" in out
     assert read_hf_folder(source)[0].step == steps[0]
+
+
+def test_verify_checks_an_imported_runs_files_against_its_manifest(three_checkpoints, tmp_path, capsys):
+    source, steps = three_checkpoints
+    run = tmp_path / "run"
+    assert cli_main(["import", str(source), "--out", str(run), "--no-progress"]) == 0
+    capsys.readouterr()
+    assert cli_main(["verify", str(run)]) == 0
+    assert f"{run}: 3 files, all verified" in capsys.readouterr().out
+    weights = source / f"checkpoint-{steps[1]}" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert cli_main(["verify", str(run)]) == 1
+    out = capsys.readouterr().out
+    assert f"{weights.resolve()}: altered (its SHA-256 differs from the one in series.json)" in out
+    weights.write_bytes(bytes(data[: len(data) // 2]))
+    assert cli_main(["verify", str(run)]) == 1
+    assert "truncated" in capsys.readouterr().out

@@ -2,7 +2,8 @@
 
 One pass over each run: a file listed in ``checksums.json`` that is missing, truncated or
 altered, and a checkpoint that is not listed, each get one line naming the file
-(``plateauscope.runs.files.verify_run``). Exit code 0 when every run verifies, 1 when one
+(``plateauscope.runs.files.verify_run``); an imported run's checkpoints are checked against the
+SHA-256 of its ``series.json``. Exit code 0 when every run verifies, 1 when one
 does not, 2 on a usage error.
 
     plateauscope verify checkpoints/demo [more runs ...]
@@ -17,7 +18,8 @@ from pathlib import Path
 from plateauscope.cli.common import run_cli
 from plateauscope.cli.parser import OneLineParser
 from plateauscope.runs.files import verified_files, verify_run
-from plateauscope.runs.run import trained_run
+from plateauscope.runs.run import Run
+from plateauscope.runs.series import ImportedSeries, is_imported
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -32,13 +34,15 @@ def main(argv: list[str] | None = None) -> int:
     bad = []
 
     def body(args: argparse.Namespace) -> None:
-        runs = [trained_run(path, "verify (it checks the checkpoints a run trained here wrote)").path
-                for path in args.runs]  # every path is a run, before any checking
+        runs = [Run(path).path for path in args.runs]  # every path is a run, before any checking
         for run in runs:
-            problems = verify_run(run)
+            if is_imported(run):  # its checkpoints live elsewhere: against the hashes of series.json
+                series = ImportedSeries(run)
+                problems, n = series.verify(), len(series.steps)
+            else:
+                problems, n = [(str(run / name), problem) for name, problem in verify_run(run)], len(verified_files(run))
             for name, problem in problems:
-                print(f"{run / name}: {problem}")
-            n = len(verified_files(run))
+                print(f"{name}: {problem}")
             print(f"{run}: {n} files, {'all verified' if not problems else f'{len(problems)} problem(s)'}")
             bad.extend(problems)
 

@@ -329,6 +329,23 @@ class ImportedSeries:
                            f"{self.path / SERIES_FILE})")
         return decode_weights(data, entry.format, entry.file, config)
 
+    def verify(self) -> list[tuple[str, str]]:
+        """Every problem of the series' checkpoint files against the manifest, in one pass, as (file, what is
+        wrong): missing, truncated, or altered (another SHA-256 than at import)."""
+        problems = []
+        for step in self.steps:
+            entry = self.checkpoint(step)
+            try:
+                data = Path(entry.file).read_bytes()
+            except OSError:
+                problems.append((entry.file, "missing"))
+                continue
+            if hashlib.sha256(data).hexdigest() == entry.sha256 and len(data) == entry.size:
+                continue
+            problems.append((entry.file, f"truncated ({len(data)} of {entry.size} bytes)" if len(data) < entry.size
+                             else f"altered (its SHA-256 differs from the one in {SERIES_FILE})"))
+        return problems
+
     def build_model(self, device: str | torch.device = "cpu") -> Model:
         """The series' one model (weights not yet loaded)."""
         return boot_causal_lm(str(self.path / MODEL_CONFIG_DIR), device, self.tokenizer)

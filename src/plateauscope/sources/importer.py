@@ -107,9 +107,9 @@ def import_series(source: str | Path, out: str | Path, every: int = 1, steps: li
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise SourceError(f"{out}: already exists; --out must be a new (or empty) folder")
     found = find_checkpoints(source, revisions)
-    check_one_model(found)
     chosen = set(select_steps([c.step for c in found], every, steps, log_spaced, str(source)))
     found = [c for c in found if c.step in chosen]
+    check_one_model(found)  # of the chosen ones: a foreign or broken checkpoint left out does not block the rest
     first = found[0]
     shapes: dict[int, dict[str, tuple[int, ...]]] = {}
     for c in found:  # the quick checks, before the long pass (a safetensors file's header only)
