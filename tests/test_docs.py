@@ -3,6 +3,7 @@ API reference that lists every module. ``make docs`` (in ``.ci/run``) builds the
 these checks cover what mkdocs does not see (the README) or would not notice (a command or module
 left out of the reference)."""
 
+import json
 import importlib.util
 import re
 from pathlib import Path
@@ -131,3 +132,18 @@ def test_the_manual_is_one_a_user_reads():
     words = {str(p.relative_to(PAGES)): _words(_prose(p)) for p in pages}
     assert sum(words.values()) <= MANUAL_WORDS, words
     assert words["performance.md"] <= PERFORMANCE_WORDS, words["performance.md"]
+
+
+def test_the_family_matrix_is_generated_from_the_conformance_tests():
+    """The manual's family x verb table is what bench/family_matrix.py writes from its saved run of the conformance
+    tests, and that run left no cell untested."""
+    spec = importlib.util.spec_from_file_location("family_matrix", ROOT / "bench" / "family_matrix.py")
+    matrix = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(matrix)
+    result = json.loads(matrix.RESULT.read_text())
+    page = matrix.PAGE.read_text()
+    assert matrix.render(page, result) == page, "run bench/family_matrix.py"
+    assert result["tests_exit_code"] == 0 and "**untested**" not in page
+    from tests.sources.families import FAMILIES
+
+    assert set(result["families"]) == set(FAMILIES)

@@ -150,7 +150,8 @@ def gpt2_config(cfg: dict[str, Any], file: Path) -> dict[str, Any]:
 
 
 def file_step(file: Path) -> int:
-    """A checkpoint's step: the last number in its file's name (``model_300.pt`` -> 300)."""
+    """A checkpoint's step: the last number in its file's name (``model_300.pt`` -> 300). TransformerLens's
+    ``tools.training`` numbers its files by the batch within the epoch, not by optimiser steps since the start."""
     match = _NUMBER.search(file.stem)
     if match is None:
         raise SourceError(f"{file}: cannot read its step (no number in the file's name, e.g. model_300.pt)")
