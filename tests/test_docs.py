@@ -3,8 +3,8 @@ API reference that lists every module. ``make docs`` (in ``.ci/run``) builds the
 these checks cover what mkdocs does not see (the README) or would not notice (a command or module
 left out of the reference)."""
 
-import json
 import importlib.util
+import json
 import re
 from pathlib import Path
 
