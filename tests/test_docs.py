@@ -106,6 +106,7 @@ def test_the_readme_is_a_front_page_of_at_most_800_words():
 
 
 MANUAL_WORDS, PERFORMANCE_WORDS = 15_000, 1_800
+FAMILY_START, FAMILY_END = "<!-- family-matrix:start -->", "<!-- family-matrix:end -->"
 
 
 def _words(text: str) -> int:
@@ -119,9 +120,10 @@ def _prose(page: Path) -> str:
     the markers is exactly that table (``test_the_performance_table_is_generated_from_the_bench_results``)."""
     text = page.read_text()
     perf = _performance_table()
-    if perf.START in text:
-        head, rest = text.split(perf.START, 1)
-        text = head + rest.split(perf.END, 1)[1]
+    for start, end in ((perf.START, perf.END), (FAMILY_START, FAMILY_END)):  # the family matrix likewise
+        if start in text:
+            head, rest = text.split(start, 1)
+            text = head + rest.split(end, 1)[1]
     return text
 
 

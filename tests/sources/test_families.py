@@ -153,7 +153,7 @@ def test_report_view_and_the_python_twins(family, capsys):
     record_cell(name, "ps.Run", "tested", "model(step), metrics, analysis")
 
 
-def test_llc_whole_model_runs_and_per_head_is_refused_in_one_line(family, capsys):
+def test_llc_of_the_whole_model_and_of_one_head(family):
     pytest.importorskip("devinterp")
     from plateauscope.cli import main as cli
 
@@ -161,11 +161,51 @@ def test_llc_whole_model_runs_and_per_head_is_refused_in_one_line(family, capsys
     assert cli(["llc", "--run", str(run), "--steps", str(STEPS[-1]), "--chains", "1", "--draws", "8",
                 "--burnin", "4", "--no-calibration", "--no-progress"]) == 0
     record_cell(name, "llc", "tested", "on the probe's sequences")
-    capsys.readouterr()
-    assert cli(["llc", "--run", str(run), "--per-head", "--steps", str(STEPS[-1]), "--no-progress"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "per-head LLC" in err
-    record_cell(name, "llc --per-head", "refused", err.split(": ", 2)[-1])
+    assert cli(["llc", "--run", str(run), "--per-head", "--heads", "L1H0", "--steps", str(STEPS[-1]), "--draws", "8",
+                "--burnin", "4", "--no-calibration", "--no-progress"]) == 0
+    summary = json.loads((run / "analysis" / "head_llc.json").read_text())
+    assert summary["heads"] == ["L1H0"] and np.isfinite(summary["llc"][0][0])
+    assert summary["frozen_max_change"] == 0.0  # SGLD moved the head's weights only
+    record_cell(name, "llc --per-head", "tested", "the head's weights: masks checked against hooks")
+
+
+def test_a_heads_weights_are_its_rows_and_columns_of_the_hugging_face_projections(family):
+    """What the per-head LLC samples (``head_masks``): zeroing head 2's query rows and output columns on the bridge
+    computes what Hugging Face's model computes with that head's query and its output zeroed by hooks."""
+    from plateauscope.analysis.head_llc import head_masks
+
+    name, source, run, _ = family
+    imported = Run(run)
+    model = imported.model(STEPS[-1])
+    masks = head_masks(model, 1, 2, ("W_Q", "b_Q", "W_O"))
+    with torch.no_grad():
+        for p, mask in zip(model.parameters(), masks):
+            p[mask] = 0.0
+    hf = hf_model(source, STEPS[-1])
+    cfg = hf.config
+    d_head = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    path, cut = _columns(name, "q", 2, d_head, cfg.hidden_size)
+    second = layer(hf, name, 1)
+
+    def no_query(m, args, out):
+        out = out.clone()
+        out[..., cut] = 0.0
+        return out
+
+    def no_output(m, args):
+        z = args[0].clone()
+        z[..., 2 * d_head: 3 * d_head] = 0.0
+        return (z, *args[1:])
+
+    handles = [module(second, path).register_forward_hook(no_query),
+               module(second, LAYOUT[name]["o"]).register_forward_pre_hook(no_output)]
+    tokens = imported.task().tokens[:8, : imported.task().input_len]
+    with torch.no_grad():
+        by_hand, ours = hf(tokens).logits, model(tokens)
+    for handle in handles:
+        handle.remove()
+    assert torch.allclose(ours, by_hand, atol=1e-4), (name, float((ours - by_hand).abs().max()))
+    assert (ours - imported.model(STEPS[-1])(tokens)).abs().max() > 1e-4  # the head mattered: the check can fail
 
 
 def test_logits_equal_hugging_faces_at_every_checkpoint(family):
@@ -358,3 +398,23 @@ def test_measures_equal_numpy_on_the_hugging_face_model(family):
     predicted = logits[:, task.loss_positions].argmax(-1)
     assert record["repetition_bias"] == pytest.approx(float((predicted[:, 1:] == predicted[:, :-1]).mean()), abs=1e-9)
     record_cell(name, "measures", "tested", "weight norm, effective rank, collapse, repetition bias against numpy")
+
+
+@pytest.mark.parametrize("family", ["llama"], indirect=True)
+def test_a_llama_series_reports_and_views_in_chromium(family, chromium_binary, tmp_path):
+    """A Llama series saved as ``step-N/`` by a plain loop, analysed to the end: its report and time view open in
+    headless Chromium, every figure drawn, nothing fetched, no error."""
+    from plateauscope.cli import main as cli
+    from tests.views.test_report_browser import render
+    from tests.views.test_time_view_browser import js, open_page
+
+    _, _, run, _ = family
+    assert cli(["report", "--run", str(run)]) == 0 and cli(["view", "--run", str(run)]) == 0
+    probe = render(chromium_binary, run / "report.html", tmp_path / "report-profile")
+    assert probe["figures"] > 0 and probe["figuresRendered"] == probe["figures"]
+    assert not probe["remote"] and not probe["errors"], probe
+    browser = open_page(chromium_binary, run / "view.html", tmp_path / "view-profile")
+    try:
+        assert js(browser, "document.querySelectorAll('[data-node]').length") > 0
+    finally:
+        browser.close()

@@ -307,8 +307,9 @@ class SeriesAnalysis:
             self.held.put(None)
         self.refused: dict[str, str] = {}
         """Analysis -> why the model's family has none (one line each); the other analyses run."""
-        if edges and run.steps:
-            model = run.model(run.steps[-1], device, backend, reuse=self.held.get())
+        if edges and isinstance(run, ImportedRun):  # the family decides; its model, weights not yet loaded
+            model = run.series.build_model(device)
+            self.held.get()
             self.held.put(model)
             why = edges_refusal(model)
             if why is not None:

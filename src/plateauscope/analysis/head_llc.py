@@ -11,7 +11,9 @@ A head's weights (:data:`PARTS`) are its slices, along the head dimension, of ``
 ``b_K`` (where it looks: ``plateauscope.runs.interventions.HEAD_WEIGHTS['qk']``) and ``W_V``,
 ``b_V``, ``W_O`` (what it carries: ``HEAD_WEIGHTS['ov']``), found through the backend's views of the
 parameters in HookedTransformer's layout (``plateauscope.model.backend.hooked_parameters``), so the same
-slices are restricted on both backends. ``b_O`` is shared by the layer's heads and stays fixed. The
+slices are restricted on both backends; on an imported series, the head's rows and columns of the projection
+modules its forward runs (``plateauscope.model.families.head_weights``; under grouped keys, the key/value head
+the head shares with its group), with the model's own forward and no frozen prefix. ``b_O`` is shared by the layer's heads and stays fixed. The
 restriction is a boolean mask per parameter, applied by devinterp's own ``mask`` (the default), or by
 ours (``restriction="restore"``: every weight outside the mask copied back after each step); the two
 give the same chains, number for number, and each record stores ``frozen_max_change``, the largest
@@ -89,7 +91,8 @@ from plateauscope.analysis.results import (
     write_json_result,
     writes_cache,
 )
-from plateauscope.model.backend import Model, hooked_parameters
+from plateauscope.model.backend import Model, hooked_parameters, is_causal_lm
+from plateauscope.model.families import head_weights
 from plateauscope.model.fused import fused_logits, unsupported_reason
 from plateauscope.model.heads import head_label, parse_head_label
 from plateauscope.model.loss import fused_loss
@@ -97,7 +100,6 @@ from plateauscope.processes import available_cores, spawn_pool
 from plateauscope.runs.interventions import HEAD_WEIGHTS, Interventions, has_interventions
 from plateauscope.runs.metrics import compute_tau
 from plateauscope.runs.run import Run, RunError
-from plateauscope.runs.series import is_imported
 from plateauscope.tasks.base import Task
 
 HEAD_LLC_SETTINGS = LLCSettings(num_chains=1, num_draws=300, num_burnin_steps=10, batch_size=16, lr=1e-3,
@@ -147,6 +149,11 @@ def head_masks(model: Model, layer: int, head: int, part: str | tuple[str, ...] 
     weights of ``part`` (:func:`head_weight_names`), found through the backend's HookedTransformer-layout views of the parameters
     (``plateauscope.model.backend.hooked_parameters``; on the bridge they are views of fused tensors)."""
     names = head_weight_names(layer, part)
+    if is_causal_lm(model):  # another trainer's layout: the head's rows and columns of the modules the forward runs
+        masks = {id(p): torch.zeros_like(p, dtype=torch.bool) for p in model.parameters()}
+        for tensor, index in head_weights(model, layer, head, tuple(n.rsplit(".", 1)[1] for n in names)):
+            masks[id(tensor)][index] = True
+        return [masks[id(p)] for p in model.parameters()]
     probe = copy.deepcopy(model)
     for p in probe.parameters():
         p.zero_()
@@ -211,7 +218,7 @@ def training_loss(model: Model, task: Task, forward: str = "fused", intervention
     if forward not in FORWARDS:
         raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
     tokens = task.tokens.to(next(model.parameters()).device)
-    if forward == "hooked" or unsupported_reason(model.cfg) is not None:
+    if forward == "hooked" or unsupported_reason(model.cfg) is not None or is_causal_lm(model):
         return (lambda m, examples: target_loss(m, tokens[examples], task)), "hooked"
     trimmed = type(task).loss is Task.loss
     options = interventions or {}
@@ -294,7 +301,7 @@ def _head_records(run: Run, step: int, heads: list[tuple[int, int]], settings: L
     task, tc, mc = run.task(), run.config.train, run.config.model
     plan = Interventions.build(tc, task, mc.n_layers, mc.n_heads) if has_interventions(tc) else None
     model, reference = run.model(step, device), None
-    prefix = FrozenPrefix(model, task)
+    prefix = None if is_causal_lm(model) else FrozenPrefix(model, task)  # the fused forward's; a bridge runs its own
     for h in heads:
         rec = estimate_head_llc(model, task, *h, settings=settings, part=part, paired=paired, reference=reference,
                                 forward=forward, interventions=plan.fused_options(step) if plan else None,
@@ -559,10 +566,6 @@ def head_llc_series(run_dir: str | Path, steps: list[int] | None = None, every: 
     if forward not in FORWARDS:
         raise ValueError(f"forward must be one of {', '.join(FORWARDS)}, got {forward!r}")
     run = Run(run_dir)
-    if is_imported(run.path):
-        raise RunError(f"{run.path}: an imported series: the per-head LLC masks the weights of plateauscope's own "
-                       "model layout (W_Q, W_K, W_V per head), not a bridge's; plateauscope llc without --per-head "
-                       "samples the whole model on the probe's sequences")
     chosen = pick_steps(run.steps, every, steps)
     if not chosen:
         raise RunError(f"{run.path}: the run has no checkpoints")

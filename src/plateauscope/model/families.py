@@ -173,3 +173,30 @@ def mlp_input(model: Model, layer: int) -> Callable[[Tensor], Tensor]:
 def mlp_reads(model: Model) -> str:
     """The hook kind of the residual stream each MLP reads: ``resid_pre`` in a parallel block, else ``resid_mid``."""
     return "resid_pre" if _parallel(model) else "resid_mid"
+
+
+def head_weights(model: Model, layer: int, head: int, names: tuple[str, ...]) -> list[tuple[Tensor, tuple]]:
+    """For a bridge of another trainer's model: ``(parameter, index)`` of each of one head's weights ``names``
+    (HookedTransformer's names: ``W_Q``, ``b_Q``, ``W_K``, ``b_K``, ``W_V``, ``b_V``, ``W_O``) in the modules the
+    forward runs (``attn.q`` ... ``attn.o``; a joint QKV's split copies): the head's rows of its query projection,
+    its key/value head's rows of the key and value projections (under grouped keys, shared by the query heads of
+    its group), and its columns of the output projection. A bias the model lacks is left out."""
+    family = family_of(model)
+    kv = head // (family.n_heads // family.n_kv_heads)
+    out: list[tuple[Tensor, tuple]] = []
+    for name in names:
+        kind, which = name.split("_")
+        proj = _module(model, layer, f"attn.{which.lower()}")
+        n = family.n_heads if which in "QO" else family.n_kv_heads
+        index = head if which in "QO" else kv
+        tensor = proj.weight if kind == "W" else proj.bias
+        if tensor is None:
+            continue
+        if which == "O" and kind == "b":
+            continue  # b_O is shared by the layer's heads
+        transposed = type(proj).__name__ == "Conv1D"  # GPT-2's: weight [in, out], not nn.Linear's [out, in]
+        along = 0 if kind == "b" else int(transposed) if which != "O" else int(not transposed)  # the heads' axis
+        size = tensor.shape[along] // n
+        out.append((tensor, (slice(None),) * along + (slice(index * size, (index + 1) * size),)))
+    return out
+

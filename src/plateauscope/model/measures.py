@@ -4,12 +4,13 @@ Each is a function of the model (and, for those that read activations, a batch o
 the positions the loss counts); the analysis computes them at every analysed checkpoint
 (:mod:`plateauscope.analysis.measures`).
 
-* :func:`weight_norms`: the L2 norm of the trainable parameters (HookedTransformer's layout), per
-  layer (``blocks.<l>.*``) and in total (every parameter, embeddings and unembedding included),
-  the quantity weight decay shrinks (Nanda et al. 2023).
+* :func:`weight_norms`: the L2 norm of the trainable parameters (the model's own, whatever its family:
+  :func:`plateauscope.model.families.parameters_by_layer`), per layer (the parameters of each block) and in
+  total (every parameter once, embeddings and unembedding included), the quantity weight decay shrinks
+  (Nanda et al. 2023).
 * :func:`effective_rank`: the entropy-based effective rank of a matrix (Roy & Vetterli 2007): with
   ``p_i = s_i / sum(s)`` the normalised singular values, ``exp(-sum p_i log p_i)``; between 1 (rank
-  one) and ``min(rows, cols)`` (all singular values equal). Applied to the embedding ``W_E``.
+  one) and ``min(rows, cols)`` (all singular values equal). Applied to the token embedding.
 * :func:`representation_collapse`: per layer, the cosine similarity of the residual stream
   (``hook_resid_post``) between every pair of distinct loss positions of a sequence, averaged over
   the pairs and then the sequences: Gopalani & Hu (2025)'s mean pairwise cosine similarity of the
