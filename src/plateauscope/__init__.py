@@ -40,6 +40,7 @@ _API: dict[str, str] = {
     # tasks
     "load_task": "plateauscope.api:load_task",
     "import_series": "plateauscope.sources.importer:import_series",
+    "verify": "plateauscope.runs.series:verify_checkpoints",
     "Task": "plateauscope.tasks.base:Task",
     "TaskError": "plateauscope.tasks.base:TaskError",
     "Measure": "plateauscope.tasks.base:Measure",
@@ -71,6 +72,8 @@ _API: dict[str, str] = {
     "hessian": "plateauscope.analysis.hessian",
     "UnconvergedEigenWarning": "plateauscope.analysis.hessian_engine:UnconvergedEigenWarning",
     "llc_series": "plateauscope.analysis.llc:llc_series",
+    "head_llc_series": "plateauscope.analysis.head_llc:head_llc_series",
+    "moved_first": "plateauscope.analysis.changepoint:moved_first",
     "snap_statistics": "plateauscope.analysis.snap:snap_statistics",
     "format_routing_summary": "plateauscope.cli.text.analysis:format_summary",
     # fits over runs
@@ -128,6 +131,8 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from plateauscope.analysis.hessian_engine import UnconvergedEigenWarning
     from plateauscope.analysis.inputs import prompt_pairs
     from plateauscope.analysis.intervals import Interval, mean_interval, median_interval, ratio_interval
+    from plateauscope.analysis.changepoint import moved_first
+    from plateauscope.analysis.head_llc import head_llc_series
     from plateauscope.analysis.llc import llc_series
     from plateauscope.analysis.patch import patch, patch_sweep
     from plateauscope.analysis.records import Analysis
@@ -148,6 +153,7 @@ if TYPE_CHECKING:  # for type checkers and IDEs: the same names, imported eagerl
     from plateauscope.runs.files import MANIFEST_FILE as SWEEP_MANIFEST
     from plateauscope.runs.presets import PRESETS, get_preset, run_config
     from plateauscope.runs.run import RunError
+    from plateauscope.runs.series import verify_checkpoints as verify
     from plateauscope.sources.importer import import_series
     from plateauscope.sweeps.catalogue import SWEEPS, get_sweep
     from plateauscope.sweeps.executors import run_sweep

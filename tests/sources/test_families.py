@@ -150,7 +150,9 @@ def test_report_view_and_the_python_twins(family, capsys):
     imported = ps.Run(run)
     assert imported.model(STEPS[-1]).cfg.n_layers == 2
     assert [r.step for r in imported.analysis().attention] == list(STEPS)
-    record_cell(name, "ps.Run", "tested", "model(step), metrics, analysis")
+    assert ps.verify(run) == ([], len(STEPS))
+    assert ps.write_report(run).name == "report.html"
+    record_cell(name, "ps.Run", "tested", "model(step), metrics, analysis; ps.verify, ps.write_report")
 
 
 def test_llc_of_the_whole_model_and_of_one_head(family):

@@ -17,9 +17,8 @@ from pathlib import Path
 
 from plateauscope.cli.common import run_cli
 from plateauscope.cli.parser import OneLineParser
-from plateauscope.runs.files import verified_files, verify_run
 from plateauscope.runs.run import Run
-from plateauscope.runs.series import ImportedSeries, is_imported
+from plateauscope.runs.series import verify_checkpoints
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,11 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     def body(args: argparse.Namespace) -> None:
         runs = [Run(path).path for path in args.runs]  # every path is a run, before any checking
         for run in runs:
-            if is_imported(run):  # its checkpoints live elsewhere: against the hashes of series.json
-                series = ImportedSeries(run)
-                problems, n = series.verify(), len(series.steps)
-            else:
-                problems, n = [(str(run / name), problem) for name, problem in verify_run(run)], len(verified_files(run))
+            problems, n = verify_checkpoints(run)
             for name, problem in problems:
                 print(f"{name}: {problem}")
             print(f"{run}: {n} files, {'all verified' if not problems else f'{len(problems)} problem(s)'}")

@@ -39,6 +39,8 @@ from plateauscope.runs.files import (
     RunError,
     _one_line,
     read_json,
+    verified_files,
+    verify_run,
     write_json_atomic,
 )
 
@@ -356,3 +358,15 @@ class ImportedSeries:
         state = self.state(step)
         model = reuse if reuse is not None else self.build_model(device)
         return load_causal_lm_state(model, state)
+
+
+def verify_checkpoints(run_dir: str | os.PathLike) -> tuple[list[tuple[str, str]], int]:
+    """``plateauscope verify`` of one run: its problems as (file, what is wrong) and the number of files checked; an
+    imported run's checkpoints against ``series.json`` (:meth:`ImportedSeries.verify`), a run trained here's
+    checkpoints and resume states against ``checksums.json`` (:func:`plateauscope.runs.files.verify_run`)."""
+    run_dir = Path(run_dir)
+    if is_imported(run_dir):
+        series = ImportedSeries(run_dir)
+        return series.verify(), len(series.steps)
+    return [(str(run_dir / name), problem) for name, problem in verify_run(run_dir)], len(verified_files(run_dir))
+
