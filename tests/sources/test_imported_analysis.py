@@ -231,10 +231,6 @@ def test_the_llc_samples_on_the_probes_sequences(analysed, capsys):
         by_hand = -logp[:, pos].gather(-1, task.tokens[:, pos + 1, None]).mean()
         assert records[step]["init_loss"] == pytest.approx(float(by_hand), abs=1e-4)
     assert summary["llc"][1] > 5 * summary["llc"][0]  # the copy formed: a less degenerate solution
-    capsys.readouterr()
-    assert llc(["--run", str(run), "--per-head", "--steps", str(steps[-1]), "--no-progress"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "the per-head LLC masks the weights of plateauscope's own" in err
 
 
 def test_an_unexpected_error_is_one_line_naming_where_with_the_traceback_in_a_log(analysed, capsys, monkeypatch):
