@@ -17,3 +17,13 @@ def neox_series(tmp_path_factory):
     out = tmp_path_factory.mktemp("neox") / "trainer_out"
     steps = train_hf_series(out, tiny_neox_config(), steps=120, save_every=10, lr=5e-3)
     return out, steps
+
+
+@pytest.fixture(scope="session")
+def llama_induction_series(tmp_path_factory):
+    """``step-N/`` folders every 20 steps to 800 of a 2-layer, 2-head Llama with its tokenizer (BOS 1), trained on
+    copies at several lags and positions: both layer-1 heads become induction heads near step 500."""
+    from tests.sources.series_builders import train_llama_induction_series
+
+    out = tmp_path_factory.mktemp("llama_induction") / "series"
+    return out, train_llama_induction_series(out)

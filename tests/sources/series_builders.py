@@ -53,3 +53,59 @@ def train_hf_series(out: Path, config, steps: int = 300, save_every: int = 25, s
         loss.backward()
         opt.step()
     return saved
+
+
+def copies_at_several_lags(n: int, vocab: int, gen: torch.Generator, segment: int = 12, gap: int = 8,
+                           bos: int = 1, first: int = 3) -> torch.Tensor:
+    """``n`` sequences: ``bos``, ``k`` random tokens (``k`` uniform in ``[0, gap]``), ``segment`` random tokens,
+    ``gap - k`` random tokens, the segment again. Random tokens lie in ``[first, vocab)``. The copy sits at
+    ``gap + 1`` lags and positions, so only copying by content predicts it."""
+    tokens = torch.randint(first, vocab, (n, 1 + gap + 2 * segment), generator=gen)
+    tokens[:, 0] = bos
+    starts = 1 + torch.randint(0, gap + 1, (n,), generator=gen)
+    source = starts[:, None] + torch.arange(segment)
+    tokens[:, 1 + gap + segment:] = tokens.gather(1, source)
+    return tokens
+
+
+def save_word_tokenizer(folder: Path, vocab: int, bos: int = 1, eos: int = 2, pad: int = 0) -> None:
+    """A word-level tokenizer (``w3`` .. ``w{vocab-1}``) with ``<pad>``, ``<s>`` and ``</s>`` at ``pad``, ``bos`` and
+    ``eos``, saved as the Trainer saves one beside a checkpoint."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    special = {pad: "<pad>", bos: "<s>", eos: "</s>"}
+    words = {special.get(i, f"w{i}"): i for i in range(vocab)}
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(words, unk_token="<pad>")),
+                                        bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<pad>")
+    tokenizer.save_pretrained(folder)
+
+
+def train_llama_induction_series(out: Path, steps: int = 800, save_every: int = 20, seed: int = 0, lr: float = 5e-3,
+                                 vocab: int = 64) -> list[int]:
+    """A 2-layer, 2-head Llama (BOS 1, EOS 2, PAD 0: its tokenizer saved beside each checkpoint) trained by a
+    plain loop on :func:`copies_at_several_lags`, saved as ``out/step-N/`` every ``save_every`` steps; both
+    layer-1 heads become induction heads (near step 500 with these settings). Returns the saved steps."""
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1,
+                         eos_token_id=2, pad_token_id=0, tie_word_embeddings=False)
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    saved = []
+    for step in range(steps + 1):
+        if step % save_every == 0:
+            model.save_pretrained(out / f"step-{step}")
+            save_word_tokenizer(out / f"step-{step}", vocab)
+            saved.append(step)
+        if step == steps:
+            break
+        tokens = copies_at_several_lags(32, vocab, gen)
+        loss = model(tokens, labels=tokens).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return saved

@@ -1,86 +1,175 @@
-"""The induction probe's cheap pass on an imported GPT-NeoX series: the heads TransformerLens's head_detector
-names, and the change point where the in-context loss gap jumps."""
+"""The induction probe's pass on imported series, against Hugging Face's own models read by hand:
+
+* a Llama series saved by a plain loop, trained on copies at several lags and positions (BOS 1): every layer-1
+  head is named, the field's scores equal mean attention to the target computed from HF's eager attentions, the
+  phase change lies at the loss gap's half-rise, and all, every 5th and 14 chosen checkpoints agree;
+* a GPT-NeoX series trained on one copy length at one position, which learns to copy by position: no induction
+  head is named there; and ``head_detector``'s own scores beside ours.
+"""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from transformer_lens.head_detector import detect_head
 
-from plateauscope.analysis.probe_pass import HEAD_THRESHOLD, analyze_imported, named_heads
+from plateauscope.analysis.probe_pass import analyze_imported
 from plateauscope.runs.series import ImportedSeries
 from plateauscope.sources.importer import import_series
+from plateauscope.tasks.probe import build_probe
 from tests.sources.series_builders import SEGMENT
 
 
 @pytest.fixture(scope="module")
-def imported(neox_series, tmp_path_factory):
+def llama(llama_induction_series, tmp_path_factory):
+    source, steps = llama_induction_series
+    run = import_series(source, tmp_path_factory.mktemp("imported") / "llama").path
+    return source, steps, run, analyze_imported(run, progress=False, patching=False)
+
+
+@pytest.fixture(scope="module")
+def neox(neox_series, tmp_path_factory):
     source, steps = neox_series
-    run = import_series(source, tmp_path_factory.mktemp("imported") / "run").path
+    run = import_series(source, tmp_path_factory.mktemp("imported") / "neox").path
     return source, steps, run, analyze_imported(run, progress=False, segment_len=SEGMENT)
 
 
-def test_the_named_heads_are_head_detectors(imported):
-    _, steps, run, result = imported
-    series = ImportedSeries(run)
-    model = None
-    for record in (result.steps[0], result.steps[len(steps) // 2], result.steps[-1]):
-        model = series.model(record.step, reuse=model)
-        model.to_tokens = lambda seq: seq if torch.is_tensor(seq) else torch.zeros(1, 2, dtype=torch.long)
-        from plateauscope.tasks.probe import build_probe
-
-        probe = build_probe("induction", model.cfg.d_vocab, model.cfg.n_ctx, segment_len=SEGMENT)
-        sequences = [row[None] for row in probe.scored_tokens()]
-        for name, head in (("previous_token", "previous_token_head"), ("induction", "induction_head")):
-            expected = detect_head(model, sequences, head)
-            assert torch.allclose(torch.tensor(record.head_scores[name]), expected.float(), atol=1e-5)
-            if record is result.steps[-1]:
-                assert result.named_heads[name] == named_heads(expected)
-    assert result.named_heads["induction"]  # they formed
-    assert all(layer >= 1 for layer, _ in result.named_heads["induction"])  # an induction head reads a layer before it
-    assert torch.tensor(result.steps[0].head_scores["induction"]).max() < HEAD_THRESHOLD
-
-
-def test_the_loss_gap_changes_where_it_jumps(imported):
+def hf_attentions(folder, tokens):
+    """HF's eager attention patterns ``[N, layers, heads, seq, seq]`` and logits."""
     from transformers import AutoModelForCausalLM
 
-    from plateauscope.tasks.probe import build_probe
+    hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval()
+    with torch.no_grad():
+        out = hf(tokens, output_attentions=True)
+    return torch.stack(out.attentions, 1), out.logits
 
-    source, steps, _, result = imported
-    probe = build_probe("induction", 24, 64, segment_len=SEGMENT)
 
+def hand_scores(attention, tokens):
+    """Mean attention to the induction target (the position after an earlier occurrence of the current token) and
+    to the previous token, over every query that has one, per sequence then averaged: loops, by hand."""
+    n, layers, heads, seq, _ = attention.shape
+    induction = torch.zeros(n, layers, heads)
+    previous = torch.zeros(n, layers, heads)
+    for i in range(n):
+        rows = [(q, [k + 1 for k in range(q) if tokens[i, k] == tokens[i, q]]) for q in range(seq)]
+        rows = [(q, ks) for q, ks in rows if ks]
+        induction[i] = sum(attention[i, :, :, q, ks].sum(-1) for q, ks in rows) / len(rows)
+        previous[i] = sum(attention[i, :, :, q, q - 1] for q in range(1, seq)) / (seq - 1)
+    return induction.mean(0), previous.mean(0)
+
+
+def test_the_scores_are_mean_attention_to_the_target_on_hf(llama):
+    source, steps, _, result = llama
+    probe = build_probe("induction", 64, 64, tokenizer=ImportedSeries(llama[2]).loaded_tokenizer)
+    tokens = probe.scored_tokens()[:24]
+    for record in (result.steps[0], result.steps[-1]):
+        attention, _ = hf_attentions(source / f"step-{record.step}", tokens)
+        induction, previous = hand_scores(attention, tokens)
+        per_sequence = torch.tensor(record.score_sequences["induction"][:24], dtype=torch.float).mean(0)
+        assert torch.allclose(per_sequence, induction, atol=1e-4)
+        prev = torch.tensor(result.steps[-1].head_scores["previous_token"]) if record is result.steps[-1] else None
+        if prev is not None:  # over all 128 sequences; by hand on 24: the same head stands out
+            assert prev.argmax() == previous.argmax()
+
+
+def test_the_start_token_is_the_series_bos_and_no_special_token_is_drawn(llama):
+    tokenizer = ImportedSeries(llama[2]).loaded_tokenizer
+    probe = build_probe("induction", 64, 64, tokenizer=tokenizer)
+    assert tokenizer.bos_token_id == 1 and (probe.tokens[:, 0] == 1).all()
+    assert not torch.isin(probe.tokens[:, 1:], torch.tensor([0, 1, 2])).any()  # pad, BOS, EOS
+    assert "start token 1" in llama[3].layout
+    none = build_probe("induction", 64, 64, tokenizer=tokenizer, bos="none")
+    assert (none.tokens[:, 0] >= 3).all()
+    chosen = build_probe("induction", 64, 64, tokenizer=tokenizer, bos=5)
+    assert (chosen.tokens[:, 0] == 5).all() and not (chosen.tokens[:, 1:] == 5).any()
+
+
+def test_every_layer1_head_is_named_and_no_layer0_head_inducts(llama):
+    result = llama[3]
+    assert sorted(result.named_heads["induction"]) == [(1, 0), (1, 1)]
+    calls = {c["head"]: c for c in result.heads["induction"]}
+    assert all(calls[h]["kind"] is None for h in ("L0H0", "L0H1"))
+    assert all(calls[h]["interval"][0] > 0.2 and calls[h]["score"] > 0.7 for h in ("L1H0", "L1H1"))
+    assert len(result.named_heads["previous_token"]) == 1 and result.named_heads["previous_token"][0][0] == 0
+
+
+def test_the_phase_change_is_the_half_rise_measured_on_hf(llama):
+    source, steps, run, result = llama
+    probe = build_probe("induction", 64, 64, tokenizer=ImportedSeries(run).loaded_tokenizer)
     tokens = probe.scored_tokens()
-    gaps = []  # the gap measured on Hugging Face's own models: independent of the bridge
-    for step in steps:
-        hf = AutoModelForCausalLM.from_pretrained(source / f"checkpoint-{step}").eval()
-        with torch.no_grad():
-            first, second = probe.copy_losses(hf(tokens).logits, tokens)
-        gaps.append(first - second)
-    assert [r.loss_gap for r in result.steps] == pytest.approx(gaps, abs=1e-4)
-    change = result.loss_gap_change
-    assert change is not None and change["direction"] == "rise"
-    half = next(s for s, g in zip(steps, gaps) if g > gaps[-1] / 2)
-    before = [g for s, g in zip(steps, gaps) if s < change["step"]]
-    assert change["step"] <= half and max(before) < gaps[-1] / 4
+    L, F = probe.cfg.segment_len, probe.cfg.max_gap
+    gaps = []
+    for step in steps:  # the loss gap by hand: first copy's tokens 2..L minus the second copy's, HF's logits
+        logprobs = hf_attentions(source / f"step-{step}", tokens)[1].log_softmax(-1)
+        first, second = [], []
+        for i, k in enumerate(probe.gaps[: len(tokens)].tolist()):
+            first += [-logprobs[i, p - 1, tokens[i, p]] for p in range(k + 2, k + 1 + L)]
+            second += [-logprobs[i, p - 1, tokens[i, p]] for p in range(F + L + 2, F + 2 * L + 1)]
+        gaps.append(float(torch.stack(first).mean() - torch.stack(second).mean()))
+    assert [r.loss_gap for r in result.steps] == pytest.approx(gaps, abs=1e-3)
+    peak = int(np.argmax(gaps))
+    low = min(gaps[: peak + 1])
+    i = next(i for i, g in enumerate(gaps) if g >= (low + gaps[peak]) / 2)
+    half = steps[i - 1] + (steps[i] - steps[i - 1]) * ((low + gaps[peak]) / 2 - gaps[i - 1]) / (gaps[i] - gaps[i - 1])
+    t = result.transition
+    assert abs(t["phase_change"]["step"] - half) <= 40
+    lo, hi = t["phase_change"]["interval"]
+    assert lo <= t["phase_change"]["step"] <= hi
+    assert t["onset"]["step"] <= t["phase_change"]["step"] <= t["end"]["step"]
+    co = result.co_occurrence
+    assert co["heads"] == ["L1H1", "L1H0"] or sorted(co["heads"]) == ["L1H0", "L1H1"]
+    assert co["same_window"] and abs(co["lag"]) <= 40
 
 
-def test_head_patching_names_an_induction_head_at_the_end(imported):
-    result = imported[3]
-    last = torch.tensor(result.steps[-1].head_patching)
-    strongest = divmod(int(last.argmax()), last.shape[1])
-    assert strongest in result.named_heads["induction"]
+def test_all_every_fifth_and_fourteen_chosen_checkpoints_agree(llama):
+    _, steps, run, result = llama
+    every5 = analyze_imported(run, every=5, progress=False, patching=False)
+    chosen = [steps[i] for i in np.linspace(0, len(steps) - 1, 14).round().astype(int)]
+    fourteen = analyze_imported(run, steps=chosen, progress=False, patching=False)
+    intervals = [r.transition["phase_change"]["interval"] for r in (result, every5, fourteen)]
+    assert max(lo for lo, _ in intervals) <= min(hi for _, hi in intervals)  # one step lies in all three
+    assert every5.named_heads["induction"] == fourteen.named_heads["induction"] == result.named_heads["induction"]
 
 
-def test_analyze_runs_the_probe_on_an_imported_run_and_the_hessian_says_why_not(imported, capsys):
+def test_a_series_that_copies_by_position_has_no_induction_head(neox):
+    result = neox[3]
+    assert result.named_heads["induction"] == []
+    calls = result.heads["induction"]
+    assert all(c["kind"] != "named" for c in calls)
+    for c in calls:  # where a head copies, its null (the same position with no repeat) draws as much attention
+        for lag, (score, null, chance) in c["by_lag"].items():
+            if score - chance > 0.2:
+                assert null > score - 0.2, (c["head"], lag)
+
+
+def test_the_detector_scores_are_head_detectors(neox):
+    _, steps, run, result = neox
+    series = ImportedSeries(run)
+    model = None
+    probe = build_probe("induction", 24, 64, segment_len=SEGMENT)
+    sequences = [row[None] for row in probe.scored_tokens()]
+    for record in (result.steps[0], result.steps[-1]):
+        model = series.model(record.step, reuse=model)
+        model.to_tokens = lambda seq: seq if torch.is_tensor(seq) else torch.zeros(1, 2, dtype=torch.long)
+        for name, head in (("previous_token", "previous_token_head"), ("induction", "induction_head")):
+            expected = detect_head(model, sequences, head)
+            assert torch.allclose(torch.tensor(record.detector_scores[name]), expected.float(), atol=1e-5)
+
+
+def test_analyze_prints_the_heads_and_the_transition_and_the_hessian_says_why_not(llama, capsys):
     from plateauscope.cli import main as cli_main
 
-    run = imported[2]
+    run, steps = llama[2], llama[1]
     capsys.readouterr()
-    assert cli_main(["analyze", "--run", str(run), "--no-progress", "--probe-length", str(SEGMENT), "--steps", *map(str, imported[1][-3:]),
+    assert cli_main(["analyze", "--run", str(run), "--no-progress", "--steps", *map(str, steps[-4:]),
                      "--n-examples", "16", "--ablation-groups", "2", "--n-exact", "2", "--circuit-pairs", "8",
                      "--n-exact-edges", "8", "--workers", "1"]) == 0  # then the full analysis on the probe: kept small
     out = capsys.readouterr().out
-    assert "probe induction on 3 checkpoints of GPTNeoXForCausalLM" in out and "induction heads at the last step: L1" in out
+    assert "probe induction on 4 checkpoints of LlamaForCausalLM" in out and "induction heads: L1H" in out
     assert cli_main(["hessian", "--run", str(run)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "needs the training data" in err
+    assert cli_main(["analyze", "--run", str(run), "--bos", "banana", "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--bos banana" in err

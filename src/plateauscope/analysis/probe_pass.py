@@ -1,12 +1,14 @@
 """The cheap pass on an imported run: a probe's signals at every checkpoint of a series trained elsewhere.
 
 At each chosen step, with the series' one model (:class:`plateauscope.runs.series.ImportedSeries`, each
-checkpoint's weights loaded into it): the probe's head scores (for ``induction``: TransformerLens
-``head_detector``'s previous-token and induction scores), the in-context loss gap, and exact activation
-patching of every head's output on the probe's prompt pairs (``plateauscope.analysis.patch``; the
-bridge's own forward where the fast paths do not cover the architecture). Then the project's one
-change-point rule (``plateauscope.analysis.changepoint``) on the loss gap, with the first quarter of the
-series as its baseline, and the heads named at the last step.
+checkpoint's weights loaded into it): the probe's head scores per sequence (for ``induction``: each head's mean
+attention to the previous token and to the induction target, their nulls, and ``head_detector``'s ``mul`` scores
+beside them), the in-context loss gap per sequence, and exact activation patching of every head's output on the
+probe's prompt pairs (``plateauscope.analysis.patch``; the bridge's own forward where the fast paths do not cover
+the architecture). Then the heads named at the last step, against their nulls
+(:mod:`plateauscope.analysis.head_naming`: content-based heads, fixed-lag copiers, layer-0 offset heads), the loss
+gap's onset, phase change and end with their intervals (:mod:`plateauscope.analysis.transition`), and whether the
+named induction heads' scores rise in the same window.
 
 The result is written to ``RUN/analysis/probe_<name>.json``. An analysis that needs the training data
 (the Hessian, the plateau verdict) is not run on an imported run.
@@ -21,13 +23,17 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from plateauscope.analysis.analyze import analyze_run
-from plateauscope.analysis.changepoint import ChangePointRule, change_point
+from plateauscope.analysis.changepoint import ChangePointRule
+from plateauscope.analysis.head_naming import LEVEL, MARGIN, HeadCall, name_heads, named
 from plateauscope.analysis.patch import patch
 from plateauscope.analysis.results import analysis_dir, pick_steps, write_json_result
+from plateauscope.analysis.transition import co_occurrence, transition
+from plateauscope.model.heads import head_label
 from plateauscope.runs.imported import record_probe
 from plateauscope.runs.run import RunError
 from plateauscope.runs.series import ImportedSeries, is_imported
@@ -35,15 +41,13 @@ from plateauscope.tasks.base import Task
 from plateauscope.tasks.probe import (
     BUILTIN_PROBES,
     ProbeError,
+    ProbeSignals,
     build_probe,
+    chance_scores,
     offers_pairs,
     probe_class,
     probe_code_error,
 )
-
-HEAD_THRESHOLD = 0.4
-"""A head is named (an induction head, a previous-token head) where its score at the last step is above this."""
-
 
 @dataclass
 class ProbeStep:
@@ -51,35 +55,55 @@ class ProbeStep:
 
     step: int
     head_scores: dict[str, list[list[float]]]
-    """Detection score name -> ``[n_layers][n_heads]``."""
+    """Detection pattern -> ``[n_layers][n_heads]``: mean attention to the pattern's targets
+    (:func:`plateauscope.tasks.probe.target_scores`), over the probe's sequences."""
+    null_scores: dict[str, list[list[float]]]
+    """The same under each pattern's null (uniform attention, or the probe's control sequences)."""
+    detector_scores: dict[str, list[list[float]]]
+    """TransformerLens ``head_detector``'s ``mul`` scores, for comparison."""
     loss_gap: float | None
     """Loss on the first copy minus loss on the second (the induction probe), or None."""
     head_patching: list[list[float]] | None
     """Exact patching of each head's output, the share of the clean-corrupted logit difference it restores."""
+    loss_gap_sequences: list[float] | None = None
+    """The loss gap per probe sequence (the transition's bootstrap resamples them)."""
+    score_sequences: dict[str, list[list[list[float]]]] = field(default_factory=dict)
+    """Detection pattern -> ``[N][n_layers][n_heads]``: each sequence's score (the co-occurrence's resamples)."""
 
 
 @dataclass
 class ProbeSeriesResult:
-    """The cheap pass over an imported series."""
+    """The cheap pass over an imported series: the signals per step, the heads named at the last step and the
+    transition of the loss gap."""
 
     probe: str
     architecture: str
     steps: list[ProbeStep]
+    layout: str = ""
+    """The probe's own description (its lengths, lags and start token)."""
+    heads: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    """Detection pattern -> every head's reading at the last step
+    (:class:`plateauscope.analysis.head_naming.HeadCall`), strongest first."""
     named_heads: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
-    """Detection score name -> heads scoring above :data:`HEAD_THRESHOLD` at the last step, strongest first."""
-    loss_gap_change: dict[str, Any] | None = None
-    """The change point of the loss gap (``plateauscope.analysis.changepoint.ChangePoint.to_dict``), or None."""
+    """Detection pattern -> the heads the rule names at the last step (content-based; no fixed-lag copier, no layer-0
+    head for a pattern that reads an earlier layer), strongest first."""
+    rule: str = ""
+    """The naming rule in one line."""
+    transition: dict[str, Any] | None = None
+    """The loss gap's onset, phase change and end (:class:`plateauscope.analysis.transition.Transition`), or None."""
+    co_occurrence: dict[str, Any] | None = None
+    """Whether the named heads' scores rise in the gap's window
+    (:class:`plateauscope.analysis.transition.CoOccurrence`), or None."""
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON types."""
         return asdict(self)
 
 
-def named_heads(scores: torch.Tensor, threshold: float = HEAD_THRESHOLD) -> list[tuple[int, int]]:
-    """(layer, head) pairs scoring above ``threshold``, strongest first."""
-    n_heads = scores.shape[1]
-    order = scores.flatten().argsort(descending=True).tolist()
-    return [(i // n_heads, i % n_heads) for i in order if scores.flatten()[i] > threshold]
+def _rounded(values: torch.Tensor) -> list:
+    """A tensor as nested lists of floats to 6 decimals (NaN as None)."""
+    return [None if v != v else round(v, 6) for v in values.tolist()] if values.dim() == 1 \
+        else [_rounded(row) for row in values]
 
 
 def _probe_call(call: Callable[[], Any], built: Any, spec: str, what: str) -> Any:
@@ -95,42 +119,63 @@ def _probe_call(call: Callable[[], Any], built: Any, spec: str, what: str) -> An
         raise probe_code_error(e, type(built), spec, what) from None
 
 
+def read_heads(built: Any, signals: ProbeSignals, margin: float) -> dict[str, list[HeadCall]]:
+    """Every head's reading on each of the probe's patterns at one checkpoint (:func:`name_heads`)."""
+    tokens = built.scored_tokens()
+    return {name: name_heads(name, signals.scores[name], signals.nulls[name], chance_scores(detection),
+                             signals.lags.get(name), margin)
+            for name, detection in built.detection_patterns(tokens).items() if name in signals.scores}
+
+
 def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[int] | None = None, every: int = 1,
                      device: str = "cpu", patching: bool = True, progress: bool = True,
                      rule: ChangePointRule | None = None, n_pairs: int = 64, on_step: Callable[[int], None] | None = None,
-                     **probe_options: Any) -> ProbeSeriesResult:
+                     margin: float = MARGIN, **probe_options: Any) -> ProbeSeriesResult:
     """The probe's cheap pass over the chosen checkpoints of an imported run (module docstring);
-    ``n_pairs``: the prompt pairs head patching runs on; ``probe_options``: the probe's own (the induction
-    probe: ``segment_len``); ``on_step(step)``: called after
-    each step."""
+    ``n_pairs``: the prompt pairs head patching runs on; ``margin``: the naming rule's
+    (:mod:`plateauscope.analysis.head_naming`); ``probe_options``: the probe's own (the induction probe:
+    ``segment_len``, ``bos``); ``on_step(step)``: called after each step."""
     rule = rule or ChangePointRule()
     probe_name = probe_class(probe).probe_name  # a probe file that lacks what a probe needs fails here, in one line
     series = ImportedSeries(run_dir)
     chosen = pick_steps(series.steps, every, steps)
     model = None
     records: list[ProbeStep] = []
-    built = None
+    built = signals = None
     for step in tqdm(chosen, desc=f"probe {Path(run_dir).name}", disable=not progress, dynamic_ncols=True):
         model = series.model(step, device, reuse=model)
         if built is None:
             built = build_probe(probe, model.cfg.d_vocab, model.cfg.n_ctx, tokenizer=series.loaded_tokenizer,
-                                    **probe_options)
+                                **probe_options)
             pairs = (_probe_call(lambda: built.prompt_pairs(n_pairs, 0), built, probe, "prompt_pairs")
                      if patching and offers_pairs(built) else None)
-        scores, gap = _probe_call(lambda: built.signals(model), built, probe, "head_scores / loss_gap")
+        signals = _probe_call(lambda: built.signals(model), built, probe, "head_scores / loss_gap")
         patched = patch(model, pairs, "heads").normalised.tolist() if pairs is not None else None
-        records.append(ProbeStep(step, {k: v.tolist() for k, v in scores.items()}, gap, patched))
+        gap = signals.loss_gap
+        records.append(ProbeStep(
+            step, {k: _rounded(v.nanmean(0)) for k, v in signals.scores.items()},
+            {k: _rounded(v.nanmean(0)) for k, v in signals.nulls.items()},
+            {k: _rounded(v) for k, v in signals.detector.items()}, None if gap is None else float(gap.mean()), patched,
+            None if gap is None else _rounded(gap), {k: _rounded(v) for k, v in signals.scores.items()}))
         if on_step is not None:
             on_step(step)
-    result = ProbeSeriesResult(probe_name, series.architecture, records)
-    if records:
-        result.named_heads = {name: named_heads(torch.tensor(values))
-                              for name, values in records[-1].head_scores.items()}
-    gaps = [r.loss_gap for r in records]
-    if len(records) >= 2 * rule.min_baseline and all(g is not None for g in gaps):
-        quarter = chosen[max(rule.min_baseline, len(chosen) // 4) - 1]
-        found = change_point(chosen, gaps, (chosen[0], quarter), rule=rule)
-        result.loss_gap_change = found.to_dict() if found else None
+    result = ProbeSeriesResult(probe_name, series.architecture, records, built.describe() if built else "",
+                               rule=f"named where the {LEVEL:.0%} interval of (score - null) over the probe's "
+                                    f"sequences lies above {margin:g}")
+    if signals is not None:
+        calls = read_heads(built, signals, margin)
+        result.heads = {name: [c.to_dict() for c in found] for name, found in calls.items()}
+        result.named_heads = {name: named(found) for name, found in calls.items()}
+    if records and all(r.loss_gap_sequences is not None for r in records) and len(records) >= 3:
+        gaps = np.array([r.loss_gap_sequences for r in records], dtype=float)
+        passed = transition(chosen, gaps, rule=rule)
+        result.transition = passed.to_dict()
+        heads = result.named_heads.get("induction") or []
+        if heads:
+            per_sequence = np.array([[[seq[a][b] for a, b in heads] for seq in r.score_sequences["induction"]]
+                                     for r in records], dtype=float).mean(-1)
+            result.co_occurrence = co_occurrence(chosen, gaps, per_sequence, "induction",
+                                                 [head_label(a, b) for a, b in heads], passed).to_dict()
     write_json_result(analysis_dir(run_dir) / f"probe_{probe_name}.json", result.to_dict())
     return result
 

@@ -44,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "default) or file.py:Class, a plateauscope.Probe of your own (recorded in "
                         "RUN/analysis/probe.json for the report, the view and ps.Run)")
     p.add_argument("--probe-length", type=int,
-                   help="the induction probe's copy length (default: 16, or less where the model is small)")
+                   help="the induction probe's copy length (default: 12, or less where the model is small)")
+    p.add_argument("--bos", metavar="ID",
+                   help="the induction probe's start token: a token id, or 'none' (default: the series' tokenizer's "
+                        "BOS; none where it has none)")
     p.add_argument("--n-exact", type=int, default=DEFAULT_BUDGET,
                    help="budget of the expensive pass (exact patching, ablation, the circuits): the landmarks, then "
                         "the steps where the cheap signals change fastest, up to this many in all (default %(default)s)")
@@ -106,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
         if is_imported(args.run):  # a series trained elsewhere: the probe's pass, then every analysis on its data
             if args.follow:
                 raise CliError(f"--follow: {args.run} is an imported series, not a run training here")
-            options = {} if args.probe_length is None else {"segment_len": args.probe_length}
+            options = {**({} if args.probe_length is None else {"segment_len": args.probe_length}),
+                       **({} if args.bos is None else {"bos": args.bos})}
             passed, result = analyze_series(
                 args.run, args.probe, options, args.steps, args.every, args.device, progress=not args.no_progress,
                 n_exact=args.n_exact, settings=settings, backend=args.backend, edges=not args.no_edges, full=args.full,

@@ -44,6 +44,7 @@ from plateauscope.cli.parser import OneLineParser
 from plateauscope.sources.hf_cache import parse_revisions
 from plateauscope.sources.importer import import_series
 from plateauscope.sources.selection import parse_steps
+from plateauscope.views.phrases import probe_head_lines, transition_lines
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -65,20 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def format_probe_series(result: ProbeSeriesResult) -> str:
-    """The probe's pass over an imported series, as text: one line per step, the named heads, the change point."""
-    lines = [f"probe {result.probe} on {len(result.steps)} checkpoints of {result.architecture}",
-             f"{'step':>8}  {'loss gap':>9}  " + "  ".join(f"max {name}" for name in result.named_heads)]
+    """The probe's pass over an imported series, as text: one line per step, the heads its rule names, the loss
+    gap's transition (the sentences the report writes, from the same record)."""
+    names = list(result.heads)
+    lines = [f"probe {result.probe} on {len(result.steps)} checkpoints of {result.architecture}: {result.layout}",
+             f"{'step':>8}  {'loss gap':>9}  " + "  ".join(f"max {name}" for name in names)]
     for r in result.steps:
         gap = "-" if r.loss_gap is None else f"{r.loss_gap:9.4f}"
-        tops = "  ".join(f"{max(max(row) for row in r.head_scores[name]):>{4 + len(name)}.3f}"
-                         for name in result.named_heads)
+        tops = "  ".join(f"{max(v for row in r.head_scores[name] for v in row if v is not None):>{4 + len(name)}.3f}"
+                         for name in names)
         lines.append(f"{r.step:>8}  {gap:>9}  {tops}")
-    for name, heads in result.named_heads.items():
-        lines.append(f"{name} heads at the last step: " + (", ".join(f"L{a}H{b}" for a, b in heads) or "none"))
-    change = result.loss_gap_change
-    lines.append("the loss gap changes at step " + (f"{change['step']} ({change['direction']}, after "
-                                                      f"{change['bracket'][0]})" if change else "none found"))
-    return "\n".join(lines)
+    record = result.to_dict()
+    return "\n".join([*lines, *probe_head_lines(record), *transition_lines(record)])
 
 
 def main(argv: list[str] | None = None) -> int:

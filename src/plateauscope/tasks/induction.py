@@ -57,6 +57,11 @@ class InductionConfig(JsonConfig):
     """Share of the sequences whose second half repeats the segment (the rest cannot be copied)."""
     seed: int = 0
     """Seed of the data set; independent of the training seed."""
+    first_id: int = 1
+    """The random tokens are the ids ``first_id .. first_id + vocab_size - 1`` (a probe of a model trained elsewhere
+    keeps them clear of its tokenizer's special tokens)."""
+    bos_id: int | None = 0
+    """The start token at position 0; None: no start token (position 0 holds one more random token)."""
 
     def validate(self) -> None:
         """Fail with one line when the request is impossible."""
@@ -68,6 +73,10 @@ class InductionConfig(JsonConfig):
         if self.vocab_size < need:
             raise ConfigError(f"vocab_size={self.vocab_size} must be at least 2 * segment_len + max_gap + 1 = {need} "
                               "(every token of a sequence distinct, and one left for a corrupted cue)")
+        if self.first_id < 0 or (self.bos_id is not None and self.first_id <= self.bos_id < self.first_id
+                                                          + self.vocab_size):
+            raise ConfigError(f"the random tokens {self.first_id}..{self.first_id + self.vocab_size - 1} must be "
+                              f"non-negative ids that leave out the start token {self.bos_id}")
         if self.n_sequences < 2:
             raise ConfigError(f"n_sequences must be at least 2, got {self.n_sequences}")
         if not 0.0 < self.repeat_fraction <= 1.0:
@@ -86,13 +95,17 @@ class EvalSequences:
     """Sequences of the data set as drawn (repeats and others): the training loss."""
 
 
-def _distinct_tokens(gen: torch.Generator, n: int, length: int, vocab: int, avoid: Tensor | None = None
-                     ) -> Int[Tensor, "n length"]:
-    """``n`` rows of ``length`` distinct token ids in ``[1, vocab]``, none of them in ``avoid``'s row."""
+def _distinct_tokens(gen: torch.Generator, n: int, length: int, vocab: int, avoid: Tensor | None = None,
+                     first: int = 1) -> Int[Tensor, "n length"]:
+    """``n`` rows of ``length`` distinct token ids in ``[first, first + vocab)``, none of them in ``avoid``'s row
+    (ids outside that range in ``avoid`` are ignored)."""
     scores = torch.rand(n, vocab, generator=gen)
     if avoid is not None:
-        scores.scatter_(1, avoid - 1, 2.0)  # the avoided tokens sort last
-    return scores.argsort(dim=1)[:, :length] + 1
+        index = avoid - first
+        inside = (index >= 0) & (index < vocab)
+        rows = torch.arange(n)[:, None].expand_as(index)
+        scores[rows[inside], index[inside]] = 2.0  # the avoided tokens sort last
+    return scores.argsort(dim=1)[:, :length] + first
 
 
 def in_context_ngrams(tokens: Int[Tensor, "N seq"], positions: list[int], vocab: int
@@ -115,6 +128,17 @@ def in_context_ngrams(tokens: Int[Tensor, "N seq"], positions: list[int], vocab:
     return unigram, bigram
 
 
+def token_names(cfg: InductionConfig) -> list[str]:
+    """The vocabulary, by id: ``<BOS>`` at the start token's id, ``t0 ..`` for the random tokens, ``<id>`` for an
+    id a probe leaves out (a model's special tokens)."""
+    size = max(cfg.first_id + cfg.vocab_size, -1 if cfg.bos_id is None else cfg.bos_id + 1)
+    names = [f"<{i}>" for i in range(size)]
+    names[cfg.first_id: cfg.first_id + cfg.vocab_size] = (f"t{i}" for i in range(cfg.vocab_size))
+    if cfg.bos_id is not None:
+        names[cfg.bos_id] = BOS
+    return names
+
+
 class InductionTask(Task):
     """Random segments and their repeats: the task whose circuit (previous-token head, then an
     induction head) is known."""
@@ -129,7 +153,7 @@ class InductionTask(Task):
 
     def __init__(self, cfg: InductionConfig, tokens: Tensor, repeats: Bool[Tensor, " D"], gaps: Int[Tensor, " D"]):
         self.cfg = cfg
-        self.vocab = [BOS, *(f"t{i}" for i in range(cfg.vocab_size))]
+        self.vocab = token_names(cfg)
         self.tokens = tokens
         self.repeats = repeats
         """Whether each sequence's second half repeats its segment."""
@@ -142,11 +166,13 @@ class InductionTask(Task):
         cfg.validate()
         gen = torch.Generator().manual_seed(cfg.seed)
         n, L, F = cfg.n_sequences, cfg.segment_len, cfg.max_gap
-        drawn = _distinct_tokens(gen, n, 2 * L + F, cfg.vocab_size)  # segment, filler, fresh second half
-        segment, filler, fresh = drawn[:, :L], drawn[:, L: L + F], drawn[:, L + F:]
+        # segment, filler, fresh second half (and the token at position 0 where there is no start token)
+        drawn = _distinct_tokens(gen, n, 2 * L + F + (cfg.bos_id is None), cfg.vocab_size, first=cfg.first_id)
+        segment, filler, fresh = drawn[:, :L], drawn[:, L: L + F], drawn[:, L + F: 2 * L + F]
         gaps = torch.randint(0, F + 1, (n,), generator=gen)
         repeats = torch.rand(n, generator=gen) < cfg.repeat_fraction
         tokens = torch.zeros(n, 1 + F + 2 * L, dtype=torch.long)
+        tokens[:, 0] = drawn[:, -1] if cfg.bos_id is None else cfg.bos_id
         tokens[:, 1 + F + L:] = torch.where(repeats[:, None], segment, fresh)
         # the first part: k fillers, the segment, F - k fillers
         offset = torch.arange(F + L)[None, :] - gaps[:, None]  # [n, F + L]: index into the segment where in it
@@ -185,7 +211,8 @@ class InductionTask(Task):
         L = self.cfg.segment_len
         first_copy = self.gaps[chosen, None] + 1 + torch.arange(L)  # [E, L]
         unrelated = repeats.clone().scatter_(
-            1, first_copy, _distinct_tokens(gen, len(chosen), L, self.cfg.vocab_size, avoid=repeats[:, 1:]))
+            1, first_copy, _distinct_tokens(gen, len(chosen), L, self.cfg.vocab_size, avoid=repeats,
+                                            first=self.cfg.first_id))
         mixed = self.tokens[torch.randperm(len(self.tokens), generator=gen)[: n_tracked]]
         return EvalSequences(repeats, unrelated, mixed)
 
@@ -229,8 +256,9 @@ class InductionTask(Task):
                                                                                               len(self.vocab))[1])]
 
     def _uniform(self, tokens: Int[Tensor, "N seq"]) -> Tensor:
-        probs = torch.full((len(tokens), len(self.loss_positions), len(self.vocab)), 1.0 / self.cfg.vocab_size)
-        probs[..., 0] = 0.0  # never <BOS>
+        probs = torch.zeros(len(tokens), len(self.loss_positions), len(self.vocab))
+        first = self.cfg.first_id
+        probs[..., first: first + self.cfg.vocab_size] = 1.0 / self.cfg.vocab_size  # never <BOS>
         return probs
 
     def summary_fields(self) -> dict:
@@ -275,7 +303,8 @@ class InductionTask(Task):
         clean = self.tokens[examples, : self.pred_pos + 1]
         cue = self.cue_positions(self.tokens[examples], self.pred_pos)  # [N, 1]
         gen = torch.Generator().manual_seed(seed + 1)
-        replacement = _distinct_tokens(gen, len(examples), 1, self.cfg.vocab_size, avoid=self.tokens[examples, 1:])
+        replacement = _distinct_tokens(gen, len(examples), 1, self.cfg.vocab_size, avoid=self.tokens[examples],
+                                       first=self.cfg.first_id)
         corrupt = clean.clone().scatter_(1, cue, replacement)
         replacement = replacement[:, 0]
         return PromptPairs(clean=clean, corrupt=corrupt, clean_answer=self.tokens[examples, self.pred_pos + 1],

@@ -22,9 +22,12 @@ likes, a task, whose abstract members it must then implement). It needs:
 
 A class that lacks these, or whose code fails, is a one-line ProbeError naming the file (and the line).
 
-The head scores (:func:`detection_scores`) are TransformerLens's ``head_detector`` measure (``mul``):
-per head and sequence, the attention on the detection pattern's entries over all attention, then
-averaged over the sequences.
+A head's score on a detection pattern is the field's (:func:`target_scores`): the mean attention from each
+position where the pattern has a target to that target, per sequence. Its null (:func:`chance_scores`) is what
+uniform causal attention would give there, or, where the probe brings control sequences (:meth:`Probe.controls`:
+the same positions with the pattern's content removed), the head's own attention on the controls.
+TransformerLens's ``head_detector`` measure (``mul``, :func:`detection_scores`: the attention on the pattern's
+entries over all attention, rows with no target included) is kept beside it for comparison.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import inspect
 import re
 import traceback
 from pathlib import Path
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -50,6 +54,25 @@ BUILTIN_PROBES: dict[str, str] = {"induction": "plateauscope.tasks.induction_pro
 
 class ProbeError(TaskError):
     """A probe that does not fit the model (one line)."""
+
+
+@dataclass
+class ProbeSignals:
+    """What the probe's pass reads at one checkpoint, per scored sequence (:meth:`Probe.signals`)."""
+
+    scores: dict[str, Float[Tensor, "N n_layers n_heads"]]
+    """Detection pattern -> each head's mean attention to the pattern's targets (:func:`target_scores`); NaN in a
+    sequence where the pattern has no target."""
+    nulls: dict[str, Float[Tensor, "N n_layers n_heads"]]
+    """Detection pattern -> the same score under the null: uniform causal attention, or the head's attention on the
+    probe's control sequences (:meth:`Probe.controls`)."""
+    detector: dict[str, Float[Tensor, "n_layers n_heads"]]
+    """Detection pattern -> ``head_detector``'s ``mul`` score (:func:`detection_scores`), for comparison."""
+    loss_gap: Float[Tensor, " N"] | None = None
+    """The in-context loss gap per sequence (one value where the probe's ``loss_gap`` gives a number), or None."""
+    lags: dict[str, Int[Tensor, " N"]] = field(default_factory=dict)
+    """Detection pattern -> per sequence, the distance between the two copies its targets come from
+    (:meth:`Probe.lags`)."""
 
 
 class Probe:
@@ -71,14 +94,14 @@ class Probe:
         return self.probe_tokens()
 
     def head_scores(self, model: nn.Module) -> dict[str, Float[Tensor, "n_layers n_heads"]]:
-        """Each detection pattern's score per head on :meth:`scored_tokens` (``head_detector``'s ``mul``
-        measure); {} without detection patterns."""
+        """Each detection pattern's score per head on :meth:`scored_tokens` (:func:`target_scores`, averaged over
+        the sequences); {} without detection patterns."""
         tokens = self.scored_tokens()
         detections = self.detection_patterns(tokens)
         if not detections:
             return {}
         patterns = logits_and_patterns(model, tokens)[1]
-        return {name: detection_scores(patterns, det) for name, det in detections.items()}
+        return {name: target_scores(patterns, det).nanmean(0) for name, det in detections.items()}
 
     def check_vocab(self, d_vocab: int) -> None:
         """A ProbeError naming the largest token id when one falls outside ``[0, d_vocab)``."""
@@ -92,11 +115,41 @@ class Probe:
         """Named detection patterns (0 / 1, lower triangular) per sequence, for :func:`detection_scores`."""
         return {}
 
-    def signals(self, model: nn.Module) -> tuple[dict[str, Float[Tensor, "n_layers n_heads"]], float | None]:
-        """What the probe's pass records at each checkpoint: the head scores by name (:meth:`head_scores`) and
-        the in-context loss gap (``loss_gap``, where the probe has one, else None). A probe may override this to read
-        both from one forward."""
-        return self.head_scores(model), (self.loss_gap(model) if hasattr(self, "loss_gap") else None)
+    def controls(self, tokens: Int[Tensor, "N seq"]) -> dict[str, Int[Tensor, "N seq"]]:
+        """Detection pattern -> control sequences for ``tokens``: the same layout with the pattern's content removed
+        (the induction probe: the first copy replaced by unused tokens), whose attention on the pattern's entries is
+        the pattern's null. Default: none (the null is uniform causal attention)."""
+        return {}
+
+    def lags(self) -> dict[str, Int[Tensor, " N"]]:
+        """Detection pattern -> per scored sequence, the distance between the copies its targets come from (a head
+        that copies at some of these only is a fixed-lag copier); default: none."""
+        return {}
+
+    def signals(self, model: nn.Module) -> ProbeSignals:
+        """What the probe's pass records at each checkpoint (:class:`ProbeSignals`), from one forward of the scored
+        sequences and their controls; the loss gap from ``loss_gap(model)`` where the probe has one."""
+        tokens = self.scored_tokens()
+        detections = self.detection_patterns(tokens)
+        controls = self.controls(tokens)
+        out = ProbeSignals({}, {}, {}, lags=self.lags())
+        if detections:
+            batch = torch.cat([tokens, *controls.values()])
+            patterns = logits_and_patterns(model, batch)[1]
+            scored = patterns[: len(tokens)]
+            offsets = {name: len(tokens) * (i + 1) for i, name in enumerate(controls)}
+            for name, detection in detections.items():
+                out.scores[name] = target_scores(scored, detection)
+                out.detector[name] = detection_scores(scored, detection)
+                if name in controls:
+                    start = offsets[name]
+                    out.nulls[name] = target_scores(patterns[start: start + len(tokens)], detection)
+                else:
+                    out.nulls[name] = chance_scores(detection)[:, None, None].expand_as(out.scores[name])
+        if callable(getattr(self, "loss_gap", None)):
+            gap = self.loss_gap(model)  # type: ignore[attr-defined]
+            out.loss_gap = gap.detach().float().reshape(-1) if isinstance(gap, Tensor) else torch.tensor([float(gap)])
+        return out
 
 
 def probe_class(spec: str) -> type:
@@ -255,6 +308,24 @@ def logits_and_patterns(model: nn.Module, tokens: Int[Tensor, "N seq"]
     logits, cache = model.run_with_cache(tokens.to(device), names_filter=lambda name: name in names)
     patterns = torch.stack([cache[get_act_name("pattern", layer)] for layer in range(n_layers)], dim=1)
     return logits.float().cpu(), patterns.float().cpu()
+
+
+def target_scores(patterns: Float[Tensor, "N n_layers n_heads seq seq"],
+                  detection: Float[Tensor, "N seq seq"]) -> Float[Tensor, "N n_layers n_heads"]:
+    """The field's score per sequence and head: the attention from each position where ``detection`` has a target
+    to its targets, averaged over those positions (NaN in a sequence with none)."""
+    rows = detection.sum(-1) > 0  # [N, seq]: positions with a target
+    hit = (patterns * detection[:, None, None]).sum(-1)  # [N, L, H, seq]
+    n_rows = rows.sum(-1).float()[:, None, None]
+    return (hit * rows[:, None, None]).sum(-1) / n_rows.where(n_rows > 0, torch.nan)
+
+
+def chance_scores(detection: Float[Tensor, "N seq seq"]) -> Float[Tensor, " N"]:
+    """:func:`target_scores` of uniform causal attention (position ``q`` attends ``1 / (q + 1)`` to each key up to
+    itself): the score of a head that does not look."""
+    seq = detection.shape[-1]
+    uniform = torch.tril(torch.ones(seq, seq)) / torch.arange(1, seq + 1)[:, None]
+    return target_scores(uniform.expand(len(detection), 1, 1, seq, seq), detection)[:, 0, 0]
 
 
 def detection_scores(patterns: Float[Tensor, "N n_layers n_heads seq seq"],
