@@ -173,3 +173,24 @@ def test_analyze_prints_the_heads_and_the_transition_and_the_hessian_says_why_no
     assert cli_main(["analyze", "--run", str(run), "--bos", "banana", "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--bos banana" in err
+
+
+def test_moved_first_and_the_measures_read_the_probes_transition(llama, tmp_path):
+    """One record: the loss gap's onset in the probe's pass is where moved_first (and the report's Measures table,
+    which reads it) says the measured gap changes, from the same band."""
+    import shutil
+
+    from plateauscope.analysis.changepoint import moved_first
+    from plateauscope.analysis.probe_pass import analyze_series
+    from plateauscope.cli.text.analysis import moved_first_text
+
+    run = tmp_path / "run"
+    shutil.copytree(llama[2], run)
+    passed, _ = analyze_series(run, every=2, progress=False, n_exact=1, edges=False)
+    onset = passed.transition["onset"]
+    moved = moved_first(run)
+    row = moved["signals"]["measure:in_context_loss_gap"]
+    assert moved["baseline_window"] == passed.transition["baseline"]
+    assert row["step"] == onset["step"] and moved["tau"] == round(passed.transition["phase_change"]["step"])
+    text = moved_first_text(moved)
+    assert "phase change at step" in text and "plateau" not in text and "tau" not in text.split("\n")[0]

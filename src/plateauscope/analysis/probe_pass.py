@@ -31,7 +31,7 @@ from plateauscope.analysis.analyze import analyze_run
 from plateauscope.analysis.changepoint import ChangePointRule
 from plateauscope.analysis.head_naming import LEVEL, MARGIN, HeadCall, name_heads, named
 from plateauscope.analysis.patch import patch
-from plateauscope.analysis.results import analysis_dir, pick_steps, write_json_result
+from plateauscope.analysis.results import pick_steps, probe_pass_path, write_json_result
 from plateauscope.analysis.transition import co_occurrence, transition
 from plateauscope.model.heads import head_label
 from plateauscope.runs.imported import record_probe
@@ -176,7 +176,7 @@ def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[
                                      for r in records], dtype=float).mean(-1)
             result.co_occurrence = co_occurrence(chosen, gaps, per_sequence, "induction",
                                                  [head_label(a, b) for a, b in heads], passed).to_dict()
-    write_json_result(analysis_dir(run_dir) / f"probe_{probe_name}.json", result.to_dict())
+    write_json_result(probe_pass_path(run_dir, probe_name), result.to_dict())
     return result
 
 

@@ -30,6 +30,7 @@ from plateauscope.runs.files import ANALYSIS_DIR, LOCK_FILE, ROUTING_FILE, write
 from plateauscope.runs.run import (
     Run,
     RunError,
+    read_json,
     read_jsonl,
     write_json_atomic,
     write_text_atomic,
@@ -64,6 +65,8 @@ HEAD_LLC_SUMMARY_FILE = "head_llc.json"
 """The per-head LLC series: ``steps``, ``heads`` (``L0H1`` ...), ``llc`` (one row per step, one value per head), the
 settings and clusters."""
 MOVED_FIRST_FILE = "moved_first.json"
+PROBE_PASS_FILE = "probe_{name}.json"
+"""The probe's pass on an imported run (``plateauscope.analysis.probe_pass``), by the probe's name."""
 """The one change-point rule applied to every signal of a run: each signal's change point and the order."""
 LEGACY_ROUTING_FILE = "selector.json"
 """What :data:`ROUTING_FILE` was called before; read when the new file is absent."""
@@ -117,6 +120,21 @@ def read_routing_summary(run_dir: str | Path) -> dict[str, Any] | None:
     renamed to today's (:data:`LEGACY_ROUTING_KEYS`); None when the run has none."""
     path = routing_summary_path(run_dir)
     return _neutral_keys(json.loads(path.read_text())) if path.exists() else None
+
+
+def probe_pass_path(run_dir: str | Path, probe_name: str) -> Path:
+    """``RUN/analysis/probe_<name>.json``: the record of a probe's pass."""
+    return analysis_dir(run_dir) / PROBE_PASS_FILE.format(name=probe_name)
+
+
+def read_probe_pass(run_dir: str | Path) -> dict[str, Any] | None:
+    """The record of the pass of the probe an imported run's analyses read (``RUN/analysis/probe.json``'s), or None
+    before ``plateauscope analyze``."""
+    from plateauscope.runs.imported import read_probe_choice
+    from plateauscope.tasks.probe import probe_class
+
+    path = probe_pass_path(run_dir, probe_class(read_probe_choice(run_dir)["probe"]).probe_name)
+    return read_json(path) if path.exists() else None
 
 
 def analysis_dir(run_dir: str | Path) -> Path:

@@ -14,6 +14,7 @@ from plateauscope.analysis.components import component_label
 from plateauscope.analysis.head_llc import STABILITY_FLOOR
 from plateauscope.analysis.patch import PatchResult
 from plateauscope.analysis.results import median
+from plateauscope.analysis.summary import stated_routing
 from plateauscope.cli.text.tables import format_table
 from plateauscope.model.heads import head_label
 from plateauscope.tasks.base import ProgressMeasure
@@ -77,7 +78,8 @@ def format_summary(s: dict[str, Any], progress: ProgressMeasure | None = None) -
         lines.append(f"damage          each head mean-ablated alone at step {damage['step']} (over every example; "
                      f"not a verdict): " + ", ".join(f"{k} {na(v)}" for k, v in damage["heads"].items())
                      + f"; past 1.25 {hl}: {', '.join(damage['past_height']) or 'none'}")
-    lines += format_edges(s.get("edges"), s["t_form"], s["tau"])
+    stated = stated_routing(s)  # the named head's t_form, or the routing group's; none where neither is stated
+    lines += format_edges(s.get("edges"), stated.t_form if stated is not None else None, s["tau"])
     if s["agreement"]:
         rho = [a["spearman"] for a in s["agreement"] if a["spearman"] is not None]
         lines.append(f"attribution vs exact (heads, {len(s['agreement'])} steps): Spearman median "
@@ -188,11 +190,17 @@ def moved_first_text(result: dict[str, Any]) -> str:
         body.append([f"{rank}{'=' if tie else ''}", name, r["head"] or "", r["step"],
                      f"({r['bracket'][0]}, {r['bracket'][1]}]", f"{r['fraction_of_tau']:.3f}", r["direction"],
                      r["n_baseline"]])
-    lines = [f"{result['run']}: which signal moved first (tau {result['tau']}; from step {result['start']}"
-             f"{' (the cue released)' if result.get('release') else ' (the plateau start)'}, the plateau ending at "
-             f"{result['plateau_end']}; band from steps {window[0]}..{window[1]})",
-             f"rule: {result['rule_text']}",
-             format_table(body, ["rank", "signal", "head", "step", "bracket", "step / tau", "way", "baseline n"])]
+    if result.get("tau_name", "tau") == "tau":
+        head = (f"{result['run']}: which signal moved first (tau {result['tau']}; from step {result['start']}"
+                f"{' (the cue released)' if result.get('release') else ' (the plateau start)'}, the plateau ending "
+                f"at {result['plateau_end']}; band from steps {window[0]}..{window[1]})")
+        ratio = "step / tau"
+    else:  # an imported run: the probe's loss gap sets the landmarks
+        head = (f"{result['run']}: which signal moved first (the probe's phase change at step {result['tau']}; band "
+                f"from steps {window[0]}..{window[1]}, the checkpoints before the loss gap's rise)")
+        ratio = "step / phase change"
+    lines = [head, f"rule: {result['rule_text']}",
+             format_table(body, ["rank", "signal", "head", "step", "bracket", ratio, "way", "baseline n"])]
     lines += [f"not read: {name}{' (' + r['head'] + ')' if r['head'] else ''}: {r['note']}"
               for name, r in rows.items() if r["step"] is None]
     lines += [f"note: {n}" for n in result.get("notes", [])]
