@@ -145,6 +145,19 @@ def hand_scores(attentions, detection):
     return torch.stack([((a * detection[:, None]).sum((-1, -2)) / a.sum((-1, -2))).mean(0) for a in attentions])
 
 
+def hand_target_scores(attentions, detection):
+    """The mean attention to the targets over the positions that have one, per sequence, then averaged: by loops
+    over Hugging Face's attention weights."""
+    out = []
+    for a in attentions:
+        per_sequence = []
+        for i in range(len(detection)):
+            rows = [q for q in range(detection.shape[1]) if detection[i, q].sum() > 0]
+            per_sequence.append(sum((a[i, :, q] * detection[i, q]).sum(-1) for q in rows) / len(rows))
+        out.append(torch.stack(per_sequence).mean(0))
+    return torch.stack(out)
+
+
 @torch.no_grad()
 def hand_patching(hf, pairs):
     """Exact patching of each head's output at every position, by hand on Hugging Face's GPT-NeoX: the head's
@@ -197,13 +210,15 @@ def test_a_probe_file_scores_heads_as_hugging_face_and_head_detector_do(imported
             attentions = hf(tokens, output_attentions=True).attentions
         for name, detection in probe.detection_patterns(tokens).items():
             expected = hand_scores(attentions, detection)
-            assert torch.allclose(torch.tensor(record.head_scores[name]), expected, atol=1e-5), (record.step, name)
+            assert torch.allclose(torch.tensor(record.detector_scores[name]), expected, atol=1e-5), (record.step, name)
+            by_hand = hand_target_scores(attentions, detection)
+            assert torch.allclose(torch.tensor(record.head_scores[name]), by_hand, atol=1e-5), (record.step, name)
         model = series.model(record.step, reuse=model)  # and TransformerLens's own detector, on the bridge
         model.to_tokens = lambda seq: seq if torch.is_tensor(seq) else torch.zeros(1, 2, dtype=torch.long)
         pattern = probe.detection_patterns(tokens[:1])["two_back"][0]
         expected = torch.stack([detect_head(model, row[None], pattern) for row in tokens]).mean(0)  # one at a time
-        assert torch.allclose(torch.tensor(record.head_scores["two_back"]), expected.float(), atol=1e-5)
-    assert record.loss_gap is None and result.loss_gap_change is None  # the probe measures no loss gap
+        assert torch.allclose(torch.tensor(record.detector_scores["two_back"]), expected.float(), atol=1e-5)
+    assert record.loss_gap is None and result.transition is None  # the probe measures no loss gap
 
 
 def test_a_probe_files_prompt_pairs_patch_heads_as_done_by_hand(imported, probe_file):

@@ -32,7 +32,9 @@ def test_detection_scores_is_head_detectors_mul_measure():
 
 def test_the_probe_fits_the_model_or_says_so_in_one_line():
     probe = build_probe("induction", 30, 64)
-    assert int(probe.tokens.max()) < 30 and probe.tokens.shape[1] == 1 + 2 * probe.cfg.segment_len
+    assert int(probe.tokens.max()) < 30 and probe.tokens.shape[1] == 1 + probe.cfg.max_gap + 2 * probe.cfg.segment_len
+    lags = probe.lags()["induction"]
+    assert len(set(lags.tolist())) == probe.cfg.max_gap + 1 > 1  # copies at several lags and positions
     with pytest.raises(ProbeError, match="outside the model's vocabulary of 20 tokens"):
         probe.check_vocab(20)
     with pytest.raises(ProbeError, match="does not fit"):
@@ -63,7 +65,7 @@ class _Copier(torch.nn.Module):
 def test_the_loss_gap_of_a_perfect_copier_is_the_first_copys_loss():
     probe = build_probe("induction", 30, 64)
     tokens = probe.scored_tokens()
-    first, second = probe.copy_losses(_Copier(30)(tokens), tokens)
-    assert second < 1e-6 and first == pytest.approx(torch.log(torch.tensor(30.0)).item(), rel=1e-5)
+    gaps = probe.copy_gaps(_Copier(30)(tokens), tokens)  # first copy: uniform over 30 tokens; second: exact
+    assert gaps == pytest.approx(torch.full_like(gaps, torch.log(torch.tensor(30.0)).item()), rel=1e-5)
     names = [m.name for m in probe.measures()]
     assert names == ["previous_token_score", "induction_score", "in_context_loss_gap"]

@@ -115,6 +115,10 @@ class Probe:
         """Named detection patterns (0 / 1, lower triangular) per sequence, for :func:`detection_scores`."""
         return {}
 
+    def describe(self) -> str:
+        """The probe in a few words (default: its name)."""
+        return f"probe {self.probe_name}"
+
     def controls(self, tokens: Int[Tensor, "N seq"]) -> dict[str, Int[Tensor, "N seq"]]:
         """Detection pattern -> control sequences for ``tokens``: the same layout with the pattern's content removed
         (the induction probe: the first copy replaced by unused tokens), whose attention on the pattern's entries is
