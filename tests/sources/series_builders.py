@@ -68,6 +68,19 @@ def copies_at_several_lags(n: int, vocab: int, gen: torch.Generator, segment: in
     return tokens
 
 
+def copies_at_one_lag(n: int, vocab: int, gen: torch.Generator, segment: int = 12, gap: int = 8, bos: int = 1,
+                      first: int = 3) -> torch.Tensor:
+    """As :func:`copies_at_several_lags`, but the second copy follows the first at once: ``k`` random tokens, the
+    segment, the segment again, ``gap - k`` random tokens. The copy moves, its lag (``segment``) does not, so
+    copying from a fixed distance back predicts it as well as copying by content."""
+    tokens = torch.randint(first, vocab, (n, 1 + gap + 2 * segment), generator=gen)
+    tokens[:, 0] = bos
+    starts = 1 + torch.randint(0, gap + 1, (n,), generator=gen)
+    source = starts[:, None] + torch.arange(segment)
+    tokens.scatter_(1, source + segment, tokens.gather(1, source))
+    return tokens
+
+
 def save_word_tokenizer(folder: Path, vocab: int, bos: int = 1, eos: int = 2, pad: int = 0) -> None:
     """A word-level tokenizer (``w3`` .. ``w{vocab-1}``) with ``<pad>``, ``<s>`` and ``</s>`` at ``pad``, ``bos`` and
     ``eos``, saved as the Trainer saves one beside a checkpoint."""
@@ -82,10 +95,11 @@ def save_word_tokenizer(folder: Path, vocab: int, bos: int = 1, eos: int = 2, pa
 
 
 def train_llama_induction_series(out: Path, steps: int = 800, save_every: int = 20, seed: int = 0, lr: float = 5e-3,
-                                 vocab: int = 64) -> list[int]:
+                                 vocab: int = 64, one_lag: bool = False) -> list[int]:
     """A 2-layer, 2-head Llama (BOS 1, EOS 2, PAD 0: its tokenizer saved beside each checkpoint) trained by a
-    plain loop on :func:`copies_at_several_lags`, saved as ``out/step-N/`` every ``save_every`` steps; both
-    layer-1 heads become induction heads (near step 500 with these settings). Returns the saved steps."""
+    plain loop on :func:`copies_at_several_lags` (``one_lag``: :func:`copies_at_one_lag`), saved as ``out/step-N/``
+    every ``save_every`` steps. On copies at several lags both layer-1 heads become induction heads (near step 500
+    with these settings); at one lag the model copies from that distance back. Returns the saved steps."""
     from transformers import AutoModelForCausalLM, LlamaConfig
 
     config = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
@@ -103,7 +117,7 @@ def train_llama_induction_series(out: Path, steps: int = 800, save_every: int = 
             saved.append(step)
         if step == steps:
             break
-        tokens = copies_at_several_lags(32, vocab, gen)
+        tokens = (copies_at_one_lag if one_lag else copies_at_several_lags)(32, vocab, gen)
         loss = model(tokens, labels=tokens).loss
         opt.zero_grad()
         loss.backward()

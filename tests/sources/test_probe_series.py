@@ -132,6 +132,27 @@ def test_all_every_fifth_and_fourteen_chosen_checkpoints_agree(llama):
     assert every5.named_heads["induction"] == fourteen.named_heads["induction"] == result.named_heads["induction"]
 
 
+def test_a_series_trained_at_one_lag_has_fixed_lag_copiers_and_no_induction_head(tmp_path):
+    """A Llama trained on copies that move but always follow at lag 12 copies from 11 tokens back: the probe, with
+    copies at lags 12..20, names no induction head and reports the copiers at lag 12, which Hugging Face's own
+    attention confirms (by hand: the copier's attention 11 tokens back, on sequences of every lag)."""
+    from tests.sources.series_builders import train_llama_induction_series
+
+    steps = train_llama_induction_series(tmp_path / "src", steps=600, save_every=200, one_lag=True)
+    run = import_series(tmp_path / "src", tmp_path / "run").path
+    result = analyze_imported(run, progress=False, patching=False)
+    assert result.named_heads["induction"] == []
+    copiers = [c for c in result.heads["induction"] if c["kind"] == "fixed_lag"]
+    assert copiers and all(12 in c["lags"] for c in copiers if c["layer"] == 1) and copiers[0]["layer"] == 1
+    probe = build_probe("induction", 64, 64, tokenizer=ImportedSeries(run).loaded_tokenizer)
+    tokens = probe.scored_tokens()[:32]
+    attention, _ = hf_attentions(tmp_path / "src" / f"step-{steps[-1]}", tokens)
+    strongest = copiers[0]
+    second_half = range(1 + probe.cfg.max_gap + probe.cfg.segment_len, tokens.shape[1])
+    back = torch.stack([attention[:, strongest["layer"], strongest["index"], q, q - 11] for q in second_half])
+    assert back.mean() > 0.5  # it looks 11 back whatever the sequence's lag: position, not content
+
+
 def test_a_series_that_copies_by_position_has_no_induction_head(neox):
     result = neox[3]
     assert result.named_heads["induction"] == []
