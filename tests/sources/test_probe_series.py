@@ -215,3 +215,30 @@ def test_moved_first_and_the_measures_read_the_probes_transition(llama, tmp_path
     assert row["step"] == onset["step"] and moved["tau"] == round(passed.transition["phase_change"]["step"])
     text = moved_first_text(moved)
     assert "phase change at step" in text and "plateau" not in text and "tau" not in text.split("\n")[0]
+
+
+def test_a_pass_killed_midway_resumes_with_the_missing_steps_only_and_the_same_bytes(llama, tmp_path):
+    import shutil
+    import signal
+    import subprocess
+    import sys
+
+    from plateauscope.analysis.results import probe_pass_path
+
+    _, steps, run, _ = llama
+    whole, killed = tmp_path / "whole", tmp_path / "killed"
+    for folder in (whole, killed):
+        shutil.copytree(run, folder)
+        shutil.rmtree(folder / "analysis")
+    chosen = steps[::4]
+    kill_after = 4  # the child process dies by SIGKILL after its 4th step, as kill -9 does
+    script = (f"import os, signal\nfrom plateauscope.analysis.probe_pass import analyze_imported\ndone = []\n"
+              f"def step(s):\n    done.append(s)\n    if len(done) == {kill_after}: os.kill(os.getpid(), signal.SIGKILL)\n"
+              f"analyze_imported({str(killed)!r}, steps={chosen!r}, progress=False, on_step=step)\n")
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True)
+    assert child.returncode == -signal.SIGKILL and not probe_pass_path(killed, "induction").exists()
+    computed = []
+    analyze_imported(killed, steps=chosen, progress=False, on_step=computed.append)
+    assert computed == chosen[kill_after:]  # only the missing steps
+    analyze_imported(whole, steps=chosen, progress=False)
+    assert probe_pass_path(killed, "induction").read_bytes() == probe_pass_path(whole, "induction").read_bytes()

@@ -18,6 +18,8 @@ The result is written to ``RUN/analysis/probe_<name>.json``. An analysis that ne
 
 from __future__ import annotations
 
+import hashlib
+import inspect
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -31,7 +33,15 @@ from plateauscope.analysis.analyze import analyze_run
 from plateauscope.analysis.changepoint import ChangePointRule
 from plateauscope.analysis.head_naming import LEVEL, MARGIN, HeadCall, name_heads, named
 from plateauscope.analysis.patch import patch
-from plateauscope.analysis.results import pick_steps, probe_pass_path, write_json_result
+from plateauscope.analysis.results import (
+    append_records,
+    load_records,
+    pick_steps,
+    probe_pass_path,
+    probe_steps_path,
+    settings_key,
+    write_json_result,
+)
 from plateauscope.analysis.transition import co_occurrence, transition
 from plateauscope.model.heads import head_label
 from plateauscope.runs.imported import record_probe
@@ -136,29 +146,45 @@ def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[
     (:mod:`plateauscope.analysis.head_naming`); ``probe_options``: the probe's own (the induction probe:
     ``segment_len``, ``bos``); ``on_step(step)``: called after each step."""
     rule = rule or ChangePointRule()
-    probe_name = probe_class(probe).probe_name  # a probe file that lacks what a probe needs fails here, in one line
+    cls = probe_class(probe)  # a probe file that lacks what a probe needs fails here, in one line
     series = ImportedSeries(run_dir)
     chosen = pick_steps(series.steps, every, steps)
-    model = None
-    records: list[ProbeStep] = []
-    built = signals = None
-    for step in tqdm(chosen, desc=f"probe {Path(run_dir).name}", disable=not progress, dynamic_ncols=True):
+    cache = probe_steps_path(run_dir, cls.probe_name)
+    key = settings_key({"probe": probe, "options": probe_options, "patching": patching, "n_pairs": n_pairs,
+                        "source": hashlib.sha256(Path(inspect.getsourcefile(cls) or "").read_bytes()).hexdigest()[:16]})
+    have = {r["step"] for r in load_records(cache, key)}
+    model = built = pairs = last = None
+
+    def load(step: int) -> None:  # the step's weights into the one model; the probe built for it once
+        nonlocal model, built, pairs
         model = series.model(step, device, reuse=model)
         if built is None:
             built = build_probe(probe, model.cfg.d_vocab, model.cfg.n_ctx, tokenizer=series.loaded_tokenizer,
                                 **probe_options)
             pairs = (_probe_call(lambda: built.prompt_pairs(n_pairs, 0), built, probe, "prompt_pairs")
                      if patching and offers_pairs(built) else None)
+
+    for step in tqdm([s for s in chosen if s not in have], desc=f"probe {Path(run_dir).name}", disable=not progress,
+                     dynamic_ncols=True):
+        load(step)
         signals = _probe_call(lambda: built.signals(model), built, probe, "head_scores / loss_gap")
         patched = patch(model, pairs, "heads").normalised.tolist() if pairs is not None else None
         gap = signals.loss_gap
-        records.append(ProbeStep(
+        record = ProbeStep(
             step, {k: _rounded(v.nanmean(0)) for k, v in signals.scores.items()},
             {k: _rounded(v.nanmean(0)) for k, v in signals.nulls.items()},
             {k: _rounded(v) for k, v in signals.detector.items()}, None if gap is None else float(gap.mean()), patched,
-            None if gap is None else _rounded(gap), {k: _rounded(v) for k, v in signals.scores.items()}))
+            None if gap is None else _rounded(gap), {k: _rounded(v) for k, v in signals.scores.items()})
+        append_records(cache, [{**asdict(record), "settings": key}])  # a killed pass resumes from here
+        last = signals if step == chosen[-1] else last
         if on_step is not None:
             on_step(step)
+    if last is None:  # the last step came from the cache: its per-sequence signals again, for the naming
+        load(chosen[-1])
+        last = _probe_call(lambda: built.signals(model), built, probe, "head_scores / loss_gap")
+    records = [ProbeStep(**{k: v for k, v in r.items() if k != "settings"})
+               for r in load_records(cache, key) if r["step"] in set(chosen)]
+    probe_name, signals = cls.probe_name, last
     result = ProbeSeriesResult(probe_name, series.architecture, records, built.describe() if built else "",
                                rule=f"named where the {LEVEL:.0%} interval of (score - null) over the probe's "
                                     f"sequences lies above {margin:g}")

@@ -67,6 +67,8 @@ settings and clusters."""
 MOVED_FIRST_FILE = "moved_first.json"
 PROBE_PASS_FILE = "probe_{name}.json"
 """The probe's pass on an imported run (``plateauscope.analysis.probe_pass``), by the probe's name."""
+PROBE_STEPS_FILE = "probe_{name}.jsonl"
+"""The probe's pass, one record per step as it is measured (a killed pass resumes from it)."""
 """The one change-point rule applied to every signal of a run: each signal's change point and the order."""
 LEGACY_ROUTING_FILE = "selector.json"
 """What :data:`ROUTING_FILE` was called before; read when the new file is absent."""
@@ -125,6 +127,11 @@ def read_routing_summary(run_dir: str | Path) -> dict[str, Any] | None:
 def probe_pass_path(run_dir: str | Path, probe_name: str) -> Path:
     """``RUN/analysis/probe_<name>.json``: the record of a probe's pass."""
     return analysis_dir(run_dir) / PROBE_PASS_FILE.format(name=probe_name)
+
+
+def probe_steps_path(run_dir: str | Path, probe_name: str) -> Path:
+    """``RUN/analysis/probe_<name>.jsonl``: the per-step records of a probe's pass."""
+    return analysis_dir(run_dir) / PROBE_STEPS_FILE.format(name=probe_name)
 
 
 def read_probe_pass(run_dir: str | Path) -> dict[str, Any] | None:
