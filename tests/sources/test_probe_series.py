@@ -212,7 +212,10 @@ def test_moved_first_and_the_measures_read_the_probes_transition(llama, tmp_path
     moved = moved_first(run)
     row = moved["signals"]["measure:in_context_loss_gap"]
     assert moved["baseline_window"] == passed.transition["baseline"]
-    assert row["step"] == onset["step"] and moved["tau"] == round(passed.transition["phase_change"]["step"])
+    assert row["step"] == round(onset["step"]) and row["bracket"] == onset["bracket"]
+    assert moved["tau"] == round(passed.transition["phase_change"]["step"])
+    t = passed.transition
+    assert t["onset"]["step"] <= t["phase_change"]["step"] <= t["end"]["step"]  # in order, even at coarse steps
     text = moved_first_text(moved)
     assert "phase change at step" in text and "plateau" not in text and "tau" not in text.split("\n")[0]
 

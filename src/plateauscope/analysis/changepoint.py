@@ -54,7 +54,8 @@ from seed to seed; :func:`read_signals` records it):
   ``delta_z``) and every ``kl_<name>`` field (the KL to each of the task's reference predictors);
 * the analysis cache (``plateauscope analyze``; absent: left out), a few heads and summed / maximal
   forms rather than every head: ``attention:routing`` (the routing head of ``routing.json``: its
-  attention to the cue), ``attention:top`` (the head with the highest attention to the cue at the
+  attention to the cue; where ``routing.json`` names no single head, ``attention:routing_group``, the
+  routing group's mean attention, and no signal of one routing head), ``attention:top`` (the head with the highest attention to the cue at the
   last analysed step, when it is not the routing head), ``attention:max`` (the largest attention to
   the cue over heads, per step), ``attention[<rule>]:top`` for each of the task's named attention
   rules (the head that follows the rule most at the end, e.g. induction's previous-token head);
@@ -72,7 +73,7 @@ from seed to seed; :func:`read_signals` records it):
   (the head with the largest change from its first to its last value, when not the routing head)
   and ``head_llc:sum`` (over heads).
 
-:func:`moved_first` reads the plateau span and tau (``summary.json``), applies the rule to every
+:func:`moved_first` reads the plateau's stretch and tau (``summary.json``), applies the rule to every
 signal from the plateau start with the band of the plateau's first half, and writes
 ``RUN/analysis/moved_first.json`` (:data:`plateauscope.analysis.results.MOVED_FIRST_FILE`): each
 signal's change point, its fraction of tau, the order, and, labelled as such, the t_form of the
@@ -107,12 +108,14 @@ from plateauscope.analysis.results import (
     MOVED_FIRST_FILE,
     PATCH_FILE,
     analysis_dir,
+    read_probe_pass,
     read_routing_summary,
     write_json_result,
 )
+from plateauscope.analysis.summary import stated_routing
 from plateauscope.model.heads import head_label
 from plateauscope.runs.imported import PROBE_METRICS_FILE, ImportedRun
-from plateauscope.runs.metrics import compute_tau, plateau_span
+from plateauscope.runs.metrics import compute_tau
 from plateauscope.runs.run import METRICS_FILE, Run, RunError, read_json
 
 MAD_TO_SD = 1.4826
@@ -120,6 +123,8 @@ MAD_TO_SD = 1.4826
 MAD_SMALL_SAMPLE = {2: 1.196, 3: 1.495, 4: 1.363, 5: 1.206, 6: 1.200, 7: 1.140, 8: 1.129, 9: 1.107}
 """Factors that make 1.4826 x MAD unbiased for normal noise at n values (Croux and Rousseeuw 1992; n > 9:
 ``n / (n - 0.8)``). Without them a baseline of 5 values reads its noise 18% low on average."""
+GAP_MEASURE = "in_context_loss_gap"
+"""The induction probe's measure of the loss gap, whose change an imported run's transition record states."""
 DIRECTIONS = ("either", "rise", "fall")
 """What :attr:`ChangePointRule.direction` may ask for."""
 
@@ -162,12 +167,12 @@ class ChangePointRule:
         """Plain JSON types (stored with every result)."""
         return dataclasses.asdict(self)
 
-    def describe(self) -> str:
-        """The rule in one line, with its parameters."""
+    def describe(self, band: str = "the plateau's first half") -> str:
+        """The rule in one line, with its parameters (``band``: where the band is read)."""
         smooth = "no smoothing" if self.smooth == 1 else f"a centred {self.smooth}-point moving mean"
         way = {"either": "on one side", "rise": "above", "fall": "below"}[self.direction]
-        return (f"first of {self.k} consecutive checkpoints beyond the band ({way}): median of the plateau's first "
-                f"half +- max({self.n_sd:g} robust sd, {self.floor:g} x the signal's range); {smooth}")
+        return (f"first of {self.k} consecutive checkpoints beyond the band ({way}): median of {band} "
+                f"+- max({self.n_sd:g} robust sd, {self.floor:g} x the signal's range); {smooth}")
 
 
 @dataclass(frozen=True)
@@ -318,8 +323,11 @@ def metric_signals(run: Run, records: list[dict[str, Any]]) -> dict[str, Signal]
 
 def routing_head(run: Run, cache: dict[str, Any] | None) -> tuple[int, int] | None:
     """The routing head of ``routing.json``; without one, picked from the cache's last cheap records as
-    the analysis picks it (``plateauscope.analysis.formation.pick_routing_head``); None without either."""
+    the analysis picks it (``plateauscope.analysis.formation.pick_routing_head``); None without either, and
+    where ``routing.json`` names no single head (its routing group: :func:`routing_group_signal`)."""
     routing = (cache or {}).get("routing") or read_routing_summary(run.path) or {}
+    if routing.get("head") and not routing.get("named_head", True):
+        return None
     if routing.get("head"):
         return int(routing["head"][0]), int(routing["head"][1])
     if not cache:
@@ -329,6 +337,20 @@ def routing_head(run: Run, cache: dict[str, Any] | None) -> tuple[int, int] | No
     if last is None:
         return None
     return pick_routing_head(last["to_z_first"], by_step[last["step"]]["heads"]["normalised"])[0]
+
+
+def routing_group_signal(attention: list[dict[str, Any]], routing: dict[str, Any]) -> dict[str, Signal]:
+    """``attention:routing_group``: where ``routing.json`` names no single head, its routing group's mean
+    attention to the cue (``plateauscope.analysis.summary.routing_group``); {} elsewhere."""
+    stated = stated_routing(routing)
+    if not attention or stated is None or not stated.is_group:
+        return {}
+    grids = [np.asarray(r["to_z_first"], dtype=float) for r in attention]
+    index = tuple(np.array(h) for h in zip(*stated.heads))
+    return {"attention:routing_group": Signal([int(r["step"]) for r in attention],
+                                              [float(g[index].mean()) for g in grids], ATTENTION_FILE,
+                                              "the routing group's mean attention to the cue (no single head is "
+                                              "named)", "+".join(stated.labels))}
 
 
 def attention_signals(attention: list[dict[str, Any]], head: tuple[int, int] | None) -> dict[str, Signal]:
@@ -469,6 +491,7 @@ def _signals(run: Run, records: list[dict[str, Any]]) -> dict[str, Signal]:
     head = routing_head(run, cache)
     if cache is not None:
         out.update(cache_signals(cache, head))
+        out.update(routing_group_signal(cache["attention"], cache.get("routing") or {}))
     out.update(llc_signals(run, head))
     return out
 
@@ -498,14 +521,17 @@ def run_landmarks(run: Run) -> tuple[int, int, int]:
     it has none): the start is the plateau's, or the cue's release for a run trained with the cue
     hidden until then (before it the cue's signals are forced, as ``plateauscope.analysis.summary``
     starts the t_form rules there). A one-line RunError when it has no tau or no plateau left."""
+    if isinstance(run, ImportedRun):
+        return imported_landmarks(run)
     summary = run.summary or {}
     records, progress = run.metrics(), run.progress
     tau = summary["tau"] if "tau" in summary else compute_tau(records, progress)
-    span = summary["plateau_span"] if "plateau_span" in summary else plateau_span(records, progress, tau)
+    span = run.plateau_stretch()  # the longest in-band stretch before tau (summary.json's, or from the metrics)
     if tau is None:
         raise RunError(f"{run.path}: the run has no tau (its progress measure never crossed): nothing moved yet")
     if not span:
-        raise RunError(f"{run.path}: the run has no plateau span (summary.json plateau_span): no band to read")
+        raise RunError(f"{run.path}: no evaluation before tau lies in the plateau's band (summary.json "
+                       "plateau_stretch): no band to read")
     start = max(int(span[0]), int(run.config.train.hide_cue_until or 0))
     if start >= int(span[1]) and run.config.train.hide_cue_until:
         raise RunError(f"{run.path}: the cue is released at step {start}, after the plateau ends ({span[1]}): "
@@ -514,6 +540,24 @@ def run_landmarks(run: Run) -> tuple[int, int, int]:
         raise RunError(f"{run.path}: the plateau spans steps {span[0]} to {span[1]}, no checkpoint between them: "
                        "no band to read (analyse more checkpoints before tau)")
     return start, int(span[1]), int(tau)
+
+
+def imported_landmarks(run: ImportedRun) -> tuple[int, int, int]:
+    """``(start, end of the band, phase change)`` of an imported run, from its probe's transition
+    (``RUN/analysis/probe_<name>.json``, :mod:`plateauscope.analysis.transition`): the first analysed step, the last
+    checkpoint of the onset's band (the checkpoints before the loss gap's rise), and the phase change. The one
+    record the probe's pass, the report and :func:`moved_first` read; a one-line RunError where it has none."""
+    record = read_probe_pass(run.path)
+    if record is None:
+        raise RunError(f"{run.path}: no probe pass (run plateauscope analyze --run {run.path} first)")
+    found = record.get("transition") or {}
+    if not found.get("phase_change"):
+        why = "; ".join(found.get("notes") or []) or "the probe measures no loss gap"
+        raise RunError(f"{run.path}: the probe's loss gap has no transition ({why}): nothing to order")
+    if not found.get("baseline"):
+        raise RunError(f"{run.path}: the probe's loss gap has no band before its rise ({'; '.join(found['notes'])})")
+    start, end = found["baseline"]
+    return int(start), int(end), int(round(found["phase_change"]["step"]))
 
 
 ALTERNATIVE_RULES = {"attention": "the routing head's attention to the cue halfway from the plateau start to the end",
@@ -527,9 +571,16 @@ def alternative_rules(run: Run, tau: int) -> dict[str, dict[str, Any]]:
     computed, each with its fraction of tau: other rules, not comparable with the one rule's order."""
     out: dict[str, dict[str, Any]] = {}
     routing = read_routing_summary(run.path) or {}
-    for rule, r in (routing.get("t_form_rules") or {}).items():
+    stated = stated_routing(routing)
+    # the routing head's rules where one is named; where none is, the routing group's (its mean attention)
+    for rule, r in (routing.get("t_form_rules") or {}).items() if stated is not None and not stated.is_group else ():
         out[f"t_form {rule}"] = {"step": r.get("t_form"), "bracket": r.get("t_form_bracket"),
                                  "rule": ALTERNATIVE_RULES.get(rule, rule), "source": "routing.json"}
+    if stated is not None and stated.is_group:
+        out["t_form routing group"] = {"step": stated.t_form, "bracket": routing["routing_group"].get("t_form_bracket"),
+                                       "rule": f"the mean attention to the cue of {', '.join(stated.labels)} (no single "
+                                               "head is named) halfway from the plateau start to the end",
+                                       "source": "routing.json"}
     for name, r in (routing.get("attention_rules") or {}).items():
         out[f"t_form {name} head"] = {"step": r.get("t_form"), "bracket": r.get("t_form_bracket"),
                                       "source": "routing.json",
@@ -586,20 +637,30 @@ def moved_first(run_dir: str | Path, rule: ChangePointRule = ChangePointRule(), 
     run = Run(run_dir)
     signals = read_signals(run.path)
     start, end, tau = run_landmarks(run)
-    window = baseline_window((start, end))
+    imported = isinstance(run, ImportedRun)  # its band: the checkpoints before the loss gap's rise, as its onset's
+    window = (start, end) if imported else baseline_window((start, end))
     rows = {name: signal_change(s, window, start, tau, rule) for name, s in signals.items()}
+    onset = ((read_probe_pass(run.path) or {}).get("transition") or {}).get("onset") if imported else None
+    gap = rows.get(f"measure:{GAP_MEASURE}")
+    if onset and gap and gap["step"] is not None:  # the probe's own onset, read from its record: one number
+        step = int(round(onset["step"]))
+        gap.update(step=step, bracket=list(onset["bracket"]), fraction_of_tau=step / tau,
+                   bracket_fraction=[b / tau for b in onset["bracket"]],
+                   note="the onset of the probe's transition (where the gap crosses the top of its band)")
     result = {
         "run": run.path.name,
         "tau": tau,
+        "tau_name": "the phase change" if imported else "tau",
         "start": start,
         "plateau_end": end,
         "release": run.config.train.hide_cue_until or None,
         "baseline_window": list(window),
         "rule": rule.to_dict(),
-        "rule_text": rule.describe(),
+        "rule_text": rule.describe("the checkpoints before the loss gap's rise" if imported else
+                                   "the plateau's first half"),
         "signals": rows,
         "order": signal_order(rows),
-        "alternatives": alternative_rules(run, tau),
+        "alternatives": {} if imported else alternative_rules(run, tau),  # the task's t_form rules: not a probe's
         "alternatives_note": "the existing rules, each its own (halfway, threshold): not comparable with the one rule",
         "notes": cache_notes(run),
         "stages": ladder_stages(run, tau),

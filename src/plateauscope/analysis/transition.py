@@ -6,7 +6,8 @@ levels are ``low``, the least value before the curve's peak, and ``high``, the p
 * **onset**: where the gap leaves its noise, by the project's one change-point rule
   (:func:`plateauscope.analysis.changepoint.change_point`, rising) with the band read from the checkpoints before
   the curve first reaches 10% of its rise: a baseline that ends where the rise begins, so it does not depend on how
-  many checkpoints come after the change;
+  many checkpoints come after the change. Its step is where the curve crosses the top of the band, linear between
+  the change point and the checkpoint before it (as the other parts' crossings are);
 * **phase change**: the half-rise, where the curve first reaches ``low + (high - low) / 2`` (linear between the
   checkpoints on either side), with the steepest rise beside it (the pair of consecutive checkpoints with the
   largest slope, up to the peak);
@@ -130,6 +131,16 @@ def onset_point(steps: list[int], curve: Float[np.ndarray, " S"], start: tuple[f
     return found, [before[0], before[-1]], None
 
 
+def onset_crossing(steps: list[int], curve: Float[np.ndarray, " S"], found: Any) -> tuple[float, list[int]]:
+    """Where the curve crosses the top of the onset's band, linear within the change point's bracket (the change
+    point is the first checkpoint past the band; the gap left it between that checkpoint and the one before)."""
+    i = steps.index(found.step)
+    if i == 0:
+        return float(steps[0]), [steps[0], steps[0]]
+    point = crossing(steps, curve, found.band[1], i - 1, i)
+    return point if point is not None else (float(found.step), [steps[i - 1], steps[i]])
+
+
 def _landmark(point: tuple[float | int, list[int]] | None, draws: list[float | int], n_sequences: int) -> Landmark | None:
     """A landmark from its point and its bootstrap draws (the interval widened to the bracket)."""
     if point is None:
@@ -176,10 +187,10 @@ def transition(steps: list[int], per_sequence: Float[np.ndarray, "S N"], signal:
                 draws[key].append(points[key][0])
         change = onset_point(steps, replicate, points["start"], rule)[0]
         if change is not None:
-            draws["onset"].append(change.step)
+            draws["onset"].append(onset_crossing(steps, replicate, change)[0])
     onset_landmark = None
     if onset is not None:
-        onset_landmark = _landmark((onset.step, list(onset.bracket)), draws["onset"], n)
+        onset_landmark = _landmark(onset_crossing(steps, curve, onset), draws["onset"], n)
     return Transition(signal, found["low"], found["high"], onset_landmark, _landmark(found["half"], draws["half"], n),
                       _landmark(found["steepest"], draws["steepest"], n), _landmark(found["end"], draws["end"], n),
                       baseline, onset.to_dict() if onset is not None else None, n, [note] if note else [])

@@ -121,6 +121,11 @@ def main(argv: list[str] | None = None) -> int:
                       "its analysis; the patching sweep, ablation, circuit, stages, report and view need a probe "
                       "that subclasses a task too, as induction does")
                 return
+            # the probe's pass above is this run's summary (the task-run summary below speaks of tau and a plateau
+            # of a run trained here); the rest is in the cache, which report, view and moved_first read
+            print(f"every analysis on the probe's data: results in {analysis_dir(args.run)} (plateauscope report, "
+                  "view and moved_first read them)")
+            return
         elif args.follow:
             if args.steps or args.every != 1 or args.full or args.workers is not None:
                 raise CliError("--follow analyses every checkpoint with the adaptive plan and the default workers: "
