@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
             print(format_probe_series(passed))
             if result is None:
                 print(f"--probe {args.probe} is a probe but not a plateauscope.Task (no evaluate): its pass above is "
-                      "its analysis; the patching sweep, ablation, circuit, stages, report and view need a probe "
-                      "that subclasses a task too, as induction does")
+                      "its analysis, and plateauscope report draws it; the patching sweep, ablation, circuit, stages "
+                      "and view need a probe that subclasses a task too, as induction does")
                 return
             # the probe's pass above is this run's summary (the task-run summary below speaks of tau and a plateau
             # of a run trained here); the rest is in the cache, which report, view and moved_first read
