@@ -6,7 +6,7 @@
 #                   that runs differently on HookedTransformer, and the same runs and analyses as on 4.x
 #   make test-wheel - build the wheel, install it (no -e) into a fresh venv, and run the commands from outside the checkout
 #   make docs     - the manual (docs/) into build/site, offline, strict: a broken link or reference fails
-#   make figures  - the demo's overview figure (written by plateauscope report) into the docs and README
+#   make figures  - the demo's overview figure (written by plateauscope report) and its caption into the docs and README
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -89,7 +89,9 @@ docs: $(STAMP_DOCS)
 # After make demo: the report writes the run's overview.svg; the README and the docs show the demo's.
 figures: demo
 	cp $(DEMO)/overview.svg $(FIGURE)
-	@echo "$(FIGURE): update the caption under the figure in README.md to its <desc> (tests/views/test_overview.py checks)"
+	$(PY) -c 'from pathlib import Path; from plateauscope.views.overview import with_readme_caption as w; \
+	  r = Path("README.md"); r.write_text(w(r.read_text(), Path("$(FIGURE)").read_text()))'
+	@echo "$(FIGURE) and its caption under the figure in README.md: from the demo run (tests/views/test_overview.py checks)"
 
 clean-venv:
 	rm -rf $(VENV) $(VENV_TL3)

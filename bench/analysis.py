@@ -4,7 +4,7 @@
     .venv/bin/python bench/analysis.py                  # the demo run (trained first if missing)
     .venv/bin/python bench/analysis.py --preset ci      # a quick check on the ci run
 
-In one process, on a checkpoint on the plateau (the last step of the plateau span) and one after
+In one process, on a checkpoint on the plateau (the last step of the plateau's longest in-band stretch) and one after
 the drop (the first checkpoint at or after tau), with 256 prompt pairs:
 
 * exact patching (``plateauscope.analysis.patch``) against ``get_act_patch_attn_head_out_all_pos``,
@@ -89,7 +89,7 @@ def ensure_run(preset: str, out: Path) -> Run:
 def pick_checkpoints(run: Run) -> list[tuple[str, int]]:
     """(label, step): the last plateau step and the first checkpoint at or after tau."""
     summary, steps = run.summary, run.steps
-    tau, span = summary.get("tau"), summary.get("plateau_span")
+    tau, span = summary.get("tau"), run.plateau_stretch()
     if tau is None or span is None:
         raise ConfigError(f"{run.path}: the run has no plateau or no tau; train it longer")
     plateau = min(steps, key=lambda s: abs(s - span[1]))

@@ -108,7 +108,7 @@ def per_head(args: argparse.Namespace, whole_wall: float | None) -> list[dict]:
     print(f"per-head settings {settings}")
     demo = Run(args.demo_run) if (args.demo_run / "config.json").exists() else None
     if demo is not None:
-        span = (demo.summary or {}).get("plateau_span") or [demo.steps[0], demo.steps[-1]]
+        span = demo.plateau_stretch() or [demo.steps[0], demo.steps[-1]]
         step = min(demo.steps, key=lambda s: abs(s - (span[0] + span[1]) / 2))
         t0 = time.perf_counter()
         model, task, where = demo.model(step), demo.task(), f"{args.demo_run} step {step}"

@@ -43,7 +43,7 @@ def collapse_reading(run: ps.Run, measures: list[dict]) -> tuple[float, float] |
     """The last layer's collapse: its median on the plateau (plateau start to tau / 2) and at the last step."""
     series = measure_series(measures)
     key = f"collapse[L{run.config.model.n_layers - 1}]"
-    tau, span = run.summary.get("tau"), run.summary.get("plateau_span")
+    tau, span = run.summary.get("tau"), run.plateau_stretch()
     if key not in series or tau is None or not span:
         return None
     steps, values = series[key]["steps"], series[key]["values"]

@@ -1,10 +1,12 @@
 """The import paths that moved in 0.3 (``plateauscope.deprecation``): each still imports, with one warning that
 names the new import, and gives the very objects of the new home; a task file written against 0.2's manual
-trains unchanged."""
+trains unchanged, and one whose prompt pairs index its own held-out examples analyses end to end."""
 
 from __future__ import annotations
 
 import importlib
+import json
+import math
 import subprocess
 import sys
 import warnings
@@ -17,6 +19,7 @@ from plateauscope.deprecation import MOVED, PlateauscopeDeprecationWarning, advi
 
 ROOT = Path(__file__).resolve().parent.parent
 LEGACY_TASK = Path(__file__).resolve().parent / "tasks" / "markov_chains_0_2.py"
+LEGACY_GROKKING = Path(__file__).resolve().parent / "tasks" / "grokking_0_2.py"
 
 
 def _fresh_import(old: str) -> tuple[object, list[warnings.WarningMessage]]:
@@ -79,3 +82,46 @@ def test_the_notebook_task_file_imports_only_plateauscope():
     source = (ROOT / "notebooks" / "markov_chains.py").read_text()
     imports = [line for line in source.splitlines() if line.startswith(("from plateauscope", "import plateauscope"))]
     assert imports and all(line.startswith("from plateauscope import ") for line in imports)
+
+
+def _command(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "plateauscope", *args], capture_output=True, text=True, cwd=cwd,
+                          timeout=900)
+
+
+def test_a_grokking_task_file_written_for_0_2_trains_and_analyses_unchanged(tmp_path):
+    """The 0.2 grokking file keeps its held-out pairs beside ``tokens`` (the training split) and draws its prompt
+    pairs from them: it trains, analyses with no traceback (the routing margin reads the pairs' own sequences),
+    and the train command's last line, ``summary.json`` and the analysis state the plateau by the counts."""
+    from plateauscope.analysis.results import read_routing_summary
+    from plateauscope.tasks.loading import task_class
+    from plateauscope.views.phrases import plateau_sentence
+
+    spec = f"{LEGACY_GROKKING}:ModularAddition"
+    task = task_class(spec).generate(task_class(spec).Config(p=23))
+    assert int(task.prompt_pairs().examples.max()) >= len(task.tokens)  # the case that died: pairs beyond tokens
+    out = tmp_path / "run"
+    trained = _command("train", "--task", spec, "--set", "p=23", "--full-batch", "--max-steps", "40", "--no-progress",
+                       "--out", str(out), cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    warned = [line for line in trained.stderr.splitlines() if "PlateauscopeDeprecationWarning" in line]
+    assert len(warned) == 1 and "grokking_0_2.py:21" in warned[0]
+    analysed = _command("analyze", "--run", str(out), "--no-progress", cwd=tmp_path)
+    assert analysed.returncode == 0 and "Traceback" not in analysed.stderr, analysed.stderr
+    assert not (out / "plateauscope-error.log").exists()
+    # the plateau, recounted from metrics.jsonl: |held-out loss - log p| <= 0.1 log p before tau
+    summary = json.loads((out / "summary.json").read_text())
+    records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    log_p, tau = math.log(23), summary["tau"]
+    before = [r for r in records if tau is None or r["step"] < tau]
+    inside = [abs(r["heldout_loss"] - log_p) <= 0.1 * log_p for r in before]
+    counts = summary["plateau_counts"]
+    assert "plateau_span" not in summary and "plateau_fraction_of_tau" not in summary
+    assert (counts["n_before"], counts["n_inside"], counts["holds"]) == (
+        len(before), sum(inside), 2 * sum(inside) >= len(before))
+    sentence = plateau_sentence(counts, "held-out loss", "log p").rstrip(".")
+    assert f"; {sentence[0].lower() + sentence[1:]}; run in" in trained.stdout.strip().splitlines()[-1]
+    routing = read_routing_summary(out)
+    assert routing["plateau_counts"] == counts and routing["margin"] is not None  # the margin ran on the pairs
+    assert f"plateau         {plateau_sentence(counts, 'held-out loss', 'log p')}" in analysed.stdout
+

@@ -281,5 +281,5 @@ def test_default_escape(tiny_run):
     run = Run(tiny_run)
     d_from, d_to = H.default_escape(run)
     assert d_to == run.steps[-1]
-    span = (run.summary or {}).get("plateau_span")
+    span = run.plateau_stretch()
     assert (d_from is None) == (not span)

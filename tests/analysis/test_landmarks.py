@@ -35,7 +35,7 @@ def _metrics(cue_rise: int = 110, drop: int = 150) -> list[dict]:
 def _landmarks(budget: int, **kw) -> dict[int, list[str]]:
     attention, attribution = _cheap(**kw)
     return landmark_steps(STEPS, attention, attribution, _metrics(), "candidate_loss", "delta_z", HEIGHT,
-                          tau=150, tau_lo=140, plateau_span=[10, 130], rules_start=10, budget=budget)
+                          tau=150, tau_lo=140, plateau_stretch=[10, 130], rules_start=10, budget=budget)
 
 
 def test_the_landmarks_of_a_known_transition():

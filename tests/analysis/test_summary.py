@@ -8,11 +8,13 @@ from plateauscope.analysis.summary import (
     head_margin,
     plateau_stretch,
     release_record,
+    routing_group,
+    stated_routing,
     top_heads,
     with_damage,
 )
 from plateauscope.tasks.base import ProgressMeasure
-from plateauscope.views.phrases import named_head_text, plateau_sentence
+from plateauscope.views.phrases import named_head_text, plateau_sentence, routing_name
 from tests.handbuilt import SELECTOR_HEAD, handbuilt_task, selector_copy_model
 
 
@@ -77,3 +79,40 @@ def test_a_head_is_named_only_when_its_margin_is_clear_of_the_noise():
     assert text.endswith("top heads: L0H0 0.5, L0H1 0.5, L1H0 0.1")
     assert named_head_text({"label": "L0H1", "named_head": True, "margin": alone, "top_heads": tops}).startswith(
         "L0H1 (margin over the runner-up: L0H1 - L0H0 = 1")
+
+
+def _two_heads_rising(steps: list[int]) -> list[dict]:
+    """Attention to the cue of two layer-0 heads: L0H0 from 0.1 to 0.5 over steps 200..400, L0H1 from 0.1 to
+    0.9 over steps 400..800, L0H2 flat at 0.2."""
+    def ramp(s: int, a: int, b: int, top: float) -> float:
+        return 0.1 + (top - 0.1) * min(max((s - a) / (b - a), 0.0), 1.0)
+    return [{"step": s, "to_z_first": [[ramp(s, 200, 400, 0.5), ramp(s, 400, 800, 0.9), 0.2]]} for s in steps]
+
+
+def test_the_routing_group_forms_when_its_mean_attention_is_halfway_up():
+    steps = list(range(0, 1001, 50))
+    group = routing_group(_two_heads_rising(steps), [(0, 1), (0, 0)], rules_start=0, tau=900, tau_lo=850)
+    # the mean goes from 0.1 to 0.7; halfway (0.4) it first reaches at step 500 (0.5 and 0.3; at 450: 0.5 and
+    # 0.2 -> 0.35), where neither head alone is halfway (L0H0 from step 300, L0H1 from 600)
+    assert group["heads"] == [[0, 1], [0, 0]] and group["labels"] == ["L0H1", "L0H0"]
+    assert group["start_value"] == pytest.approx(0.1) and group["final_value"] == pytest.approx(0.7)
+    assert group["t_form"] == 500 and group["t_form_bracket"] == [450, 500]
+    assert group["lead_fraction"] == pytest.approx((900 - 500) / 900)
+
+
+def test_the_stated_routing_is_the_named_head_the_group_or_nothing():
+    group = {"heads": [[0, 2], [0, 1]], "labels": ["L0H2", "L0H1"], "t_form": 700, "lead_fraction": 0.5}
+    base = {"head": [0, 2], "label": "L0H2", "t_form": 620, "lead_fraction": 0.56}
+    named = stated_routing({**base, "named_head": True, "routing_group": None})
+    assert named.heads == ((0, 2),) and named.t_form == 620 and not named.is_group
+    assert stated_routing(base) == named  # a summary written before the rule: its head
+    unnamed = stated_routing({**base, "named_head": False, "routing_group": group})
+    assert unnamed.heads == ((0, 2), (0, 1)) and unnamed.t_form == 700 and unnamed.lead_fraction == 0.5
+    assert unnamed.is_group and routing_name(unnamed) == "routing group L0H2 and L0H1"
+    assert stated_routing({**base, "named_head": False, "routing_group": None}) is None  # no head, no t_form
+    text = named_head_text({**base, "named_head": False, "routing_group": group, "top_heads": [],
+                            "margin": {"heads": ["L0H2", "L0H1"], "difference": 0.0206, "interval": [-0.0043, 0.0479],
+                                       "level": 0.95}})
+    assert text.startswith("no single head") and "L0H2 - L0H1 = 0.0206" in text
+    assert text.endswith("the routing group L0H2 and L0H1: their mean attention to the cue is halfway up at "
+                         "t_form = 700, a lead of 0.50 tau")

@@ -97,9 +97,9 @@ def test_rows_of_a_sweep_read_each_runs_llc_and_plateau(tiny_sweep, tmp_path):
     for i, path in enumerate(runs[1:]):  # the first run has no LLC: it has no row
         run = Run(path)
         if i % 2:  # a plateau long enough for a plateau value (the tiny runs' own are a few checkpoints)
-            summary = {**run.summary, "plateau_span": [0, run.summary["tau"]]}
+            summary = {**run.summary, "plateau_stretch": [0, run.summary["tau"]]}
             (path / "summary.json").write_text(json.dumps(summary))
-        rise = (run.summary["plateau_span"] or [0, run.summary["tau"] // 2])[1]
+        rise = (run.plateau_stretch() or [0, run.summary["tau"] // 2])[1]
         write_llc(path, run.steps, [1.0 + 0.01 * (k % 2) + (5.0 if s > rise else 0.0)
                                       for k, s in enumerate(run.steps)])
         records = run.metrics()
@@ -111,7 +111,7 @@ def test_rows_of_a_sweep_read_each_runs_llc_and_plateau(tiny_sweep, tmp_path):
     assert [r["name"] for r in rows] == [p.name for p in runs[1:]]
     for r, path in zip(rows, runs[1:]):
         run, (rise, fall) = Run(path), planted[path.name]
-        window = LS.plateau_window(run.summary["plateau_span"])
+        window = LS.plateau_window(run.summary["plateau_stretch"])
         assert r["window"] == window and r["tau"] == run.summary["tau"]
         if window is None:
             assert r["t_llc"] is None and r["t_loss"] is None

@@ -68,8 +68,8 @@ def reference(run: Run, step: int) -> ReferenceModel:
 def plateau_and_after(run: Run) -> list[int]:
     """A checkpoint in the middle of the plateau and the last one (after the drop)."""
     summary = run.summary
-    assert summary and summary["tau"] is not None and summary["plateau_span"], "the ci run must show both phases"
-    lo, hi = summary["plateau_span"]
+    assert summary and summary["tau"] is not None and summary["plateau_stretch"], "the ci run must show both phases"
+    lo, hi = summary["plateau_stretch"]
     steps = run.steps
     plateau = min((s for s in steps if lo <= s <= hi), key=lambda s: abs(s - (lo + hi) / 2))
     assert steps[-1] > summary["tau"]

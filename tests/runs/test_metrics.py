@@ -1,11 +1,15 @@
-"""The plateau verdict and the know-nothing reference against hand-built models and brute force."""
+"""The plateau verdict and the know-nothing reference against hand-built models and brute force; the plateau's
+stretch and counts in ``summary.json`` against records counted by hand."""
 
 import itertools
+import json
 import math
 
 import pytest
 
-from plateauscope.runs.metrics import summarize
+from plateauscope.runs.metrics import compute_tau, plateau_stretch, summarize
+from plateauscope.runs.run import Run
+from plateauscope.tasks.base import ProgressMeasure
 from plateauscope.tasks.selector import SelectorTask
 from plateauscope.tasks.selector_config import TaskConfig
 from plateauscope.tasks.selector_layout import SPECIAL_TOKENS
@@ -14,6 +18,7 @@ from plateauscope.tasks.selector_metrics import (
     evaluate,
     know_nothing_reference,
 )
+from tests.conftest import copy_run
 from tests.handbuilt import UniformOverAlphabet, UniformOverCandidates
 
 VARIANTS = [
@@ -95,5 +100,42 @@ def test_no_plateau_no_verdict():
     task = small_task()
     rec = records_of(UniformOverCandidates(task), task)
     assert summarize(rec, task.progress, None)["plateau"] is None
-    moved = [{**r, "candidate_loss": 0.0} for r in rec]  # never near log K: no plateau span
+    moved = [{**r, "candidate_loss": 0.0} for r in rec]  # never near log K: no plateau stretch
     assert summarize(moved, task.progress, know_nothing_reference(task))["plateau"]["verdict"] is None
+
+
+def _grokking_like(h: float) -> list[dict]:
+    """A held-out loss at its height for steps 0-20, memorised far above it for steps 30-900, back inside the
+    band for 910-950, then the drop at 960: the first and the last in-band step would join 0 to 950."""
+    value = {**{s: h for s in range(0, 21, 10)}, **{s: 3.5 * h for s in range(30, 901, 10)},
+             **{s: 1.05 * h for s in range(910, 951, 10)}, 960: 0.2 * h, 970: 0.1 * h}
+    return [{"step": s, "heldout_loss": v, "set_loss": 7.0 + (s >= 910)} for s, v in sorted(value.items())]
+
+
+def test_summary_json_holds_the_longest_stretch_and_its_counts_not_a_join():
+    h = math.log(59)
+    progress = ProgressMeasure("heldout_loss", h, "log_p")
+    records = _grokking_like(h)
+    summary = summarize(records, progress, {"metric": "set_loss", "set_loss": 8.0})
+    assert "plateau_span" not in summary and "plateau_fraction_of_tau" not in summary
+    # counted by hand: 96 evaluations before tau (960), 3 + 5 inside, the longest run the last five
+    counts = summary["plateau_counts"]
+    assert summary["tau"] == 960 and summary["plateau_stretch"] == [910, 950] == counts["stretch"]
+    assert (counts["n_before"], counts["n_inside"], counts["n_stretch"], counts["holds"]) == (96, 8, 5, False)
+    assert counts["range"] == [h, 3.5 * h]
+    # the median set loss and the verdict read the stretch's evaluations only (8.0 there, 7.0 before)
+    assert summary["plateau_median_set_loss"] == 8.0 and summary["plateau"]["n_evaluations"] == 5
+    assert summarize(records, progress, None)["plateau_stretch"] == [910, 950]
+
+
+def test_a_run_reads_its_stretch_an_older_summary_its_span_and_none_computes_it(tiny_run, tmp_path):
+    run_dir = copy_run(tiny_run, tmp_path / "run")
+    run = Run(run_dir)
+    records, progress = run.metrics(), run.progress
+    computed = plateau_stretch(records, progress, compute_tau(records, progress))["stretch"]
+    assert run.plateau_stretch() == run.summary["plateau_stretch"] == computed
+    summary = {k: v for k, v in run.summary.items() if k not in ("plateau_stretch", "plateau_counts")}
+    (run_dir / "summary.json").write_text(json.dumps({**summary, "plateau_span": [3, 77]}))  # an older summary
+    assert Run(run_dir).plateau_stretch() == [3, 77]
+    (run_dir / "summary.json").unlink()  # still training: from the metrics
+    assert Run(run_dir).plateau_stretch() == computed

@@ -121,3 +121,21 @@ def test_a_tiny_grokking_run_logs_the_held_out_split_and_its_measures(tmp_path, 
 def test_fixed_key_frequencies_are_used_as_given():
     task = GrokkingTask.generate(GrokkingConfig(p=P, key_frequencies=(2, 6)))
     assert task.key_frequencies(torch.nn.Linear(1, 1)) == [2, 6]
+
+
+def test_the_pairs_sequences_are_their_rows_of_the_data_set_or_else_their_own_prompts():
+    """``Task.pair_sequences``: the grokking task's pairs index ``tokens`` (both splits), so their rows come back
+    whole; pairs whose ``examples`` index a held-out split kept beside ``tokens`` (a 0.2 task file) give their
+    clean prompts, never another example's row."""
+    import dataclasses
+
+    task = GrokkingTask.generate(GrokkingConfig(p=11))
+    pairs = task.prompt_pairs(40, seed=1)
+    assert torch.equal(task.pair_sequences(pairs), task.tokens[pairs.examples])
+    heldout = task.heldout_indices()
+    five = {f.name: getattr(pairs, f.name)[:5] for f in dataclasses.fields(pairs) if f.name != "pred_pos"}
+    beside = dataclasses.replace(pairs, **{**five, "clean": task.tokens[heldout[:5], :3],
+                                           "examples": torch.arange(5)})  # 0.2: indices into the held-out split
+    assert torch.equal(task.pair_sequences(beside), task.tokens[heldout[:5], :3])
+    beyond = dataclasses.replace(beside, examples=torch.arange(5) + len(task.tokens))  # out of range
+    assert torch.equal(task.pair_sequences(beyond), beside.clean)

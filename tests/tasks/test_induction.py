@@ -162,7 +162,7 @@ def test_induction_run_has_a_plateau_and_a_drop(induction_run):
     out, _ = induction_run
     run = Run(out)
     summary = run.summary
-    assert summary["tau"] is not None and summary["plateau_span"] is not None
+    assert summary["tau"] is not None and summary["plateau_stretch"] is not None
     first, last = run.metrics()[0], run.metrics()[-1]
     assert first["repeat_loss"] > 0.9 * run.progress.height and last["repeat_loss"] < 0.5 * run.progress.height
     assert json.loads((out / "config.json").read_text())["run"]["task_name"] == "induction"

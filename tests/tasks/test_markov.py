@@ -346,9 +346,9 @@ def test_a_short_run_climbs_the_ladder(tmp_path, one_thread):
     summary = train(cfg, tmp_path / "run", device="cpu", progress=False)
     run = Run(tmp_path / "run")
     h, records = run.progress.height, run.metrics()
-    assert summary["tau"] is not None and summary["plateau_span"] is not None
+    assert summary["tau"] is not None and summary["plateau_stretch"] is not None
     assert records[0]["excess_loss"] > 2 * h and records[-1]["excess_loss"] < 0.5 * h
-    start = next(r for r in records if r["step"] == summary["plateau_span"][0])
+    start = next(r for r in records if r["step"] == summary["plateau_stretch"][0])
     assert start["delta_cue"] < 0.1 * h < 0.5 * h < records[-1]["delta_cue"]
     ladder = summary["ladder"]
     assert ladder["plateau_stage"] == "unigram" and ladder["final_stage"] == "bigram"

@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from plateauscope.runs.metrics import compute_tau, plateau_span
+from plateauscope.runs.metrics import compute_tau, plateau_stretch
 from plateauscope.tasks.base import ProgressMeasure
 from plateauscope.tasks.selector import SelectorTask
 from plateauscope.tasks.selector_config import TaskConfig
@@ -107,8 +107,9 @@ def test_tau_and_plateau_from_records():
     assert compute_tau(recs, backward) == 50
     assert compute_tau(recs, backward, threshold=0.7) == 40
     assert compute_tau(recs, forward) == 50
-    assert plateau_span(recs, backward, 50) == (10, 30)
-    assert plateau_span(recs, forward, 50) is None
+    counts = plateau_stretch(recs, backward, 50)
+    assert counts["stretch"] == [10, 30] and (counts["n_inside"], counts["n_before"], counts["n_stretch"]) == (3, 5, 3)
+    assert plateau_stretch(recs, forward, 50)["stretch"] is None
     assert compute_tau(recs[:3], backward) is None
 
 

@@ -64,10 +64,10 @@ def test_the_same_weights_give_the_same_checkpoint_bytes(tmp_path):
 
 def expected_steps(run: Run, coarse_every: int) -> set[int]:
     """The checkpoints an adaptive run keeps, from its summary (not from the policy's own code): the
-    dense ones from the plateau span's middle (no plateau: tau / 2) to 1.3 tau, and outside the early
+    dense ones from the middle of the plateau's stretch (none: tau / 2) to 1.3 tau, and outside the early
     ones, every ``coarse_every``-th, the resume points and the last step."""
     summary, tc = rd.read_json(run.path / rd.SUMMARY_FILE), run.config.train
-    span, tau, last = summary["plateau_span"], summary["tau"], summary["final_step"]
+    span, tau, last = summary["plateau_stretch"], summary["tau"], summary["final_step"]
     dense = {s for s in scheduled_steps(tc.ckpt_every, tc.max_steps, tc.early_log_points) if s <= last} | {last}
     start, end = (span[0] + span[1]) // 2 if span else tau // 2, math.ceil(1.3 * tau)
     return {s for s in dense if start <= s <= end or s < tc.ckpt_every or s % coarse_every == 0
@@ -77,7 +77,7 @@ def expected_steps(run: Run, coarse_every: int) -> set[int]:
 def test_adaptive_keeps_the_dense_runs_bytes_in_the_window_through_a_kill(tmp_path, ci_run):
     dense = Run(ci_run)  # the session's dense `ci` run, trained in this process with the same threads
     summary = rd.read_json(ci_run / rd.SUMMARY_FILE)
-    span, tau = summary["plateau_span"], summary["tau"]
+    span, tau = summary["plateau_stretch"], summary["tau"]
     assert span[0] < span[1] < tau
     adaptive = get_preset("ci").replace(checkpoints="adaptive", coarse_every=50)
     kill = (span[0] + span[1]) // 2 + 7  # in the plateau's second half, between two resume points

@@ -3,6 +3,8 @@ collective-snap statistics on hand-made records with a known answer."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import plotly.graph_objects as go
 import pytest
@@ -245,3 +247,78 @@ def test_a_negative_or_negligible_gap_is_flagged_and_not_normalised_in_the_table
         assert "L0  +0.500  -0.200" in text and "effect (logits)" in text
     res = PatchResult("heads", ("layer", "head"), 1.0 + effect, effect / 2.0, 3.0, 1.0)
     assert "warning" not in format_result(res, [], top=2) and "normalised (1 = clean" in format_result(res, [], top=2)
+
+
+# ---- no single head: the routing group is drawn and named ------------------------------------
+
+
+def _no_single_head() -> tuple[list[dict], dict, "object"]:
+    """Hand-made records of a 1-layer, 3-head run whose summary names no single head: L0H1 and L0H2 share the
+    routing (the argmax head L0H1, with t_form 350; the group's mean attention halfway up at 500)."""
+    import math
+
+    from plateauscope.analysis.circuit import head_shares
+    from plateauscope.tasks.base import ProgressMeasure
+
+    log_k = math.log(4)
+    steps = list(range(0, 801, 100))
+    metrics = [{"step": s, "candidate_loss": log_k * (1.0 if s < 550 else 0.2), "delta_z": 0.0 if s < 550 else 2.0,
+                "loss": 1.0} for s in steps]
+    attention = [{"step": s, "to_z_first": [[0.1, 0.1 + 0.4 * (s >= 300), 0.1 + 0.4 * (s >= 500)]]} for s in steps]
+
+    def patch(s: int, method: str) -> dict:
+        raw = [[0.0, 0.5 * (s >= 500), 0.5 * (s >= 500)]]
+        return {"step": s, "heads": {"raw": raw, "normalised": raw, "clean_metric": 1.0, "corrupt_metric": 0.0,
+                                     "method": method}}
+
+    ablation = [{"step": s, **{kind: {"base": {"candidate_loss": 0.3}, "candidate_loss": [[0.3, 0.8, 0.9]]}
+                               for kind in ("zero", "mean")}} for s in (600, 800)]
+    circuit = [{"step": s, "shares": head_shares([[0.0, 1.0, 1.0]])} for s in (600, 800)]
+    group = {"heads": [[0, 1], [0, 2]], "labels": ["L0H1", "L0H2"], "t_form": 500, "lead_fraction": 0.09,
+             "rule": "the heads the margin cannot tell apart"}
+    routing = {"head": [0, 1], "label": "L0H1", "tau": 550, "t_form": 350, "lead_fraction": 0.36, "named_head": False,
+               "margin": {"heads": ["L0H1", "L0H2"], "difference": 0.01, "interval": [-0.02, 0.04], "level": 0.95},
+               "routing_group": group, "top_heads": [{"head": "L0H1", "score": 0.2}, {"head": "L0H2", "score": 0.19}]}
+    analysis = {"routing": routing, "attention": attention, "patch": [patch(s, "exact") for s in (600, 800)],
+                "attribution": [patch(s, "attribution") for s in steps], "ablation": ablation, "circuit": circuit}
+    return metrics, analysis, ProgressMeasure(key="candidate_loss", height=log_k, cue_effect_key="delta_z")
+
+
+def test_no_single_head_every_figure_draws_and_names_the_routing_group():
+    metrics, analysis, progress = _no_single_head()
+    out = {key: (heading, fig, caption) for key, heading, fig, caption in F.all_figures(metrics, analysis, progress)}
+    assert {"attention_heatmap", "attention_lines", "routing_patching", "ablation", "head_shares"} <= set(out)
+    for key, (heading, fig, caption) in out.items():
+        words = " ".join([heading, caption, fig.layout.title.text or "", *(t.name or "" for t in fig.data)])
+        assert not re.search(r"routing head L\d|\(routing\)", words), key  # never one head of the group
+        if key != "patching_slider":  # the group's t_form, not the argmax head's 350
+            assert 500.0 in landmark_xs(fig) and 350.0 not in landmark_xs(fig), key
+    for key in ("attention_heatmap", "attention_lines", "routing_patching", "ablation"):
+        assert "routing group" in out[key][2] and "L0H1" in out[key][2] and "L0H2" in out[key][2], key
+    _, heatmap, caption = out["attention_heatmap"]
+    assert list(heatmap.data[0].y) == ["L0H0", "L0H1 ★", "L0H2 ★"] and len(heatmap.layout.shapes) >= 2
+    assert "t_form = 500" in caption
+    red = [t.name for t in out["attention_lines"][1].data if t.line.color == F.SELECTOR_COLOR]
+    assert red == ["L0H1 (routing group)", "L0H2 (routing group)"]
+    assert "t_form = 500" in out["attention_lines"][2]
+    _, patching, caption = out["routing_patching"]
+    assert "routing group L0H1 and L0H2" in patching.layout.title.text
+    assert {t.name.split()[0] for t in patching.data if "effect" in t.name} == {"L0H1", "L0H2"}
+    both = "restores 50% of the clean-corrupt gap at step 600 and 50% of the clean-corrupt gap at step 800"
+    assert caption.count(both) == 2  # once for each head of the group
+    red = {t.name for t in out["ablation"][1].data if t.line.color == F.SELECTOR_COLOR}
+    assert red == {f"{h} {k}-ablated (routing group)" for h in ("L0H1", "L0H2") for k in ("zero", "mean")}
+    assert "L0H1 0.800, L0H2 0.900" in out["ablation"][2] and "any other head does alone is 0.300" in out["ablation"][2]
+    red = [t.name for t in out["head_shares"][1].data if t.line.color == F.SELECTOR_COLOR]
+    assert red == ["L0H1 (routing group)", "L0H2 (routing group)"]
+
+
+def test_no_named_head_and_no_group_draws_no_routing_and_no_t_form():
+    metrics, analysis, progress = _no_single_head()
+    analysis = {**analysis, "routing": {**analysis["routing"], "routing_group": None}}
+    out = F.all_figures(metrics, analysis, progress)
+    assert "routing_patching" not in [k for k, *_ in out]
+    for key, heading, fig, caption in out:
+        assert 350.0 not in landmark_xs(fig) and 500.0 not in landmark_xs(fig), key
+        assert not [t for t in fig.data if getattr(t, "line", None) is not None and t.line.color == F.SELECTOR_COLOR
+                    and "ablated" not in (t.name or "")], key

@@ -15,7 +15,7 @@ from plateauscope.analysis.summary import plateau_stretch
 from plateauscope.runs.metrics import compute_tau
 from plateauscope.runs.run import Run
 from plateauscope.tasks.base import ProgressMeasure
-from plateauscope.views.overview import overview_svg
+from plateauscope.views.overview import overview_svg, with_readme_caption
 from plateauscope.views.report import build_overview, write_report
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,3 +126,45 @@ def test_the_committed_demo_figure_agrees_with_itself_and_with_the_readme():
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "docs/pages/images/demo.svg" in readme
     assert " ".join(caption.split()) in readme.replace("*", ""), "README's caption differs from the figure's <desc>"
+
+
+def test_no_single_head_the_overview_draws_and_names_the_routing_group():
+    """The demo on another CPU: the rule names no single head. The figure draws the group's heads and their mean
+    (read back through the ticks), the group's t_form line, and a caption and legend that name the group."""
+    metrics, attention, selector, progress = _synthetic()
+    group = {"heads": [[0, 1], [0, 2]], "labels": ["L0H1", "L0H2"], "t_form": 450, "lead_fraction": 100 / 550}
+    unnamed = {**selector, "named_head": False, "routing_group": group}
+    svg, caption = overview_svg(metrics, attention, unnamed, progress, machine="Another CPU")
+    root = ET.fromstring(svg)
+    lines = {e.get("id"): e for e in root.iter(f"{{{NS['svg']}}}polyline")}
+    assert "routing-head" not in lines and {"routing-head-L0H1", "routing-head-L0H2", "head-L0H0"} <= set(lines)
+    for h in (1, 2):
+        _, drawn = _read_back(root, f"routing-head-L0H{h}", "ytick-attention")
+        assert np.allclose(drawn, [r["to_z_first"][0][h] for r in attention], atol=2e-3)
+    _, mean = _read_back(root, "routing-group-mean", "ytick-attention")
+    assert np.allclose(mean, [(r["to_z_first"][0][1] + r["to_z_first"][0][2]) / 2 for r in attention], atol=2e-3)
+    assert _vline_step(root, "t-form-line") == pytest.approx(450, abs=0.05)  # the group's, not L0H1's 500
+    legend = [t.text for t in root.iter(f"{{{NS['svg']}}}text")]
+    assert "routing group" in legend and "L0H1, L0H2" in legend and not any("routing head" in (t or "") for t in legend)
+    assert "routing group" in root.find("svg:title", NS).text
+    assert ("No single routing head: the mean attention to the cue of the routing group L0H1 and L0H2 (red; the mean "
+            "dashed) is halfway up at t_form = 450, a lead of 0.18 τ.") in caption
+    assert "The routing head" not in caption and "t_form = 500" not in caption
+    # no named head and no group: no head drawn as the routing, no t_form
+    svg, caption = overview_svg(metrics, attention, {**selector, "named_head": False}, progress)
+    root = ET.fromstring(svg)
+    assert root.find(".//svg:line[@id='t-form-line']", NS) is None and "t_form" not in caption
+    assert not [e for e in root.iter(f"{{{NS['svg']}}}polyline") if e.get("stroke") == "#d62728"]
+
+
+def test_the_readme_caption_is_written_from_the_figure():
+    readme = (ROOT / "README.md").read_text()
+    assert with_readme_caption(readme, DEMO_FIGURE.read_text()) == readme  # the committed pair agrees
+    metrics, attention, selector, progress = _synthetic()
+    svg, caption = overview_svg(metrics, attention, selector, progress, machine="Test CPU")
+    rewritten = with_readme_caption(readme, svg)
+    assert f"*{caption}*\n" in rewritten and rewritten.count("docs/pages/images/demo.svg") == 1
+    assert rewritten.replace(f"*{caption}*\n", "") == readme.replace(
+        next(line for line in readme.splitlines(keepends=True) if line.startswith("*The candidate loss")), "")
+    with pytest.raises(ValueError, match="no image"):
+        with_readme_caption("# no figure here\n", svg)

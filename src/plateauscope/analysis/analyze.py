@@ -319,8 +319,8 @@ class SeriesAnalysis:
     # ---- the plans ----------------------------------------------------------------------------
 
     def plateau_start(self, chosen: list[int]) -> int:
-        """The plateau's first step (``summary.json``), or the first chosen step."""
-        return ((self.run.summary or {}).get("plateau_span") or [chosen[0]])[0]
+        """The plateau's first step (``Run.plateau_stretch``: the longest in-band stretch), or the first chosen step."""
+        return (self.run.plateau_stretch() or [chosen[0]])[0]
 
     def cheap_pass(self, chosen: list[int], measures: bool = True) -> None:
         """The cheap analyses at every chosen step (``measures``: the measures too), ``workers`` checkpoints
@@ -349,7 +349,7 @@ class SeriesAnalysis:
         rules_start = max(self.plateau_start(chosen), run.config.train.hide_cue_until or 0)
         picked = landmark_steps(chosen, cache["attention"], cache["attribution"], records, run.progress.key,
                                 run.progress.cue_effect_key, run.progress.height, tau, tau_lo,
-                                (run.summary or {}).get("plateau_span"), rules_start, n_exact)
+                                run.plateau_stretch(), rules_start, n_exact)
         # The summary also reads head ablation at tau/2 (with the plateau start and the end): that
         # analysis alone runs there, a sixth of the expensive pass.
         half = nearest(chosen, tau // 2) if tau else None

@@ -381,20 +381,23 @@ def attention_signals(attention: list[dict[str, Any]], head: tuple[int, int] | N
     return out
 
 
-def share_signals(records: list[dict[str, Any]], head: tuple[int, int], name: str, source: str, how: str
+def share_signals(records: list[dict[str, Any]], head: tuple[int, int] | None, name: str, source: str, how: str
                   ) -> dict[str, Signal]:
     """``<name>_share:routing``, the routing head's share of the heads' summed positive effect towards the
-    clean answer (gated as the patch-share rule gates it), and ``<name>_total``, that sum (logits)."""
+    clean answer (gated as the patch-share rule gates it; none without a routing head), and ``<name>_total``,
+    that sum (logits)."""
     if not records:
         return {}
     shares = [head_shares(head_effects(r["heads"])) for r in records]
     steps, totals = [int(r["step"]) for r in records], [sh["total_positive"] for sh in shares]
-    gated = gated_shares([sh["share"][head[0]][head[1]] for sh in shares], totals)
-    return {f"{name}_share:routing": Signal(steps, gated, source, f"the routing head's share of the heads' summed "
-                                            f"positive effect ({how}; 0 where the sum is below {SHARE_MIN_EFFECT:g} "
-                                            "of its last value)", head_label(*head)),
-            f"{name}_total": Signal(steps, totals, source, f"the heads' summed positive effect towards the clean "
-                                    f"answer ({how}; logits)")}
+    out = {f"{name}_total": Signal(steps, totals, source, f"the heads' summed positive effect towards the clean "
+                                   f"answer ({how}; logits)")}
+    if head is not None:
+        gated = gated_shares([sh["share"][head[0]][head[1]] for sh in shares], totals)
+        out[f"{name}_share:routing"] = Signal(steps, gated, source, f"the routing head's share of the heads' summed "
+                                              f"positive effect ({how}; 0 where the sum is below "
+                                              f"{SHARE_MIN_EFFECT:g} of its last value)", head_label(*head))
+    return dict(sorted(out.items(), key=lambda kv: not kv[0].endswith(":routing")))  # the share first, as before
 
 
 def edge_signals(edges: list[dict[str, Any]], circuits: list[dict[str, Any]]) -> dict[str, Signal]:
@@ -418,10 +421,9 @@ def cache_signals(cache: dict[str, Any], head: tuple[int, int] | None) -> dict[s
     """The signals of the analysis cache (:func:`plateauscope.analysis.analyze.load_analysis`): attention to
     the cue, the routing head's attribution and patching shares, the edge circuit (module docstring)."""
     out = attention_signals(cache["attention"], head)
-    if head is not None:
-        out.update(share_signals(cache["attribution"], head, "attribution", ATTRIBUTION_FILE,
-                                 "head attribution, every analysed step"))
-        out.update(share_signals(cache["patch"], head, "patch", PATCH_FILE, "exact head patching, the exact steps"))
+    out.update(share_signals(cache["attribution"], head, "attribution", ATTRIBUTION_FILE,
+                             "head attribution, every analysed step"))
+    out.update(share_signals(cache["patch"], head, "patch", PATCH_FILE, "exact head patching, the exact steps"))
     out.update(edge_signals(cache["edges"], cache["edge_circuit"]))
     out.update(measure_signals(cache.get("measures") or []))
     return out

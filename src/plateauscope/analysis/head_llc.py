@@ -91,6 +91,7 @@ from plateauscope.analysis.results import (
     write_json_result,
     writes_cache,
 )
+from plateauscope.analysis.summary import stated_routing
 from plateauscope.model.backend import Model, hooked_parameters, is_causal_lm
 from plateauscope.model.families import head_weights
 from plateauscope.model.fused import fused_logits, unsupported_reason
@@ -461,13 +462,16 @@ def calibrate_heads(run: Run, step: int, settings: LLCSettings, heads: list[tupl
 
 
 def marked_heads(run_dir: str | Path) -> dict[str, str]:
-    """The heads other analyses single out (``plateauscope analyze``): ``routing`` (``routing.json``) and the top
+    """The heads other analyses single out (``plateauscope analyze``): ``routing`` (``routing.json``'s named
+    head; where it names no single head, each head of the routing group as ``routing group LxHy``) and the top
     head at the last analysed step of the attention cache by the cue (``to_z_all_targets``) and by each of
     the task's named rules (e.g. ``previous token``). Empty without an analysis."""
     out: dict[str, str] = {}
-    routing = read_routing_summary(run_dir) or {}
-    if routing.get("label"):
-        out["routing"] = routing["label"]
+    stated = stated_routing(read_routing_summary(run_dir) or {})
+    if stated is not None and not stated.is_group:
+        out["routing"] = stated.labels[0]
+    for label in stated.labels if stated is not None and stated.is_group else ():
+        out[f"routing group {label}"] = label
     attention = load_records(analysis_dir(run_dir) / ATTENTION_FILE)
     if attention:
         last = attention[-1]
@@ -607,7 +611,7 @@ def head_llc_series(run_dir: str | Path, steps: list[int] | None = None, every: 
         "clusters": cluster_heads(chosen, np.asarray(llc, dtype=float).T, labels, marked),
         "marked": marked,
         "tau": compute_tau(run.metrics(), run.progress),
-        "t_form": routing.get("t_form"),
+        "t_form": stated.t_form if (stated := stated_routing(routing)) is not None else None,
         "seconds": time.perf_counter() - start,
     }
     write_json_result(analysis_dir(run.path) / HEAD_LLC_SUMMARY_FILE, result)

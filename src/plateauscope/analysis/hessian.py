@@ -227,12 +227,13 @@ def load_hessian(run_dir: str | Path, settings: dict[str, Any] | None = None) ->
 
 
 def default_escape(run: Run) -> tuple[int | None, int | None]:
-    """The checkpoint nearest the middle of the plateau span (from the summary), and the last one."""
+    """The checkpoint nearest the middle of the plateau (``Run.plateau_stretch``: the longest in-band stretch),
+    and the last one."""
     steps = run.steps
-    span = (run.summary or {}).get("plateau_span")
-    if not steps or not span:
+    stretch = run.plateau_stretch()
+    if not steps or not stretch:
         return None, steps[-1] if steps else None
-    mid = (span[0] + span[1]) / 2
+    mid = (stretch[0] + stretch[1]) / 2
     return min(steps, key=lambda s: abs(s - mid)), steps[-1]
 
 
@@ -262,7 +263,7 @@ def analyze_series(run_dir: str | Path, steps: Sequence[int] | None = None, *, k
     for s in [*steps, *(x for x in (escape_from, escape_to) if x is not None)]:
         run.checkpoint_path(s)  # a one-line error naming the steps that exist
     if escape_from is None:
-        log.warning("%s: no plateau span in the summary and no --escape-from: displacement direction skipped",
+        log.warning("%s: no plateau stretch in the summary and no --escape-from: displacement direction skipped",
                     run.path)
     settings = settings_key(dict(k=k, n_bottom=n_bottom, batch=batch, n_batches=n_batches, seed=seed, tol=tol,
                                  max_iter=max_iter, escape_from=escape_from, escape_to=escape_to, method=method))

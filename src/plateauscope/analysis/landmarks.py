@@ -8,7 +8,7 @@ the plateau these carry almost no signal (the clean-corrupted gap is under 0.01 
 patching and the faithful circuit search) run only at the steps this module picks from the cheap
 records:
 
-* always: the plateau's start and middle (``summary.json``'s plateau span), tau and the last step;
+* always: the plateau's start and middle (``Run.plateau_stretch``: the longest in-band stretch), tau and the last step;
   t_form by each rule, each from a cheap stand-in: the attention rule on the routing head
   (chosen as :func:`plateauscope.analysis.formation.pick_routing_head` chooses it, with attribution
   in place of exact patching), the patch-share rule on that head's share of the positive head
@@ -94,7 +94,7 @@ def fastest_change(steps: list[int], series: list[list[float | None]]) -> list[i
 
 def landmark_steps(steps: list[int], attention: list[dict[str, Any]], attribution: list[dict[str, Any]],
                    records: list[dict[str, Any]], progress_key: str, cue_key: str | None, height: float,
-                   tau: int | None, tau_lo: int | None, plateau_span: list[int] | None, rules_start: int,
+                   tau: int | None, tau_lo: int | None, plateau_stretch: list[int] | None, rules_start: int,
                    budget: int = DEFAULT_BUDGET) -> dict[int, list[str]]:
     """The analysed steps (of ``steps``) the expensive analyses run at, each with why (module docstring).
     ``records``: ``metrics.jsonl``; ``progress_key`` / ``cue_key``: the task's progress measure and cue
@@ -108,10 +108,10 @@ def landmark_steps(steps: list[int], attention: list[dict[str, Any]], attributio
         if target is not None:
             picked.setdefault(nearest(steps, int(target)), []).append(why)
 
-    start = plateau_span[0] if plateau_span else steps[0]
+    start = plateau_stretch[0] if plateau_stretch else steps[0]
     add(start, "plateau start")
-    if plateau_span:
-        add((plateau_span[0] + plateau_span[1]) // 2, "plateau middle")
+    if plateau_stretch:
+        add((plateau_stretch[0] + plateau_stretch[1]) // 2, "plateau middle")
     add(tau, "tau")
     add(steps[-1], "last step")
     brackets: list[tuple[int | None, str]] = []  # picked after the landmarks, within the budget

@@ -428,8 +428,7 @@ def llc_series(run_dir: str | Path, steps: list[int] | None = None, every: int =
     tau = compute_tau(run.metrics(), run.progress)
     routing = read_routing_summary(run.path) or {}
     t_form = routing.get("t_form")
-    summary = run.summary or {}
-    plateau_start = (summary.get("plateau_span") or [chosen[0]])[0]
+    plateau_start = (run.plateau_stretch() or [chosen[0]])[0]
     llc = [r["llc"] for r in records]
     drifts = [d for r in records for d in r["drift"]]
     result = {

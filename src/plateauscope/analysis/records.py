@@ -17,6 +17,7 @@ import numpy as np
 
 from plateauscope.analysis.analyze import AnalysisSettings, load_analysis
 from plateauscope.analysis.components import PatchResult
+from plateauscope.analysis.summary import StatedRouting, stated_routing
 
 
 def _array(values: Any) -> np.ndarray:
@@ -134,6 +135,12 @@ class RoutingSummary:
     """``single head``, ``conjunctive``, ``redundant``, ``unresolved`` or ``none`` (before tau)."""
     record: dict[str, Any] = field(repr=False)
     """The full summary record (ablations at the landmarks, the circuit's evidence)."""
+    named_head: bool = True
+    """Whether the named-head rule names ``head`` (a summary written before the rule: True); where it does
+    not, ``head`` is only the best-scoring head, and ``routing`` is the routing group."""
+    routing: StatedRouting | None = None
+    """What the summary states as the routing: the named head, or where no single head is named the routing
+    group with the t_form of its mean attention (``plateauscope.analysis.summary.stated_routing``)."""
 
 
 @dataclass(frozen=True)
@@ -209,7 +216,8 @@ def _summary(r: dict[str, Any]) -> RoutingSummary:
     return RoutingSummary(_pair(r.get("head")), r.get("label"), r.get("rule", ""), r.get("height"), r.get("tau"),
                           _pair(r.get("tau_bracket")),
                           {name: _formation(rule) for name, rule in (r.get("t_form_rules") or {}).items()},
-                          (r.get("circuit") or {}).get("verdict"), r)
+                          (r.get("circuit") or {}).get("verdict"), r, bool(r.get("named_head", True)),
+                          stated_routing(r))
 
 
 def read_analysis(run_dir: str | Path, settings: AnalysisSettings | None = None) -> Analysis:

@@ -9,7 +9,8 @@ rules (induction's previous-token head) and the agreement of attribution with ex
 
 Two rules keep the summary true on any plateau:
 
-* **The plateau** (:func:`plateau_stretch`): the longest stretch of consecutive evaluations before tau
+* **The plateau** (:func:`plateau_stretch`, from ``plateauscope.runs.metrics``, the rule ``summary.json``
+  and the train command use too): the longest stretch of consecutive evaluations before tau
   that all lie inside the band (the progress measure within 10% of its reference height, the cue
   unused: ``ProgressMeasure.on_plateau``). When fewer than half of the evaluations before tau lie
   inside the band there is no plateau at the reference height, and the measure's range there is
@@ -19,12 +20,15 @@ Two rules keep the summary true on any plateau:
   the 95% percentile bootstrap interval (:data:`N_BOOTSTRAP` resamples of the prompt pairs) of the
   difference of the two heads' scores (attention to the cue x the clipped normalised patching effect,
   on the resampled pairs) excludes 0. Otherwise there is no single head, and the top heads are given
-  with their scores.
+  with their scores. The heads the rule could not tell apart (the top head and its runner-up) are then the
+  **routing group** (:func:`routing_group`): its t_form and lead are those of the group's mean attention to
+  the cue, and every figure and caption draws and names the group, never one of its heads.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,6 +46,7 @@ from plateauscope.analysis.patch import patch_sweep
 from plateauscope.analysis.results import strict_json
 from plateauscope.model.backend import Model
 from plateauscope.model.heads import head_label, parse_head_label
+from plateauscope.runs.metrics import plateau_stretch
 from plateauscope.runs.run import Run, RunError
 from plateauscope.tasks.base import ProgressMeasure, PromptPairs
 
@@ -61,8 +66,6 @@ def release_record(records: list[dict], release: int, key: str) -> dict[str, Any
             "after": {"step": after[0]["step"], "value": after[0][key]} if after else None}
 
 
-PLATEAU_REL_TOL = 0.1
-"""The band of the plateau: within this share of the reference height."""
 N_BOOTSTRAP = 1000
 """Bootstrap resamples of the prompt pairs for the named head's margin over the runner-up."""
 MARGIN_LEVEL = 0.95
@@ -72,29 +75,9 @@ MARGIN_RULE = ("a head is named when the 95% bootstrap interval (1000 resamples 
 """The named-head rule, in the words the output states it."""
 TOP_HEADS = 3
 """Heads listed with their scores when no single head is named."""
-
-
-def plateau_stretch(records: list[dict], progress: ProgressMeasure, tau: int | None,
-                    rel_tol: float = PLATEAU_REL_TOL) -> dict[str, Any]:
-    """The plateau by counts (module docstring): the evaluations before tau (all of them without tau),
-    how many lie inside the band, the longest stretch of consecutive ones inside it, whether there is a
-    plateau at the reference height (at least half inside), and the measure's range before tau."""
-    before = [r for r in records if (tau is None or r["step"] < tau) and r.get(progress.key) is not None]
-    inside = [progress.on_plateau(r, rel_tol) for r in before]
-    best, start = (0, None), None
-    for i, flag in enumerate([*inside, False]):
-        if flag and start is None:
-            start = i
-        elif not flag and start is not None:
-            if i - start > best[0]:
-                best = (i - start, start)
-            start = None
-    length, first = best
-    values = [float(r[progress.key]) for r in before]
-    return {"key": progress.key, "height": progress.height, "rel_tol": rel_tol, "n_before": len(before),
-            "n_inside": sum(inside), "holds": bool(before) and sum(inside) * 2 >= len(before) and length > 0,
-            "stretch": [before[first]["step"], before[first + length - 1]["step"]] if length else None,
-            "n_stretch": length, "range": [min(values), max(values)] if values else None, "tau": tau}
+GROUP_RULE = ("where no single head is named, the heads the margin cannot tell apart (the top head and its "
+              "runner-up); t_form: their mean attention to the cue halfway up")
+"""What the routing group is, in the words the output states it."""
 
 
 @torch.no_grad()
@@ -121,7 +104,7 @@ def head_margin(model: Model, task: Any, pairs: PromptPairs, first: tuple[int, i
                 n_boot: int = N_BOOTSTRAP, level: float = MARGIN_LEVEL, seed: int = 0) -> dict[str, Any]:
     """The score of ``first`` minus that of ``second`` (module docstring) on the pairs, and its percentile
     bootstrap interval over resamples of the pairs; ``clear`` when the interval excludes 0."""
-    tokens = task.tokens[pairs.examples]
+    tokens = task.pair_sequences(pairs)  # the clean examples, whichever split they come from
     patterns = attention_patterns(model, tokens, task.input_len)  # [N, L, H, q, k]
     keys = task.cue_positions(tokens, task.pred_pos)
     rows = patterns[:, :, :, task.pred_pos, :]
@@ -148,6 +131,59 @@ def head_margin(model: Model, task: Any, pairs: PromptPairs, first: tuple[int, i
             "clear": bool(low > 0 or high < 0), "rule": MARGIN_RULE}
 
 
+@dataclass(frozen=True)
+class StatedRouting:
+    """The routing a summary states (:func:`stated_routing`): what every figure, legend and caption draws
+    and names as the routing."""
+
+    heads: tuple[tuple[int, int], ...]
+    """The heads drawn highlighted: the named routing head alone, or the routing group's heads."""
+    labels: tuple[str, ...]
+    """Their labels (``L0H2``), in the same order."""
+    t_form: int | None
+    """The routing's t_form: the named head's attention to the cue halfway up, or the group's mean attention's."""
+    lead_fraction: float | None
+    """(tau - t_form) / tau, of the same t_form."""
+
+    @property
+    def is_group(self) -> bool:
+        """Whether no single head is named and a group is drawn."""
+        return len(self.heads) > 1
+
+
+def stated_routing(s: dict[str, Any]) -> StatedRouting | None:
+    """The routing that figures draw, from a routing summary (``routing.json``): the routing head where the
+    rule names one (a summary written before the rule: its head); where no single head is named, the routing
+    group (the heads the rule lists, :func:`routing_group`) with the t_form of their mean attention; None
+    where neither exists (no head is drawn as the routing, and no t_form)."""
+    if s.get("named_head", True) and s.get("head") is not None:
+        head = (int(s["head"][0]), int(s["head"][1]))
+        return StatedRouting((head,), (s.get("label") or head_label(*head),), s.get("t_form"), s.get("lead_fraction"))
+    group = s.get("routing_group")
+    if not s.get("named_head", True) and group and group.get("heads"):
+        return StatedRouting(tuple((int(la), int(h)) for la, h in group["heads"]), tuple(group["labels"]),
+                             group.get("t_form"), group.get("lead_fraction"))
+    return None
+
+
+def routing_group(attention: list[dict[str, Any]], heads: list[tuple[int, int]], rules_start: int,
+                  tau: int | None, tau_lo: int | None, field: str = "to_z_first") -> dict[str, Any]:
+    """The routing group where no single head is named: ``heads`` (those the named-head rule lists), and when
+    their mean attention to the cue (``field`` of the attention records) forms, by the attention rule
+    (:func:`plateauscope.analysis.formation.formation_step` from ``rules_start``), with its lead over tau.
+
+    The record: ``heads`` (``[layer, head]`` each), ``labels``, ``rule`` (what the group is), and
+    ``t_form``, ``t_form_bracket``, ``start_value``, ``final_value`` (of the mean), ``lead_fraction`` and
+    ``lead_bracket``."""
+    steps = [r["step"] for r in attention]
+    mean = [float(np.mean(np.asarray([r[field][layer][head] for layer, head in heads], dtype=float)))
+            for r in attention]  # a missing value (JSON null) makes that step's mean NaN
+    form = formation.formation_step(steps, mean, rules_start)
+    t_lo = form["t_form_bracket"][0] if form["t_form_bracket"] else None
+    return {"heads": [list(h) for h in heads], "labels": [head_label(*h) for h in heads], "rule": GROUP_RULE,
+            **form, **formation.lead_fraction(tau, tau_lo, form["t_form"], t_lo)}
+
+
 def top_heads(scores: list[list[float]], n: int = TOP_HEADS) -> list[dict[str, Any]]:
     """The ``n`` heads with the highest score, best first: ``{"head": label, "score": value}``."""
     grid = np.asarray(scores, dtype=float)
@@ -172,8 +208,7 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
     cue = progress.cue_effect_key or ""
     steps = [r["step"] for r in attn]
     series = [r["to_z_first"][layer][head] for r in attn]
-    summary = run.summary or {}
-    plateau_start = (summary.get("plateau_span") or [steps[0]])[0]
+    plateau_start = (run.plateau_stretch() or [steps[0]])[0]
     # A run trained with the cue hidden until S: before S the mask forces attention to the cue and the
     # cue's effect to 0, so the t_form rules start at the release, not before it.
     release = run.config.train.hide_cue_until or 0
@@ -232,6 +267,9 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
                                   else ranked[0]["head"], run.config.model.n_layers, run.config.model.n_heads)
         margin_record = head_margin(run.model(final_patch["step"]), task,
                                     pairs or prompt_pairs(task), (layer, head), second)
+    group = None
+    if margin_record is not None and not margin_record["clear"]:
+        group = routing_group(attn, [(layer, head), second], rules_start, tau, tau_lo)
     return {
         "head": [layer, head],
         "label": head_label(layer, head),
@@ -259,6 +297,7 @@ def summarize(run: Run, cache: dict[str, Any], tau: int | None, records: list[di
         "plateau_counts": plateau_stretch(records, progress, tau),
         "named_head": bool(margin_record and margin_record["clear"]),
         "margin": margin_record,
+        "routing_group": group,
         "top_heads": ranked[:TOP_HEADS],
     }
 

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
             if s is not None:
                 run.checkpoint_path(s)
         if e_from is None:
-            log.warning("%s: no plateau span in the summary and no --escape-from: displacement direction skipped",
+            log.warning("%s: no plateau stretch in the summary and no --escape-from: displacement direction skipped",
                         run.path)
         disp = displacement(run, e_from, e_to, args.device) if e_from is not None else None
         settings = {k: v for k, v in opts.items() if k not in ("device", "progress")}

@@ -8,10 +8,13 @@ from pathlib import Path
 
 import plateauscope.views.report as _module
 from plateauscope.analysis.analyze import analyze_run
+from plateauscope.analysis.probe_pass import analyze_series
 from plateauscope.analysis.results import REPORT_FILE, analysis_dir, routing_summary_path
 from plateauscope.cli.common import run_cli
 from plateauscope.cli.parser import OneLineParser
+from plateauscope.runs.imported import ImportedRun, read_probe_choice
 from plateauscope.runs.run import Run, RunError
+from plateauscope.views.probe_report import read_probe_record
 from plateauscope.views.report import write_report
 
 
@@ -33,10 +36,16 @@ def main(argv: list[str] | None = None) -> int:
         if args.examples < 1:
             raise RunError(f"--examples must be at least 1, got {args.examples}")
         run = Run(args.run)
-        if args.analyze and not routing_summary_path(run.path).exists():
+        imported = isinstance(run, ImportedRun)
+        if args.analyze and not routing_summary_path(run.path).exists() and not (
+                imported and read_probe_record(run.path) is not None):  # a probe that is no task: its pass is all
             print(f"no analysis cache in {analysis_dir(run.path)}: analysing every {args.every}. checkpoint first",
                   file=sys.stderr)
-            analyze_run(run.path, every=max(args.every, 1), progress=True)
+            if imported:
+                choice = read_probe_choice(run.path)
+                analyze_series(run.path, choice["probe"], choice["options"], every=max(args.every, 1), progress=True)
+            else:
+                analyze_run(run.path, every=max(args.every, 1), progress=True)
         print(f"report: {write_report(run.path, args.out, args.examples, args.seed)}")
 
     return run_cli(body, argv, build_parser())

@@ -13,9 +13,11 @@ from plateauscope.model.backend import BACKENDS, BackendError
 from plateauscope.model.config import CHECKPOINT_POLICIES, FORWARDS, PART_FORMS
 from plateauscope.runs import run as rd
 from plateauscope.runs.config import RunConfig
+from plateauscope.runs.metrics import PLATEAU_COUNTS, plateau_stretch
 from plateauscope.runs.presets import PRESETS, run_config
 from plateauscope.tasks.loading import BUILTIN_TASKS, task_class
 from plateauscope.training.train import default_run_name, train
+from plateauscope.views.phrases import plateau_sentence
 
 
 def _fmt(x: float | None) -> str:
@@ -124,14 +126,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"interrupted: resume with --resume --out {out}", file=sys.stderr)
         return 130
     tau = summary.get("tau")
-    span = summary.get("plateau_span")
+    measure = task_class(cfg.task_name).generate(cfg.task).progress
+    # the plateau by the analysis's rule (counts and the longest in-band stretch); an older summary.json
+    # (written with plateau_span) has its counts computed here from the run's metrics
+    counts = summary.get(PLATEAU_COUNTS) or plateau_stretch(rd.read_jsonl(out / rd.METRICS_FILE), measure, tau)
     plateau = summary.get("plateau") or {}
     metric = (plateau.get("know_nothing") or {}).get("metric", "set_loss")
     verdict = (f"plateau verdict {plateau.get('verdict') or 'none'} (median {metric.replace('_', ' ')} "
                f"{_fmt(plateau.get(f'median_{metric}'))}, know-nothing {_fmt(plateau['know_nothing'].get(metric))}); "
-               if plateau else "")
-    measure = task_class(cfg.task_name).generate(cfg.task).progress
+               if plateau and counts["holds"] else "")  # a verdict only on a plateau its counts support
+    plateau_text = plateau_sentence(counts, measure.label, measure.height_label).rstrip(".")
     print(f"{f'tau = {tau} steps' if tau is not None else 'tau not reached'} ({measure.height_name} = "
-          f"{summary[measure.height_name]:.3f}); "
-          f"plateau span {span}; {verdict}run in {out}")
+          f"{summary[measure.height_name]:.3f}); {plateau_text[0].lower() + plateau_text[1:]}; {verdict}run in {out}")
     return 0

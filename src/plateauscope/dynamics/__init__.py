@@ -6,7 +6,7 @@
 this module computes).
 
 The table (``DIR/dynamics.csv`` and printed) has one row per run: its options, tau at the
-thresholds 0.3 / 0.5 / 0.7 log K, tau in tokens, the plateau span, the lead fraction (when
+thresholds 0.3 / 0.5 / 0.7 log K, tau in tokens, the plateau's longest in-band stretch, the lead fraction (when
 ``plateauscope analyze`` was run on it) and the collective-snap statistics. The fits, all
 on log-log axes and all over the runs of one *family* (the runs that share every factor -
 direction, preset, D, K, learning rate, batch size - except the one that varies and the seed;

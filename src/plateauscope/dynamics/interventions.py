@@ -8,8 +8,8 @@ same seed without intervention (tau_0, its tau):
 * ``S``: the step at which the hidden cue was released (0 for the other interventions);
 * ``wait``: tau - S, the steps from the release (or from step 0) to tau; ``wait / tau_0`` compares
   it with the unmodified plateau (1: the same wait; below 1: shorter);
-* the plateau span and verdict of ``summary.json`` and the candidate loss at step 0 (where a
-  transplant starts);
+* the plateau (its longest in-band stretch) and verdict of ``summary.json`` and the candidate loss at
+  step 0 (where a transplant starts);
 * with a hidden cue, the set loss at S (the last evaluation at or before it), and the unmodified
   run's at the same step: what the model learned without the cue;
 * where ``plateauscope analyze`` has been run on it (``plateauscope dynamics --sweep DIR
@@ -145,7 +145,6 @@ def intervention_rows(sweep_dir: str | Path, with_baselines: bool = False) -> li
         if not finished and tau is None and last <= S:  # stopped before its release: no wait to bound
             continue
         wait = (tau if tau is not None else last) - S
-        span = summary.get("plateau_span")
         at_S = _last_before(metrics, S, "set_loss")
         base_at_S = _last_before(rd.read_jsonl(base_dir / rd.METRICS_FILE), S, "set_loss")
         rows.append({
@@ -153,7 +152,7 @@ def intervention_rows(sweep_dir: str | Path, with_baselines: bool = False) -> li
             "tau_0": tau_0, "S": S, "tau": tau, "final_step": last, "finished": finished,
             "censored": tau is None,
             "wait": wait, "wait_ratio": wait / tau_0 if tau_0 else None,
-            "plateau_span": span, "verdict": (run.plateau() or {}).get("verdict"),
+            "plateau_stretch": run.plateau_stretch(), "verdict": (run.plateau() or {}).get("verdict"),
             "start_loss_over_height": start / run.progress.height if start is not None else None,
             "set_loss_at_S": at_S if S else None, "baseline_set_loss_at_S": base_at_S if S else None,
             **release_leads(run_dir, tau, S),

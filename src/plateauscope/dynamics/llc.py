@@ -4,7 +4,7 @@ Per run (its ``analysis/llc.json`` from ``plateauscope llc``, its ``routing.json
 ``plateauscope analyze`` and its metrics):
 
 * **the LLC's plateau value**: the mean and standard deviation of the LLC at the analysed
-  checkpoints in the first half of the plateau span (``summary.json``'s ``plateau_span``; at least
+  checkpoints in the first half of the plateau (``Run.plateau_stretch``: the longest in-band stretch; at least
   ``MIN_BASELINE`` of them);
 * **t_llc**, the step the LLC leaves it: the first analysed step after that window from which the
   LLC stays above mean + ``LLC_SD`` sd for ``LLC_CONSECUTIVE`` analysed checkpoints in a row (one
@@ -47,9 +47,9 @@ MIN_BASELINE = 3
 """Fewest analysed checkpoints in the plateau window for a plateau value."""
 
 
-def plateau_window(span: list[int] | None) -> tuple[int, int] | None:
-    """The first half of the plateau span: where the plateau values are read."""
-    return (span[0], (span[0] + span[1]) // 2) if span else None
+def plateau_window(stretch: list[int] | None) -> tuple[int, int] | None:
+    """The first half of the plateau's stretch (``Run.plateau_stretch``): where the plateau values are read."""
+    return (stretch[0], (stretch[0] + stretch[1]) // 2) if stretch else None
 
 
 def llc_departure(steps: list[int], llc: list[float], window: tuple[int, int], n_sd: float = LLC_SD,
@@ -94,7 +94,7 @@ def llc_rows(sweep_dir: str | Path) -> list[dict[str, Any]]:
         if not llc_file.exists():
             continue
         run, llc = Run(path), rd.read_json(llc_file)
-        window = plateau_window((run.summary or {}).get("plateau_span"))
+        window = plateau_window(run.plateau_stretch())
         rules = (read_routing_summary(path) or {}).get("t_form_rules") or {}
         row = {"name": name, "seed": run.config.train.seed, "tau": llc["tau"], "window": window,
                "n_checkpoints": len(llc["steps"]), "all_stationary": llc["all_stationary"],

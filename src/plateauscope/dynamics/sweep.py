@@ -12,6 +12,7 @@ from typing import Any
 from plateauscope.analysis.formation import RULES
 from plateauscope.analysis.results import read_routing_summary
 from plateauscope.analysis.snap import snap_statistics
+from plateauscope.analysis.summary import stated_routing
 from plateauscope.runs import run as rd
 from plateauscope.runs.interventions import has_interventions
 from plateauscope.runs.metrics import MARGINAL_REL, compute_tau
@@ -58,8 +59,10 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
     tau = taus[0.5]
     tokens_per_step = cfg.train.batch_size * run.task().tokens_per_example()
     snap = snap_statistics(metrics, tau)
-    span = summary.get("plateau_span")
+    stretch = run.plateau_stretch()
     routing = read_routing_summary(run.path) or {}
+    stated = stated_routing(routing)
+    layers = {la for la, _ in stated.heads} if stated is not None else set()  # the routing's layers
     rules = routing.get("t_form_rules") or {}
     circuit = routing.get("circuit") or {}
     plateau = run.plateau() or {}
@@ -71,15 +74,17 @@ def run_row(run: Run, name: str) -> dict[str, Any]:
         "tau": tau, **{tau_key(t): v for t, v in taus.items()},
         "tokens_per_step": tokens_per_step, "tau_tokens": tau * tokens_per_step if tau is not None else None,
         "t_acc50": compute_tau(metrics, EXACT_MATCH, 0.5),
-        "plateau_start": span[0] if span else None, "plateau_end": span[1] if span else None,
-        "lead_fraction": routing.get("lead_fraction"),
+        "plateau_start": stretch[0] if stretch else None, "plateau_end": stretch[1] if stretch else None,
+        "lead_fraction": stated.lead_fraction if stated is not None else None,
         **{f"lead_{rule}": (rules.get(rule) or {}).get("lead_fraction") for rule in RULES},
-        "routing_head": routing.get("label"), "routing_layer": (routing.get("head") or [None])[0],
+        # the named routing head, or where no single head is named the routing group (L0H2+L0H1); none else
+        "routing_head": "+".join(stated.labels) if stated is not None else None,
+        "routing_layer": min(layers) if len(layers) == 1 else None,
         "circuit": circuit.get("verdict"), "circuit_heads": " ".join(circuit.get("heads") or []) or None,
         "model": f"{cfg.model.n_layers}L d{cfg.model.d_model}", "variant": cfg.task.variant_label() if hasattr(cfg.task, "variant_label") else "default",
         "verdict": plateau.get("verdict"), "t_marginal": t_m,
         "t_marginal_over_tau": t_m / tau if t_m is not None and tau else None,
-        "plateau_share": (span[1] - span[0]) / tau if span and tau else None,
+        "plateau_share": (stretch[1] - stretch[0]) / tau if stretch and tau else None,  # the longest in-band stretch
         "marginal_share": (plateau.get("share") or {}).get("marginal"),
         "first_token_set_loss_plateau": plateau.get("median_first_token_set_loss"),
         "set_loss_plateau": plateau.get("median_set_loss"),

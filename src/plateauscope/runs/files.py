@@ -7,7 +7,7 @@ Layout of a run directory (names are the constants below)::
                        the task's positions
     dataset.jsonl      every example (the selector task: b, z, a, group, selector)
     metrics.jsonl      one JSON object per evaluation
-    summary.json       tau, plateau span, final metrics (written at the end)
+    summary.json       tau, the plateau's stretch and counts, final metrics (written at the end)
     series.json        an imported run's manifest of external checkpoints (instead of config.json and
                        checkpoints/; model/config.json holds the series' Hugging Face config)
     checkpoints/step_0000120.safetensors   model weights, step in name and metadata

@@ -47,7 +47,7 @@ from plateauscope.runs.files import (
     write_json_atomic,
     write_text_atomic,
 )
-from plateauscope.runs.metrics import compute_tau, plateau_span
+from plateauscope.runs.metrics import compute_tau, plateau_stretch
 from plateauscope.runs.references import ReferenceLadder, ladder_summary
 from plateauscope.runs.run import Run
 from plateauscope.runs.series import ImportedSeries
@@ -219,15 +219,16 @@ class ImportedRun(Run):
     @property
     def summary(self) -> dict | None:
         """No ``summary.json`` (nothing was trained here): only the ``ladder`` block, computed from the probe's
-        evaluation where the probe has references (its stages; the plateau span the probe's), else None."""
+        evaluation where the probe has references (its stages; the plateau the probe's longest in-band stretch),
+        else None."""
         task = self.task()
         records = self.metrics()
         if "references" not in task.capabilities or not records:
             return None
         rungs = task.reference_predictors()
         progress = task.progress
-        span = plateau_span(records, progress, compute_tau(records, progress))
-        ladder = ladder_summary(records, [r.name for r in rungs], [r.label for r in rungs], span)
+        stretch = plateau_stretch(records, progress, compute_tau(records, progress))["stretch"]
+        ladder = ladder_summary(records, [r.name for r in rungs], [r.label for r in rungs], stretch)
         return {"ladder": ladder} if ladder else None
 
     def plateau(self) -> dict | None:

@@ -111,7 +111,13 @@ from plateauscope.runs.files import (
     write_text_atomic as write_text_atomic,
 )
 from plateauscope.runs.interventions import Interventions, has_interventions
-from plateauscope.runs.metrics import compute_tau, plateau_span, plateau_verdict
+from plateauscope.runs.metrics import (
+    LEGACY_PLATEAU_SPAN,
+    PLATEAU_STRETCH,
+    compute_tau,
+    plateau_stretch,
+    plateau_verdict,
+)
 from plateauscope.runs.series import is_imported
 from plateauscope.tasks.base import ProgressMeasure, Task
 from plateauscope.tasks.loading import task_class, use_task_copy
@@ -245,7 +251,25 @@ class Run:
             return None
         progress = self.progress
         tau = compute_tau(records, progress)
-        return plateau_verdict(records, progress.height, plateau_span(records, progress, tau), reference)
+        return plateau_verdict(records, progress.height, plateau_stretch(records, progress, tau)["stretch"], reference)
+
+    def plateau_stretch(self) -> list[int] | None:
+        """The plateau as a window of steps, ``[first, last]``: the longest stretch of consecutive evaluations
+        before tau inside the band (:func:`plateauscope.runs.metrics.plateau_stretch`), as ``summary.json``
+        records it; an older ``summary.json`` gives its ``plateau_span`` instead, and a run without one (still
+        training, or imported) has it computed from its metrics by the same rule. None: no evaluation before
+        tau lies inside the band."""
+        summary = self.summary or {}
+        if PLATEAU_STRETCH in summary:
+            return summary[PLATEAU_STRETCH]
+        if LEGACY_PLATEAU_SPAN in summary:
+            return summary[LEGACY_PLATEAU_SPAN]
+        records = self.metrics() if (self.path / METRICS_FILE).exists() else []
+        if not records:
+            return None
+        progress = self.progress
+        tau = summary["tau"] if "tau" in summary else compute_tau(records, progress)
+        return plateau_stretch(records, progress, tau)["stretch"]
 
     def task_fingerprint(self) -> str:
         """What made the run's task, as 16 hex digits of a SHA-256: the source file of its class and

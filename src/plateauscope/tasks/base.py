@@ -174,7 +174,8 @@ class PromptPairs:
     corrupt_answer: Int[Tensor, " N"]
     """The token the corrupted prompt should predict there."""
     examples: Int[Tensor, " N"]
-    """Index of each clean example in the task's data set."""
+    """Index of each clean example in the task's data set ``tokens``, which holds the held-out split too
+    (:meth:`Task.heldout_indices`); :meth:`Task.pair_sequences` reads them."""
     pred_pos: int
     """The position whose logits are measured (the last position of the prompt)."""
 
@@ -366,6 +367,21 @@ class Task(ABC):
     def prompt_pairs(self, n: int = 256, seed: int = 0) -> PromptPairs:
         """``n`` seeded clean / corrupted prompt pairs (capability ``pairs``)."""
         raise self.missing("pairs", "prompt pairs")
+
+    def pair_sequences(self, pairs: PromptPairs) -> Int[Tensor, "N L"]:
+        """The sequences of the pairs' clean examples, for what an analysis reads at the prediction position
+        (attention to the cue, the cue's positions): the rows ``pairs.examples`` of ``tokens`` where each row
+        begins with its clean prompt; otherwise the clean prompts themselves (``L = pred_pos + 1``), which hold
+        every position the prediction position can read. The second case is a task file written against 0.2,
+        which had no held-out split: it kept its held-out examples beside ``tokens`` and indexed its pairs'
+        ``examples`` into them."""
+        examples, clean = pairs.examples.long().cpu(), pairs.clean.cpu()
+        if len(examples) == len(clean) and (not len(examples) or 0 <= int(examples.min()) <= int(examples.max())
+                                            < len(self.tokens)):
+            rows = self.tokens[examples]
+            if rows.shape[1] >= clean.shape[1] and torch.equal(rows[:, : clean.shape[1]], clean):
+                return rows
+        return clean
 
     def position_labels(self, n_pos: int) -> list[str]:
         """Readable names of the first ``n_pos`` positions (default: their numbers, BOS first)."""

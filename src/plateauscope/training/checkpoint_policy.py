@@ -4,10 +4,11 @@ everywhere and the dense one only in the transition window (``adaptive``).
 The adaptive policy is exact by construction: the run trains and writes the dense schedule as a
 dense run does (same steps, same bytes), and deletes a checkpoint once the logged metrics prove
 that it lies outside the window. The window is the plateau's middle (the middle of
-``summary.json``'s plateau span) to ``WINDOW_END_TAU`` x tau; a run whose progress measure has no
-plateau (an accuracy) starts it at tau / 2. While tau is unknown, the window's start is only
-bounded from below (the plateau span can only grow until tau), so nothing that might still be in
-the window is deleted, and what is kept on disk stays near the final window's size. No training
+``summary.json``'s ``plateau_stretch``, the longest stretch of in-band evaluations before tau) to
+``WINDOW_END_TAU`` x tau; a run whose progress measure has no plateau (an accuracy) starts it at
+tau / 2. While tau is unknown, the window's start is only bounded from below (the longest stretch so
+far is replaced only by a longer one that ends later, so its middle never moves back), so nothing that
+might still be in the window is deleted, and what is kept on disk stays near the final window's size. No training
 step is taken twice, so the wall time is that of a dense run.
 """
 
@@ -19,7 +20,7 @@ from pathlib import Path
 
 from plateauscope.model.config import TrainConfig
 from plateauscope.runs.files import _CKPT_RE, CHECKPOINT_DIR, checkpoint_name, forget_verified
-from plateauscope.runs.metrics import compute_tau, plateau_span
+from plateauscope.runs.metrics import compute_tau, plateau_stretch
 from plateauscope.tasks.base import ProgressMeasure
 from plateauscope.training.schedule import resume_steps, scheduled_steps
 
@@ -36,10 +37,10 @@ def transition_window(records: list[dict], measure: ProgressMeasure, complete: b
     ``complete``: the run has ended, so a missing tau will not come.
     """
     tau = compute_tau(records, measure)
-    span = plateau_span(records, measure, tau)
+    stretch = plateau_stretch(records, measure, tau)["stretch"]
     last = records[-1]["step"] if records else 0
-    if span is not None:
-        start = (span[0] + span[1]) // 2
+    if stretch is not None:
+        start = (stretch[0] + stretch[1]) // 2
     else:
         start = (tau if tau is not None else last) // 2
     end = math.ceil(WINDOW_END_TAU * tau) if tau is not None else None

@@ -67,7 +67,7 @@ from plateauscope.runs.interventions import (
     transplanted,
 )
 from plateauscope.runs.machine import describe, machine_record, same_machine
-from plateauscope.runs.metrics import compute_tau, summarize
+from plateauscope.runs.metrics import PLATEAU_STRETCH, compute_tau, summarize
 from plateauscope.runs.references import ReferenceLadder, ladder_summary
 from plateauscope.tasks.base import ProgressMeasure, Task, TaskError
 from plateauscope.tasks.loading import (
@@ -725,7 +725,7 @@ def finish(out: Path, records: list[dict], task: Task, step: int, evalset: Any, 
     if "references" in task.capabilities:
         rungs = task.reference_predictors()
         ladder = summary["ladder"] = ladder_summary(records, [r.name for r in rungs], [r.label for r in rungs],
-                                                    summary["plateau_span"])
+                                                    summary[PLATEAU_STRETCH])
         if ladder and summary.get("plateau"):  # the thresholds' verdict, checked against the ladder's reading
             kind = next((r.verdict for r in rungs if r.name == ladder["plateau_stage"]), None)
             summary["plateau"].update(ladder_verdict=kind, agrees_with_ladder=kind == summary["plateau"]["verdict"])

@@ -6,7 +6,10 @@ nothing is read from disk, nothing is shown. Each figure has a title and axis la
 caption says, in one sentence, what the reader should see. Landmarks are drawn as labelled
 vertical lines: ``tau`` (first step with candidate loss < 0.5 log K), ``tau/2`` and ``t_form``
 (the selector head's formation step, ``plateauscope.analysis.formation``). Time-series figures have a
-``linear x`` / ``log x`` toggle (step 0 is not drawn on the log axis).
+``linear x`` / ``log x`` toggle (step 0 is not drawn on the log axis). Where the summary names no single
+routing head, the figures that highlight it take ``group`` (the routing group,
+``plateauscope.analysis.summary.stated_routing``) instead: its heads are drawn and named, and t_form is the
+group's mean attention's.
 
 """
 
@@ -27,7 +30,7 @@ from plateauscope.analysis.snap import (
     group_accuracies,
     snap_statistics,
 )
-from plateauscope.analysis.summary import plateau_stretch
+from plateauscope.analysis.summary import plateau_stretch, stated_routing
 from plateauscope.model.heads import head_label
 from plateauscope.runs.metrics import MARGINAL_REL
 from plateauscope.runs.references import kl_key
@@ -103,16 +106,31 @@ def layout(fig: go.Figure, title: str, x_title: str, y_title: str, height: int =
     return fig
 
 
+def _highlighted(head: Sequence[int] | None, group: Sequence[Sequence[int]]) -> set[tuple[int, int]]:
+    """The heads a figure draws as the routing: the routing group's, else the routing head."""
+    if group:
+        return {(int(la), int(h)) for la, h in group}
+    return {(int(head[0]), int(head[1]))} if head is not None else set()
+
+
+def _group_words(group: Sequence[Sequence[int]]) -> str:
+    """``L0H2 and L0H1`` (``L0H2, L0H1 and L1H0``)."""
+    labels = [head_label(int(la), int(h)) for la, h in group]
+    return ", ".join(labels[:-1]) + " and " + labels[-1] if len(labels) > 1 else "".join(labels)
+
+
 def _per_head_lines(steps: list[int], grid: np.ndarray, head: Sequence[int] | None, mode: str,
-                    opacity: float) -> go.Figure:
-    """One line per head of a [steps, layer, head] grid; the selector head thick and red."""
+                    opacity: float, group: Sequence[Sequence[int]] = ()) -> go.Figure:
+    """One line per head of a [steps, layer, head] grid; the selector head (or the routing group's heads) thick
+    and red."""
     fig = go.Figure()
-    sel = tuple(head) if head is not None else None
+    marked = _highlighted(head, group)
+    suffix = " (routing group)" if group else " (routing)"
     n_layers, n_heads = grid.shape[1:] if grid.size else (0, 0)
     for i, (l, h) in enumerate((l, h) for l in range(n_layers) for h in range(n_heads)):
-        is_sel = (l, h) == sel
+        is_sel = (l, h) in marked
         fig.add_trace(go.Scatter(
-            x=steps, y=_nan_to_none(grid[:, l, h]), mode=mode, name=head_label(l, h) + (" (routing)" if is_sel else ""),
+            x=steps, y=_nan_to_none(grid[:, l, h]), mode=mode, name=head_label(l, h) + (suffix if is_sel else ""),
             line={"color": SELECTOR_COLOR if is_sel else HEAD_COLORS[i % len(HEAD_COLORS)],
                   "width": 3.5 if is_sel else 1.3}, opacity=1.0 if is_sel else opacity))
     return fig
@@ -244,34 +262,42 @@ def timing_word(t_form: int | None, tau: int | None) -> str:
 
 
 def attention_heatmap(records: list[dict[str, Any]], head: Sequence[int] | None = None, tau: int | None = None,
-                      t_form: int | None = None, field: str = "to_z_first") -> Captioned:
-    """Attention to the cue of every head (rows) at every analysed step (columns)."""
+                      t_form: int | None = None, field: str = "to_z_first",
+                      group: Sequence[Sequence[int]] = ()) -> Captioned:
+    """Attention to the cue of every head (rows) at every analysed step (columns); the routing head (or the
+    routing ``group``'s heads, where no single head is named) starred and boxed."""
     steps, grid = _head_grid(records, field)
     n_layers, n_heads = grid.shape[1:] if grid.size else (0, 0)
     labels = [head_label(l, h) for l in range(n_layers) for h in range(n_heads)]
     z = grid.reshape(len(steps), -1).T if grid.size else np.zeros((0, 0))
-    sel = f"{head_label(*head)}" if head is not None else None
-    y = [f"{lab} ★" if lab == sel else lab for lab in labels]
+    marked = {head_label(*h) for h in _highlighted(head, group)}
+    y = [f"{lab} ★" if lab in marked else lab for lab in labels]
     fig = go.Figure(go.Heatmap(x=steps, y=y, z=_nan_to_none(z), colorscale="Viridis", zmin=0, zmax=1,
                                colorbar={"title": {"text": "attn to cue"}}, name="attention to the cue",
                                hovertemplate="step %{x}<br>%{y}<br>attention to the cue %{z:.3f}<extra></extra>"))
-    if sel is not None:
-        row = labels.index(sel)
+    for row in sorted(labels.index(lab) for lab in marked if lab in labels):
         fig.add_shape(type="rect", xref="paper", x0=0, x1=1, yref="y", y0=row - 0.5, y1=row + 0.5,
                       line={"color": SELECTOR_COLOR, "width": 2.5})
     _add_landmarks(fig, tau, t_form)
     layout(fig, "Attention to the cue from the prediction position, per head", "step", "head")
     fig.update_yaxes(autorange="reversed", type="category")
-    caption = (f"Each row is a head's attention from the prediction position to the cue; the routing head "
-               f"{sel or '(none)'} (★, boxed) goes halfway up at t_form = "
-               f"{na(t_form, '{}')}, {timing_word(t_form, tau)} the drop at τ = {na(tau, '{}')}.")
+    when = f"t_form = {na(t_form, '{}')}, {timing_word(t_form, tau)} the drop at τ = {na(tau, '{}')}."
+    if group:
+        caption = (f"Each row is a head's attention from the prediction position to the cue; no single routing head "
+                   f"is named, and the routing group {_group_words(group)} (★, boxed) has its mean attention halfway "
+                   f"up at {when}")
+    elif head is not None:
+        caption = (f"Each row is a head's attention from the prediction position to the cue; the routing head "
+                   f"{head_label(*head)} (★, boxed) goes halfway up at {when}")
+    else:
+        caption = "Each row is a head's attention from the prediction position to the cue; no routing head is named."
     return fig, caption
 
 
 def _attention_lines(steps: list[int], grid: np.ndarray, head: Sequence[int] | None, tau: int | None,
-                     t_form: int | None, title: str, y_title: str) -> go.Figure:
-    """One attention line per head over steps (``head`` highlighted), landmarks, a 0..1 axis."""
-    fig = _per_head_lines(steps, grid, head, "lines", 0.7)
+                     t_form: int | None, title: str, y_title: str, group: Sequence[Sequence[int]] = ()) -> go.Figure:
+    """One attention line per head over steps (``head``, or ``group``'s heads, highlighted), landmarks, a 0..1 axis."""
+    fig = _per_head_lines(steps, grid, head, "lines", 0.7, group)
     _add_landmarks(fig, tau, t_form)
     layout(fig, title, "step", y_title)
     fig.update_yaxes(range=[0, 1])
@@ -280,14 +306,22 @@ def _attention_lines(steps: list[int], grid: np.ndarray, head: Sequence[int] | N
 
 
 def attention_lines(records: list[dict[str, Any]], head: Sequence[int] | None = None, tau: int | None = None,
-                    t_form: int | None = None, field: str = "to_z_first") -> Captioned:
-    """Attention to the cue over steps, one line per head, the routing head highlighted."""
+                    t_form: int | None = None, field: str = "to_z_first",
+                    group: Sequence[Sequence[int]] = ()) -> Captioned:
+    """Attention to the cue over steps, one line per head, the routing head (or the routing ``group``'s heads)
+    highlighted."""
     steps, grid = _head_grid(records, field)
     fig = _attention_lines(steps, grid, head, tau, t_form, "Attention to the cue over training, per head",
-                           "attention to the cue (prediction position)")
-    caption = (f"The routing head's attention to the cue (thick red) has gone halfway from its plateau-start value "
-               f"to its final one by t_form = {na(t_form, '{}')}, {timing_word(t_form, tau)} the loss drop at "
-               f"τ = {na(tau, '{}')}.")
+                           "attention to the cue (prediction position)", group)
+    when = (f"halfway from its plateau-start value to its final one by t_form = {na(t_form, '{}')}, "
+            f"{timing_word(t_form, tau)} the loss drop at τ = {na(tau, '{}')}.")
+    if group:
+        caption = (f"No single routing head is named: the mean attention to the cue of the routing group "
+                   f"{_group_words(group)} (thick red) has gone {when}")
+    elif head is not None:
+        caption = f"The routing head's attention to the cue (thick red) has gone {when}"
+    else:
+        caption = "Each head's attention to the cue over training; no routing head is named."
     return fig, caption
 
 
@@ -355,45 +389,54 @@ def patching_slider(records: list[dict[str, Any]], head: Sequence[int] | None = 
     return fig, caption
 
 
-def routing_patching_lines(exact: list[dict[str, Any]], attribution: list[dict[str, Any]], head: Sequence[int],
-                            tau: int | None = None, t_form: int | None = None) -> Captioned:
-    """The selector head's patching effect over steps: exact where run, attribution everywhere."""
-    l, h = int(head[0]), int(head[1])
+def routing_patching_lines(exact: list[dict[str, Any]], attribution: list[dict[str, Any]], head: Sequence[int] | None,
+                            tau: int | None = None, t_form: int | None = None,
+                            group: Sequence[Sequence[int]] = ()) -> Captioned:
+    """The selector head's patching effect over steps: exact where run, attribution everywhere; where no single
+    head is named, that of each head of the routing ``group``."""
+    heads = [(int(la), int(h)) for la, h in group] if group else [(int(head[0]), int(head[1]))]
     fig = go.Figure()
-    styles = {"attribution": {"mode": "lines", "line": {"color": "#1f77b4", "width": 2}},
-              "exact": {"mode": "lines+markers", "line": {"color": SELECTOR_COLOR, "width": 2}, "marker": {"size": 8}}}
-    for name, recs, style in (("attribution (first order)", attribution, styles["attribution"]),
-                              ("exact patching", exact, styles["exact"])):
-        if recs:
-            fig.add_trace(go.Scatter(x=[int(r["step"]) for r in recs],
-                                     y=[float(_patch_values(r, "effect")[l, h]) for r in recs],
-                                     name=f"{head_label(l, h)} effect, {name}", **style))
+    for i, (l, h) in enumerate(heads):
+        dash = {"dash": ("solid", "dot", "dash", "dashdot")[i % 4]} if group else {}  # a group's heads told apart
+        styles = {"attribution": {"mode": "lines", "line": {"color": "#1f77b4", "width": 2, **dash}},
+                  "exact": {"mode": "lines+markers", "line": {"color": SELECTOR_COLOR, "width": 2, **dash},
+                            "marker": {"size": 8}}}
+        for name, recs, style in (("attribution (first order)", attribution, styles["attribution"]),
+                                  ("exact patching", exact, styles["exact"])):
+            if recs:
+                fig.add_trace(go.Scatter(x=[int(r["step"]) for r in recs],
+                                         y=[float(_patch_values(r, "effect")[l, h]) for r in recs],
+                                         name=f"{head_label(l, h)} effect, {name}", **style))
     gap_src = attribution or exact
     fig.add_trace(go.Scatter(x=[int(r["step"]) for r in gap_src],
                              y=[r["heads"]["clean_metric"] - r["heads"]["corrupt_metric"] for r in gap_src],
                              name="clean - corrupt gap (full restoration)", mode="lines",
                              line={"color": "#7f7f7f", "dash": "dash", "width": 1.5}))
     _add_landmarks(fig, tau, t_form)
-    layout(fig, f"Patching effect of the routing head {head_label(l, h)} over training", "step",
-            "logit difference restored (patched - corrupt)")
+    what = f"the routing group {_group_words(group)}" if group else f"the routing head {head_label(*heads[0])}"
+    layout(fig, f"Patching effect of {what} over training", "step", "logit difference restored (patched - corrupt)")
     _log_x_toggle(fig)
 
-    def share(r: dict[str, Any]) -> str:
+    def share(r: dict[str, Any], l: int, h: int) -> str:
         gap = r["heads"]["clean_metric"] - r["heads"]["corrupt_metric"]
         if gap_problem(gap):  # no percentage of a negative or negligible gap
             return f"{float(_patch_values(r, 'effect')[l, h]):+.2f} logits (no share: the gap is {gap:+.3f})"
         return f"{float(_patch_values(r, 'effect')[l, h]) / gap:.0%} of the clean-corrupt gap"
 
     main = exact or attribution
-    caption = (f"Patching {head_label(l, h)}'s clean output into the corrupted-cue run restores {share(main[0])} "
-               f"at step {main[0]['step']} and {share(main[-1])} at step {main[-1]['step']} (the gap: dashed; shares "
-               f"only of a gap of at least {GAP_FLOOR:g} logits)")
+    restores = "; ".join(f"patching {head_label(l, h)}'s clean output into the corrupted-cue run restores "
+                         f"{share(main[0], l, h)} at step {main[0]['step']} and {share(main[-1], l, h)} at step "
+                         f"{main[-1]['step']}" for l, h in heads)
+    caption = ("No single routing head is named; for each head of the routing group, " + restores if group
+               else restores[0].upper() + restores[1:])
+    caption += f" (the gap: dashed; shares only of a gap of at least {GAP_FLOOR:g} logits)"
     by_step = {r["step"]: r for r in attribution}
     both = [(float(_patch_values(r, "effect")[l, h]), float(_patch_values(by_step[r["step"]], "effect")[l, h]))
-            for r in exact if r["step"] in by_step]
+            for l, h in heads for r in exact if r["step"] in by_step]
     if both:
         caption += (f"; attribution differs from the exact points by at most "
-                    f"{max(abs(a - b) for a, b in both):.2f} logits at the {len(both)} steps where both ran")
+                    f"{max(abs(a - b) for a, b in both):.2f} logits at the {len(both) // len(heads)} steps where "
+                    "both ran")
     return fig, caption + "."
 
 
@@ -402,23 +445,25 @@ def routing_patching_lines(exact: list[dict[str, Any]], attribution: list[dict[s
 
 def ablation_lines(records: list[dict[str, Any]], log_k: float, head: Sequence[int] | None = None,
                    tau: int | None = None, t_form: int | None = None, label: str = "candidate loss",
-                   height_label: str = "log K") -> Captioned:
+                   height_label: str = "log K", group: Sequence[Sequence[int]] = ()) -> Captioned:
     """The progress measure (``label``: the selector task's candidate loss) with each head zero- or
-    mean-ablated, over steps, with the unablated value and the height ``log_k`` (``height_label``)."""
+    mean-ablated, over steps, with the unablated value and the height ``log_k`` (``height_label``); the routing
+    head (or the routing ``group``'s heads, where no single head is named) in red."""
     steps = [int(r["step"]) for r in records]
     fig = go.Figure()
     if records:
         fig.add_trace(go.Scatter(x=steps, y=[r["zero"]["base"]["candidate_loss"] for r in records], mode="lines+markers",
                                  name="no ablation", line={"color": "black", "width": 2.5}))
         n_layers, n_heads = _array(records[0]["zero"]["candidate_loss"]).shape
-        sel = tuple(head) if head is not None else None
+        marked = _highlighted(head, group)
+        routing = "routing group" if group else "routing"
         for kind, dash in (("zero", "solid"), ("mean", "dash")):
             grid = np.stack([_array(r[kind]["candidate_loss"]) for r in records])
             legend_shown = False  # the other heads share one legend entry per ablation kind
             for l in range(n_layers):
                 for h in range(n_heads):
-                    is_sel = (l, h) == sel
-                    name = (f"{head_label(l, h)} {kind}-ablated (routing)" if is_sel
+                    is_sel = (l, h) in marked
+                    name = (f"{head_label(l, h)} {kind}-ablated ({routing})" if is_sel
                             else f"other heads, {kind}-ablated")
                     fig.add_trace(go.Scatter(
                         x=steps, y=_nan_to_none(grid[:, l, h]), mode="lines", name=name,
@@ -436,7 +481,17 @@ def ablation_lines(records: list[dict[str, Any]], log_k: float, head: Sequence[i
     fig.update_yaxes(rangemode="tozero")
     _log_x_toggle(fig)
     caption = f"{label[0].upper() + label[1:]} with each head ablated on its own at every exact-analysis step."
-    if records and head is not None:
+    if records and group:
+        last = records[-1]["mean"]
+        grid, base = _array(last["candidate_loss"]), last["base"]["candidate_loss"]
+        marked = sorted(_highlighted(None, group))
+        own = ", ".join(f"{head_label(*h)} {float(grid[h]):.3f}" for h in marked)
+        others = np.delete(grid.flatten(), [la * grid.shape[1] + h for la, h in marked])
+        worst = float(np.nanmax(others)) if others.size else float("nan")
+        caption = (f"At the last step ({records[-1]['step']}) no single routing head is named; mean-ablating each "
+                   f"head of the routing group (red) alone moves the {label} from {base:.3f} to: {own} "
+                   f"({height_label} = {log_k:.3f}, dotted), and the most any other head does alone is {worst:.3f}.")
+    elif records and head is not None:
         last = records[-1]["mean"]
         grid, base = _array(last["candidate_loss"]), last["base"]["candidate_loss"]
         own = float(grid[tuple(head)])
@@ -452,11 +507,12 @@ def ablation_lines(records: list[dict[str, Any]], log_k: float, head: Sequence[i
 
 
 def head_share_lines(records: list[dict[str, Any]], head: Sequence[int] | None = None, tau: int | None = None,
-                     t_form: int | None = None) -> Captioned:
-    """Each head's share of the summed positive head-patching effect over the exact steps (``plateauscope.analysis.circuit``)."""
+                     t_form: int | None = None, group: Sequence[Sequence[int]] = ()) -> Captioned:
+    """Each head's share of the summed positive head-patching effect over the exact steps
+    (``plateauscope.analysis.circuit``); the routing head (or the routing ``group``'s heads) in red."""
     steps = [int(r["step"]) for r in records]
     grid = np.stack([_array(r["shares"]["share"]) for r in records]) if records else np.zeros((0, 0, 0))
-    fig = _per_head_lines(steps, grid, head, "lines+markers", 0.75)
+    fig = _per_head_lines(steps, grid, head, "lines+markers", 0.75, group)
     _add_landmarks(fig, tau, t_form)
     layout(fig, "Each head's share of the positive head-patching effect", "step", "share of summed positive effect")
     fig.update_yaxes(range=[0, 1])
@@ -687,37 +743,42 @@ def all_figures(metrics: list[dict[str, Any]], analysis: dict[str, Any], progres
     ``ladder``: the blocks of ``summary.json``).
 
     ``analysis`` is :func:`plateauscope.analysis.analyze.load_analysis`'s result; its summary gives the routing
-    head, t_form (and tau, unless given); ``progress`` is the run's task's progress measure.
+    head, t_form (and tau, unless given); where it names no single head, the routing group and its t_form
+    (``plateauscope.analysis.summary.stated_routing``) are drawn instead, and where neither exists, no head is
+    drawn as the routing; ``progress`` is the run's task's progress measure.
     """
     sel = analysis.get("routing") or {}
-    head = sel.get("head")
+    drawn = stated_routing(sel)
+    group = drawn.heads if drawn is not None and drawn.is_group else ()
+    head = drawn.heads[0] if drawn is not None and not group else None
     tau = tau if tau is not None else sel.get("tau")
-    t_form = sel.get("t_form")
+    t_form = drawn.t_form if drawn is not None else None
     out: list[tuple[str, str, go.Figure, str]] = [("loss", "Plateau and drop",
                                                    *loss_curves(metrics, progress, tau, t_form, plateau))]
     if ladder:
         out.append(("ladder", "Stages: the distance to each reference predictor", *ladder_lines(metrics, ladder, tau, t_form)))
     if analysis.get("attention"):
         out.append(("attention_heatmap", "Attention to the cue: heads x steps",
-                    *attention_heatmap(analysis["attention"], head, tau, t_form)))
+                    *attention_heatmap(analysis["attention"], head, tau, t_form, group=group)))
         out.append(("attention_lines", "Attention to the cue: one line per head",
-                    *attention_lines(analysis["attention"], head, tau, t_form)))
+                    *attention_lines(analysis["attention"], head, tau, t_form, group=group)))
         for name, rule in (sel.get("attention_rules") or {}).items():
             out.append((f"rule_{name.replace(' ', '_')}", f"Attention to the {name}: one line per head",
                         *rule_lines(analysis["attention"], name, rule, tau)))
     patches = analysis.get("patch") or analysis.get("attribution") or []
     if patches:
         out.append(("patching_slider", "Activation patching over time", *patching_slider(patches, head)))
-    if head is not None and (analysis.get("patch") or analysis.get("attribution")):
-        out.append(("routing_patching", "The routing head's patching effect",
-                    *routing_patching_lines(analysis.get("patch", []), analysis.get("attribution", []), head, tau, t_form)))
+    if drawn is not None and (analysis.get("patch") or analysis.get("attribution")):
+        out.append(("routing_patching", f"The {'routing group' if group else 'routing head'}'s patching effect",
+                    *routing_patching_lines(analysis.get("patch", []), analysis.get("attribution", []), head, tau,
+                                            t_form, group=group)))
     if analysis.get("ablation"):
         out.append(("ablation", "Head ablation over time",
                     *ablation_lines(analysis["ablation"], progress.height, head, tau, t_form, progress.label,
-                                    progress.height_label)))
+                                    progress.height_label, group=group)))
     if analysis.get("circuit"):
         out.append(("head_shares", "One head or a layer: shares of the routing",
-                    *head_share_lines(analysis["circuit"], head, tau, t_form)))
+                    *head_share_lines(analysis["circuit"], head, tau, t_form, group=group)))
     if any(r.get("group_acc") for r in metrics):
         out.append(("snap", "Collective snap", *snap_raster(metrics, tau, t_form)))
     return out

@@ -1,5 +1,6 @@
 """The words that the pages and the command line share: a number or its absence, a value with its
-interval, a fit's slope, a factor's effect, the sweep's summary lines and the run table's columns."""
+interval, a fit's slope, a factor's effect, the sweep's summary lines and the run table's columns; and
+the routing in words (:func:`routing_name`)."""
 
 from __future__ import annotations
 
@@ -7,8 +8,16 @@ from collections.abc import Callable
 from typing import Any
 
 from plateauscope.analysis.edges import STABLE_JACCARD
+from plateauscope.analysis.summary import StatedRouting, stated_routing
 from plateauscope.dynamics.fits import PAPER
 from plateauscope.dynamics.sweep import tau_key
+
+
+def routing_name(routing: StatedRouting) -> str:
+    """The routing in words: ``routing head L0H2`` or ``routing group L0H2 and L0H1``."""
+    if not routing.is_group:
+        return f"routing head {routing.labels[0]}"
+    return f"routing group {', '.join(routing.labels[:-1])} and {routing.labels[-1]}"
 
 
 def reads_cue_text(c: dict[str, Any], head: tuple[int, int] | list[int]) -> str:
@@ -114,7 +123,7 @@ def stability(s: dict[str, Any], tau: int | None) -> str:
 
 
 def plateau_sentence(counts: dict[str, Any], label: str, height_label: str) -> str:
-    """The plateau in words, from the counts of ``plateauscope.analysis.summary.plateau_stretch``: the
+    """The plateau in words, from the counts of ``plateauscope.runs.metrics.plateau_stretch``: the
     evaluations before tau inside the band, and the longest stretch of them in a row; or, when fewer
     than half lie inside, that there is no plateau at the reference height, with the measure's range."""
     n, k, tol = counts["n_before"], counts["n_inside"], counts["rel_tol"]
@@ -142,4 +151,102 @@ def named_head_text(s: dict[str, Any]) -> str:
               f"{margin['level']:.0%} interval [{lo:.3g}, {hi:.3g}]")
     if s.get("named_head"):
         return f"{s['label']} (margin over the runner-up: {versus})"
-    return f"no single head: the margin over the runner-up is within the evaluation noise ({versus}); top heads: {tops}"
+    text = f"no single head: the margin over the runner-up is within the evaluation noise ({versus}); top heads: {tops}"
+    drawn = stated_routing(s)
+    if drawn is not None and drawn.is_group:
+        text += (f"; the {routing_name(drawn)}: their mean attention to the cue is halfway up at t_form = "
+                 f"{na(drawn.t_form, '{}')}" + (f", a lead of {drawn.lead_fraction:.2f} tau" if drawn.lead_fraction
+                                                  is not None else ""))
+    return text
+
+
+# ---- the probe's pass on an imported run (``RUN/analysis/probe_<name>.json``) -----------------------------------
+
+
+def _step(value: float) -> str:
+    """A step, rounded to a whole step."""
+    return f"{value:.0f}"
+
+
+def _signed(value: float) -> str:
+    """``+2``, ``-3``, ``0`` (a whole step; no ``-0``)."""
+    whole = round(value)
+    return f"{whole:+d}" if whole else "0"
+
+
+def landmark_text(mark: dict[str, Any] | None) -> str:
+    """``512 [500, 520]``: a transition landmark and its interval (its bracket where it has none)."""
+    if mark is None:
+        return "none"
+    low, high = mark["interval"] or mark["bracket"]
+    return f"{_step(mark['step'])} [{_step(low)}, {_step(high)}]"
+
+
+def head_call_text(call: dict[str, Any]) -> str:
+    """``L1H0 0.894 (null 0.100)``, with a fixed-lag copier's lags."""
+    text = f"{call['head']} {call['score']:.3f} (null {call['null']:.3f})"
+    if call["kind"] == "fixed_lag":
+        lags = call["lags"]
+        text += f", copies at lag{'s' if len(lags) > 1 else ''} {', '.join(map(str, lags))} only"
+    return text
+
+
+def probe_head_lines(result: dict[str, Any]) -> list[str]:
+    """The heads the probe's rule names at the last step, by pattern, then the fixed-lag copiers and the layer-0
+    heads that follow an induction pattern by position, each with its score and null."""
+    steps = result.get("steps") or []
+    last = f", {steps[-1]['step']}" if steps else ""
+    lines = [f"heads at the last step{last} ({result['rule']}):"]
+    for name, calls in result["heads"].items():
+        label = name.replace("_", "-")
+        chosen = [c for c in calls if c["kind"] == "named"]
+        lines.append(f"  {label} heads: " + (", ".join(map(head_call_text, chosen)) or "none"))
+        copiers = [c for c in calls if c["kind"] == "fixed_lag"]
+        if copiers:
+            lines.append(f"  fixed-lag copiers on the {label} pattern (they copy at some of the probe's lags only): "
+                         + ", ".join(map(head_call_text, copiers)))
+        offsets = [c for c in calls if c["kind"] == "layer0_offset"]
+        if offsets:
+            lines.append(f"  layer-0 heads on the {label} pattern (by position: a layer-0 head has no earlier layer "
+                         "to read, so it is no induction head): " + ", ".join(map(head_call_text, offsets)))
+    return lines
+
+
+def transition_lines(result: dict[str, Any]) -> list[str]:
+    """The loss gap's transition in three parts, and the named heads' co-occurrence, from the record's numbers only
+    (a part with no number gets its note instead)."""
+    t = result.get("transition")
+    if t is None:
+        steps = result.get("steps") or []
+        if not any(s.get("loss_gap") is not None for s in steps):
+            return ["the probe measures no loss gap: no transition is read"]
+        return [f"the in-context loss gap: {len(steps)} checkpoint{'s' if len(steps) != 1 else ''}, fewer than 3: "
+                "no transition is read"]
+    lines = [f"the in-context loss gap (mean over {t['n_sequences']} sequences) rises from {t['low']:.3f} to "
+             f"{t['high']:.3f}" if t["phase_change"] else
+             f"the in-context loss gap (mean over {t['n_sequences']} sequences): {t['low']:.3f} to {t['high']:.3f}, "
+             "no transition"]
+    if t["phase_change"]:  # only the parts that exist; a missing one's note follows
+        steep = t["steepest_rise"]
+        parts = ([f"onset {landmark_text(t['onset'])}"] if t["onset"] else []) + [
+            f"phase change (half-rise) {landmark_text(t['phase_change'])}, steepest between steps "
+            f"{steep['bracket'][0]} and {steep['bracket'][1]}"] + ([f"end {landmark_text(t['end'])}"] if t["end"] else [])
+        lines.append(f"  {'; '.join(parts)} (95% intervals)")
+    lines += [f"  {note}" for note in t["notes"]]
+    co = result.get("co_occurrence")
+    if co and co["half_rise"] and co["lag"] is not None:
+        heads = ", ".join(co["heads"])
+        way = "after" if co["lag"] >= 0 else "before"
+        interval = (f" (95% interval of the lag [{_signed(co['lag_interval'][0])}, {_signed(co['lag_interval'][1])}])"
+                    if co["lag_interval"] else "")
+        span = (f"from {'its onset' if t['onset'] else 'the first checkpoint'} to "
+                f"{'its end' if t['end'] else 'the last checkpoint'}")
+        window = f"{'inside' if co['same_window'] else 'outside'} the gap's window {span}"
+        lag = round(abs(co["lag"]))
+        lines.append(f"  the named induction heads' ({heads}) mean score reaches half its rise at step "
+                     f"{landmark_text(co['half_rise'])}, {lag} step{'s' if lag != 1 else ''} {way} the gap's "
+                     f"half-rise{interval}: {window}")
+    elif co and co["half_rise"] is None:
+        lines.append(f"  the named induction heads' ({', '.join(co['heads'])}) mean score does not rise over these "
+                     "checkpoints")
+    return lines

@@ -15,7 +15,8 @@ ablation, patterns) and ``metrics.jsonl`` and returns the dict that
 * the measures of the cheap pass (``plateauscope.analysis.measures``): the per-head ones as heatmaps,
   every series scaled to its range as curves;
 * the loss curves: the progress measure, the set loss and the cue effect where the task logs them;
-  t_form (only when the summary names a routing head) and tau from the run's summary (``routing.json``);
+  t_form (the named routing head's, or where no single head is named the routing group's) and tau from the
+  run's summary (``routing.json``);
 * a caption computed from the same numbers.
 """
 
@@ -29,10 +30,13 @@ from plateauscope.analysis.analyze import AnalysisSettings, load_analysis
 from plateauscope.analysis.edges import edges_summary, graph_of_record
 from plateauscope.analysis.measures import measure_series
 from plateauscope.analysis.results import HEAD_LLC_SUMMARY_FILE, analysis_dir, read_routing_summary
-from plateauscope.model.heads import parse_head_label
+from plateauscope.analysis.summary import stated_routing
+from plateauscope.model.heads import head_label, parse_head_label
+from plateauscope.runs.imported import PROBE_FILE, ImportedRun
 from plateauscope.runs.references import kl_key
 from plateauscope.runs.run import Run, RunError, read_json
-from plateauscope.views.phrases import na, stability
+from plateauscope.views.phrases import routing_name, stability
+from plateauscope.views.probe_report import landmark_words, pattern_words, probe_terms, read_probe_record
 
 CURVE_KEYS = ("set_loss", "loss")
 """Logged fields drawn next to the progress measure and the cue effect, when a run has them."""
@@ -58,6 +62,11 @@ def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None
         refused = ((read_routing_summary(run.path) or {}).get("refused") or {}).get("edges")
         if refused:  # the family has no edge graph: the view, which draws the edge circuit, has nothing to draw
             raise RunError(f"{run.path}: the time view draws the edge circuit over training, and {refused}")
+        record = read_probe_record(run.path) if isinstance(run, ImportedRun) else None
+        if record is not None and not (analysis_dir(run.path) / PROBE_FILE).exists():  # no task recorded
+            raise RunError(f"{run.path}: probe {record['probe']} is not a plateauscope.Task, so its pass is its whole "
+                           f"analysis: `plateauscope report --run {run.path}` draws it; the time view draws the edge "
+                           "circuit over a task's data")
         raise RunError(f"{analysis_dir(run.path)}: no edge analysis; run plateauscope analyze --run {run.path} first")
     graph = graph_of_record(edges[-1])
     steps = [r["step"] for r in edges]
@@ -85,11 +94,13 @@ def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None
     labels = {progress.key: progress.label, progress.cue_effect_key: progress.cue_label, "set_loss": "set loss",
               "loss": "training loss"}
     summary = edges_summary(edges, cache["edge_circuit"], cache["edge_exact"])
-    t_form = sel.get("t_form") if sel.get("named_head", True) else None  # stated only for a named head
+    drawn = stated_routing(sel)  # t_form of a named head, or of the routing group where no single head is named
+    t_form = drawn.t_form if drawn is not None else None
     searched = {r["step"]: r.get("circuit") for r in cache["edge_circuit"]}
-    return {
+    data = {
         "title": f"{run.path.name}: the circuit over training",
-        "caption": caption(summary, t_form, sel.get("tau"), len(steps)),
+        "caption": caption(summary, t_form, sel.get("tau"), len(steps),
+                           routing_name(drawn) if drawn and drawn.is_group else None),
         "steps": steps,
         "n_layers": graph.n_layers,
         "n_heads": graph.n_heads,
@@ -108,6 +119,41 @@ def time_view_data(run_dir: str | Path, settings: AnalysisSettings | None = None
         **({"selected_head": sel["head"]} if sel.get("head") else {}),
         "score_unit": "attribution effect on the metric, logits",
     }
+    return in_probe_words(data, run, summary) if isinstance(run, ImportedRun) else data
+
+
+CUE_HEATMAP = "attention to the cue"
+"""The heatmap of each head's attention from the prediction position to the task's cue."""
+
+
+def in_probe_words(data: dict[str, Any], run: ImportedRun, summary: dict[str, Any] | None) -> dict[str, Any]:
+    """An imported run's view data in the probe's own words (:mod:`plateauscope.views.probe_report`): no cue, no
+    routing head and no t_form (the routing head's formation); the attention heatmap names the probe's target,
+    the cue effect's curve its own name; the caption adds the heads the probe's rule names and the in-context loss
+    gap's phase change (``probe_<name>.json``), and the head shown first is the first one named."""
+    terms = probe_terms(run.task())
+    record = read_probe_record(run.path)
+    effect = run.progress.cue_label if run.progress.cue_effect_key else None
+    heatmaps = [{**hm, "name": f"attention to {terms['target']} (prediction position)"} if hm["name"] == CUE_HEATMAP
+                else hm for hm in data["heatmaps"]]
+    series = [{**s, "name": terms["effect"]} if s["name"] == effect else s for s in data["curves"]["series"]]
+    tau = data["markers"]["tau"]
+    text = caption(summary, None, tau, len(data["steps"]))
+    named = (record or {}).get("named_heads") or {}
+    if record is not None:
+        heads = "; ".join(f"{pattern_words(name)} heads " + (", ".join(head_label(*h) for h in named.get(name, []))
+                                                            or "none named") for name in record["heads"])
+        mark = landmark_words(record)
+        notes = ((record.get("transition") or {}).get("notes") or ["no transition is read"])
+        text += (f" The probe's pass ({record['probe']}, {len(record['steps'])} checkpoints): {heads}; "
+                 + (mark if mark else f"the in-context loss gap: {'; '.join(notes)}") + ".")
+    first = next((h for name in sorted(named, key=lambda n: n != "induction") for h in named[name]), None)
+    out = {**data, "caption": text, "heatmaps": heatmaps, "curves": {**data["curves"], "series": series},
+           "markers": {"t_form": None, "tau": tau}, "curves_title": "The probe's evaluation curves"}
+    out.pop("selected_head", None)
+    if first is not None:
+        out["selected_head"] = [int(first[0]), int(first[1])]
+    return out
 
 
 def head_measures(records: list[dict[str, Any]]) -> list[str]:
@@ -168,8 +214,11 @@ def ladder_curves(records: list[dict[str, Any]], ladder: dict[str, Any] | None) 
             "segments": ladder["segments"]}
 
 
-def caption(summary: dict[str, Any] | None, t_form: int | None, tau: int | None, n_steps: int) -> str:
-    """One paragraph from the edge summary: what the widths mean, the final circuit, when it settles."""
+def caption(summary: dict[str, Any] | None, t_form: int | None, tau: int | None, n_steps: int,
+            routing: str | None = None) -> str:
+    """One paragraph from the edge summary: what the widths mean, the final circuit, when it settles;
+    ``routing`` names the routing group whose t_form it is (``routing group L0H2 and L0H1``; None: the routing
+    head's, or none)."""
     text = (f"{n_steps} analysed checkpoints. Edge width: the edge's attribution effect on the task's metric "
             "(logits), on one scale over all steps; blue raises the clean answer, red lowers it. Highlighted: the "
             "faithful circuit, the fewest top edges that recover the target share of the metric when every "
@@ -180,6 +229,8 @@ def caption(summary: dict[str, Any] | None, t_form: int | None, tau: int | None,
     last = (summary or {}).get("final_circuit")
     if last:
         text += (f" At step {summary['final_step']}, {last['size']} of {summary['n_edges']} edges recover "
-                 f"{last['faithfulness']:.2f} (target {last['target']}); the circuit is {stability(summary, tau)}; "
-                 f"t_form {na(t_form, '{}')}, tau {na(tau, '{}')}.")
+                 f"{last['faithfulness']:.2f} (target {last['target']}); the circuit is {stability(summary, tau)}")
+        marks = ([f"t_form {t_form}" + (f" (the {routing}'s)" if routing else "")] if t_form is not None else []) \
+            + ([f"tau {tau}"] if tau is not None else [])  # only the landmarks that exist
+        text += (f"; {', '.join(marks)}." if marks else ".")
     return text

@@ -64,6 +64,8 @@ The data contract (keys the page reads)::
     measures: {"steps": [int, ...], "series": [{"name": str, "values": [float | None, ...]}, ...]}    optional:
              the measures of the cheap pass, each scaled to [0, 1] over its range (the name gives the range)
     selected_head: [layer, head]                        optional: default the first head node
+    curves_title: str                                   optional: the loss curves' heading (default "Training
+                                                        curves"; an imported run's: the probe's evaluation)
     score_unit: str                                     optional: what a score is measured in
                                                         (default DEFAULT_SCORE_UNIT)
 
@@ -312,6 +314,12 @@ def _config() -> str:
                        "series": SERIES_COLORS, "playMs": PLAY_INTERVAL_MS})
 
 
+def _curves_note(markers: dict[str, Any]) -> str:
+    """The loss curves' note: the step marker, and the dashed landmarks that are drawn (none: not said)."""
+    drawn = [key for key in ("t_form", "tau") if markers.get(key) is not None]
+    return "Orange: the analysed step shown" + (f"; dashed: {' and '.join(drawn)}." if drawn else ".")
+
+
 def render_time_view(data: dict[str, Any]) -> str:
     """The page of the module docstring for ``data`` (checked by :func:`validate_view_data`) as one
     self-contained HTML string."""
@@ -343,8 +351,8 @@ def render_time_view(data: dict[str, Any]) -> str:
                f"Score ({unit}); filled dots: in the circuit at that step."),
         "</div></div>",
         "<h2>Heads over time</h2>", '<div class="tv-row">', *heatmaps, "</div>",
-        "<h2>Loss curves</h2>", _panel("Training curves", '<svg id="curves"></svg>',
-                                       "Orange: the analysed step shown; dashed: t_form and tau."),
+        "<h2>Loss curves</h2>", _panel(html.escape(data.get("curves_title") or "Training curves"),
+                                       '<svg id="curves"></svg>', _curves_note(data.get("markers") or {})),
         *([_panel("Distance to each reference predictor", '<svg id="ladder"></svg>',
                   "KL(reference || model) in nats per token; a shaded band is a stage, where one rung is the "
                   "closest by the margin.")] if data.get("ladder") else []),
