@@ -125,6 +125,8 @@ def main(argv: list[str] | None = None) -> int:
             # of a run trained here); the rest is in the cache, which report, view and moved_first read
             print(f"every analysis on the probe's data: results in {analysis_dir(args.run)} (plateauscope report, "
                   "view and moved_first read them)")
+            if result.get("refused"):  # what the family has none of: one line each, and exit code 2
+                raise CliError("; ".join(result["refused"].values()))
             return
         elif args.follow:
             if args.steps or args.every != 1 or args.full or args.workers is not None:
