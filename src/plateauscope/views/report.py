@@ -468,12 +468,7 @@ def _attention_section(run: Run, sel: dict[str, Any], n_examples: int, seed: int
         cells = [(f"example {ex}, layer {layer}", r) for ex, layer, r in views]
         cells += [(f"example {ex}, top heads", r) for ex, r in top_views]
         for title, rendered in cells:
-            library, elem_id, call = split_circuitsvis(rendered)
-            if not library_done:
-                parts.insert(1, f"<script>{library}</script>")
-                library_done = True
-            parts.append(f'<div class="cv-cell"><h4>{title}</h4>'
-                         f'<div class="cv-view" id="{elem_id}"></div><script>{call}</script></div>')
+            library_done = add_circuitsvis_cell(parts, title, rendered, library_done)
         parts.append("</div>")
     return parts
 
@@ -665,14 +660,20 @@ def imported_attention_section(run: ImportedRun, record: dict[str, Any] | None, 
                          for h in range(patterns.shape[2])]
                 rendered = cv.attention.attention_heads(attention=patterns[n, layer], tokens=words,
                                                         attention_head_names=names)
-                library, elem_id, call = split_circuitsvis(rendered)
-                if not library_done:
-                    parts.insert(1, f"<script>{library}</script>")
-                    library_done = True
-                parts.append(f'<div class="cv-cell"><h4>example {ex}, layer {layer}</h4>'
-                             f'<div class="cv-view" id="{elem_id}"></div><script>{call}</script></div>')
+                library_done = add_circuitsvis_cell(parts, f"example {ex}, layer {layer}", rendered, library_done)
         parts.append("</div>")
     return parts
+
+
+def add_circuitsvis_cell(parts: list[str], title: str, rendered: Any, library_done: bool) -> bool:
+    """Append one CircuitsVis view as a titled cell to ``parts``; its library goes in once, after the heading
+    (``parts[0]``). Returns True: the library is in."""
+    library, elem_id, call = split_circuitsvis(rendered)
+    if not library_done:
+        parts.insert(1, f"<script>{library}</script>")
+    parts.append(f'<div class="cv-cell"><h4>{title}</h4>'
+                 f'<div class="cv-view" id="{elem_id}"></div><script>{call}</script></div>')
+    return True
 
 
 def write_report(run_dir: str | Path, out: str | Path | None = None, n_examples: int = 2, seed: int = 0,
