@@ -2,6 +2,7 @@
 the one table format, and the text package's names; and the project's first command, ``python -m interp.patch``."""
 
 import argparse
+import os
 
 import pytest
 
@@ -46,3 +47,16 @@ def test_the_first_command_is_an_alias_of_patch(capsys):
     with pytest.raises(SystemExit) as done:
         interp_patch.main(["--help"])
     assert done.value.code == 0 and "usage: plateauscope patch" in capsys.readouterr().out
+
+
+def test_the_command_starts_torch_with_a_passive_wait_policy(monkeypatch):
+    """The verb's torch loads OpenMP with threads that sleep, not spin, while they wait (bench/threads.py); a
+    policy the user set is kept."""
+    from plateauscope.cli import OMP_WAIT_POLICY, main
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    assert main(["no-such-verb"]) == 2
+    assert os.environ["OMP_WAIT_POLICY"] == OMP_WAIT_POLICY == "PASSIVE"
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert main(["no-such-verb"]) == 2
+    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
+import os
 import sys
 
 VERBS: dict[str, str] = {
@@ -29,6 +30,13 @@ VERBS: dict[str, str] = {
     "demo": "train, analyse, report and view the demo run (the paper's model and data)",
 }
 """Verb -> its one-line summary; the verb's module is ``plateauscope.cli.<verb>`` (``import_`` for ``import``)."""
+
+
+OMP_WAIT_POLICY = "PASSIVE"
+"""The OpenMP wait policy the command's torch starts with (``OMP_WAIT_POLICY`` in the environment overrides it).
+OpenMP's own default spins a thread that waits at a barrier; beside another busy process (``analyze --follow``
+beside ``train``, a sweep's other jobs) a spinning thread holds a core the descheduled one needs, and a step runs
+several times slower with two threads than with one. A passive thread sleeps instead (``bench/threads.py``)."""
 
 
 def usage() -> str:
@@ -55,6 +63,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plateauscope {importlib.metadata.version('plateauscope')}")
         return 0
     verb, rest = argv[0], argv[1:]
+    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)  # read when torch loads OpenMP: before any verb imports it
     if verb not in VERBS:
         print(f"error: unknown verb {verb!r}; choose one of {', '.join(VERBS)} (plateauscope --help)", file=sys.stderr)
         return 2
