@@ -1,9 +1,10 @@
 """Threads on a busy machine: ``plateauscope train`` alone, beside one busy process, and beside ``analyze --follow``.
 
 Each condition runs ``plateauscope train --preset ci --max-steps N`` at the command's default thread count and at
-every explicit count from 1 to the cores this process may use; the default again with OpenMP's own spinning wait
-policy (``OMP_WAIT_POLICY=ACTIVE``, what torch does outside the command) shows the cliff the command's passive
-policy (:data:`plateauscope.cli.OMP_WAIT_POLICY`) avoids. Rounds are interleaved (every setting once per round),
+every explicit count from 1 to the cores this process may use; the default again with OpenMP's own long spin
+(``OMP_WAIT_POLICY=ACTIVE``, what torch does outside the command) shows the cliff that the command's short spin
+(:data:`plateauscope.cli.SPIN_COUNT`) avoids, and with threads that sleep at once (``OMP_WAIT_POLICY=PASSIVE``) what
+the other remedy costs. Rounds are interleaved (every setting once per round),
 and each figure is the median over rounds, with its spread.
 
 * **alone**: nothing else runs.
@@ -37,6 +38,7 @@ TARGET_BUSY = 1.2
 TARGET_FOLLOW = 1.0
 COMMAND = [sys.executable, "-m", "plateauscope"]
 SPIN = {"OMP_WAIT_POLICY": "ACTIVE"}
+PASSIVE = {"OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def timed(*commands: list[str], env: dict[str, str] | None = None) -> float:
@@ -91,7 +93,8 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3)
     args = p.parse_args()
     cores = available_cores()
-    settings: list[tuple[str, int | None, dict[str, str]]] = [("default", None, {}), ("default, spinning", None, SPIN)]
+    settings: list[tuple[str, int | None, dict[str, str]]] = [("default", None, {}), ("default, spinning", None, SPIN),
+                                                               ("default, passive", None, PASSIVE)]
     settings += [(f"--threads {n}", n, {}) for n in range(1, cores + 1)]
     plan = [(c, s) for c in ("alone", "busy") for s in settings] + [(c, settings[0]) for c in ("follow", "sequential")]
     times: dict[tuple[str, str], list[float]] = {}
@@ -108,8 +111,11 @@ def main() -> int:
     best = min(median[("busy", name)] for name in explicit)
     rows.append(against("beside one busy process: the default vs the best explicit thread count",
                         median[("busy", "default")] / best, "x", "<=", TARGET_BUSY))
-    rows.append(row("beside one busy process: OpenMP's spinning default vs the best explicit thread count",
-                    median[("busy", "default, spinning")] / best, "x"))
+    for name in ("default, spinning", "default, passive"):
+        rows.append(row(f"beside one busy process: {name} vs the best explicit thread count",
+                        median[("busy", name)] / best, "x"))
+    rows.append(row("alone: the default vs OpenMP's spinning default", median[("alone", "default")]
+                    / median[("alone", "default, spinning")], "x"))
     rows.append(against("train beside analyze --follow vs train then analyze", median[("follow", "default")]
                         / median[("sequential", "default")], "x", "<=", TARGET_FOLLOW))
     print_rows(rows)

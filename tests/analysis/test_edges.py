@@ -127,6 +127,26 @@ def test_exact_edge_patching_equals_a_brute_force_with_hooks():
     assert torch.isnan(exact.effect[[i for i in range(len(names)) if i not in chosen]]).all()
 
 
+def test_patches_split_into_passes_by_their_memory_give_the_same_metrics(monkeypatch):
+    """A pass holds at most ``PASS_BYTES`` of differences (an imported model's width would take gigabytes): the
+    patches, one pass each, equal the brute force as they do side by side."""
+    from plateauscope.analysis import edges
+
+    model, pairs = random_model(torch.float64), random_pairs()
+    runs = EdgeRuns.of(model, pairs)
+    n = len(runs.graph.edges)
+    masks = torch.rand(6, n, generator=torch.Generator().manual_seed(0)) < 0.5
+    together = faithfulness(runs, masks)
+    monkeypatch.setattr(edges, "PASS_BYTES", 1)
+    assert faithfulness(runs, masks).tolist() == pytest.approx(together.tolist(), abs=1e-9)
+    chosen = [i for i, e in enumerate(runs.graph.edge_names()) if e["sender"] == "L0H1"]
+    exact = patch_each_edge(runs, chosen)
+    for i in chosen:
+        e = runs.graph.edge_names()[i]
+        brute = brute_force_edge(model, pairs, e["sender"], e["receiver"], e["input"])
+        assert exact.effect[i].item() + runs.corrupt == pytest.approx(brute, abs=1e-5), e
+
+
 def test_attribution_is_the_first_order_term_of_the_edge_patch():
     model, pairs = random_model(torch.float64), random_pairs()
     runs = EdgeRuns.of(model, pairs)

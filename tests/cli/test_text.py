@@ -49,14 +49,16 @@ def test_the_first_command_is_an_alias_of_patch(capsys):
     assert done.value.code == 0 and "usage: plateauscope patch" in capsys.readouterr().out
 
 
-def test_the_command_starts_torch_with_a_passive_wait_policy(monkeypatch):
-    """The verb's torch loads OpenMP with threads that sleep, not spin, while they wait (bench/threads.py); a
-    policy the user set is kept."""
-    from plateauscope.cli import OMP_WAIT_POLICY, main
+def test_the_command_starts_torch_with_a_short_spin(monkeypatch):
+    """The verb's torch loads OpenMP with threads that spin briefly, then sleep, while they wait (bench/threads.py);
+    a wait policy or spin count the user set is kept."""
+    from plateauscope.cli import SPIN_COUNT, main
 
-    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    for name in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        monkeypatch.delenv(name, raising=False)
     assert main(["no-such-verb"]) == 2
-    assert os.environ["OMP_WAIT_POLICY"] == OMP_WAIT_POLICY == "PASSIVE"
+    assert os.environ["GOMP_SPINCOUNT"] == SPIN_COUNT
+    monkeypatch.delenv("GOMP_SPINCOUNT")
     monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
     assert main(["no-such-verb"]) == 2
-    assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"
+    assert "GOMP_SPINCOUNT" not in os.environ

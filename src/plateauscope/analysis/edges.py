@@ -90,6 +90,10 @@ CIRCUIT_PAIRS = 64
 runs costs a forward of these; the ranking it searches comes from all the pairs)."""
 MAX_BATCH = 4096
 """Sequences per forward pass when several patches run side by side (copies of the prompt set)."""
+PASS_BYTES = 256 * 2**20
+"""At most this much for the senders' differences that a pass of side-by-side patches holds (one per patch, sender,
+sequence, position and width): an imported model's width and prompt lengths would make :data:`MAX_BATCH` copies
+take many gigabytes."""
 
 
 
@@ -432,7 +436,7 @@ def patch_edges(runs: EdgeRuns, tokens: Int[Tensor, "N pos"], source: Float[Tens
                 patched: Bool[Tensor, "M E"], from_corrupt: bool = False) -> Float[Tensor, " M"]:
     """The metric of ``M`` runs of ``tokens``, each with its own set of patched edges: at every
     receiver, the patched senders are read from ``source`` instead of this run. The M runs go side
-    by side as copies of the prompt set (at most ``MAX_BATCH`` sequences a pass).
+    by side as copies of the prompt set (at most ``MAX_BATCH`` sequences and ``PASS_BYTES`` of differences a pass).
 
     ``from_corrupt``: ``tokens`` are the corrupted prompts. Every block below a run's first patched
     receiver is then the corrupted run's, so the run starts at that block (prefix sharing), its
@@ -452,7 +456,8 @@ def _patch_edges_from(runs: EdgeRuns, tokens: Int[Tensor, "N pos"], source: Floa
     """:func:`patch_edges` of runs that change nothing below ``layer`` (> 0: of the corrupted prompts)."""
     graph = runs.graph
     n = tokens.shape[0]
-    per_pass = max(1, MAX_BATCH // n)
+    per_patch = len(graph.senders) * source[0].numel() * source.element_size()  # its share of ``diff`` below
+    per_pass = max(1, min(MAX_BATCH // n, PASS_BYTES // per_patch))
     if patched.shape[0] > per_pass:
         return torch.cat([_patch_edges_from(runs, tokens, source, chunk, layer) for chunk in patched.split(per_pass)])
     m = patched.shape[0]

@@ -32,11 +32,13 @@ VERBS: dict[str, str] = {
 """Verb -> its one-line summary; the verb's module is ``plateauscope.cli.<verb>`` (``import_`` for ``import``)."""
 
 
-OMP_WAIT_POLICY = "PASSIVE"
-"""The OpenMP wait policy the command's torch starts with (``OMP_WAIT_POLICY`` in the environment overrides it).
-OpenMP's own default spins a thread that waits at a barrier; beside another busy process (``analyze --follow``
-beside ``train``, a sweep's other jobs) a spinning thread holds a core the descheduled one needs, and a step runs
-several times slower with two threads than with one. A passive thread sleeps instead (``bench/threads.py``)."""
+SPIN_COUNT = "500"
+"""How long a torch (OpenMP) thread that waits at a barrier spins before it sleeps (``GOMP_SPINCOUNT``), unless
+``OMP_WAIT_POLICY`` or ``GOMP_SPINCOUNT`` is in the environment. OpenMP's own default spins for a long while: beside
+another busy process (``analyze --follow`` beside ``train``, a sweep's other jobs) the spinning thread holds the core
+the descheduled one needs, and two threads run twice as slow as one. Sleeping at once (``OMP_WAIT_POLICY=PASSIVE``)
+avoids that but costs a fifth of a small model's step when the machine is free; a short spin costs neither
+(``bench/threads.py``). Waiting changes no number."""
 
 
 def usage() -> str:
@@ -63,7 +65,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"plateauscope {importlib.metadata.version('plateauscope')}")
         return 0
     verb, rest = argv[0], argv[1:]
-    os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY)  # read when torch loads OpenMP: before any verb imports it
+    if not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ):  # read when torch loads OpenMP: before any verb
+        os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
     if verb not in VERBS:
         print(f"error: unknown verb {verb!r}; choose one of {', '.join(VERBS)} (plateauscope --help)", file=sys.stderr)
         return 2
