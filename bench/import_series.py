@@ -249,6 +249,7 @@ class ByHand:
 
         out["head_patching"] = patching.get_act_patch_attn_head_out_all_pos(model, self.pairs.corrupt.to(device),
                                                                             clean_cache, metric).cpu()
+        out["denominator"] = (clean - corrupt).cpu()  # what the normalisation divides by
         return out
 
 
@@ -313,17 +314,21 @@ def spread(times: list[float]) -> tuple[float, float, float]:
     return statistics.median(times), min(times), max(times)
 
 
-def largest_difference(result, theirs: list[dict]) -> tuple[float, float]:
-    """The largest difference of the normalised head patching, and of the head scores and loss gap, between ours
-    and a baseline."""
-    patched = scores = 0.0
+def largest_difference(result, theirs: list[dict]) -> tuple[float, float, float, float]:
+    """Between ours and a baseline, the largest difference of the normalised head patching, of the head scores and
+    loss gap, and of the head patching in logits (the normalised difference times the clean-corrupted logit
+    difference it was divided by); and the smallest such logit difference."""
+    patched = scores = logits = 0.0
+    smallest = float("inf")
     for step, t in zip(result.steps, theirs):
-        patched = max(patched, float((torch.tensor(step.head_patching) - t["head_patching"]).abs().nan_to_num().max()))
+        diff = float((torch.tensor(step.head_patching) - t["head_patching"]).abs().nan_to_num().max())
+        denominator = abs(float(t["denominator"]))
+        patched, logits, smallest = max(patched, diff), max(logits, diff * denominator), min(smallest, denominator)
         for name in ("previous_token", "induction"):
             scores = max(scores, float((torch.tensor(step.head_scores[name]) - t[name]).abs().max()))
         scores = max(scores, float((torch.tensor(step.null_scores["induction"]) - t["induction_null"]).abs().max()),
                      abs(step.loss_gap - float(t["loss_gap"])))
-    return patched, scores
+    return patched, scores, logits, smallest
 
 
 def main() -> int:
@@ -375,7 +380,7 @@ def main() -> int:
 
         # the timed rounds, interleaved
         times: dict[str, list[float]] = {"ours": [], "a": [], "b": []}
-        diffs = {"a": (0.0, 0.0), "b": (0.0, 0.0)}
+        diffs = {"a": (0.0, 0.0, 0.0, float("inf")), "b": (0.0, 0.0, 0.0, float("inf"))}
         for r in range(args.rounds):
             results = {}
             for way in ("ours", "a", "b"):
@@ -389,7 +394,7 @@ def main() -> int:
                 print(f"round {r + 1}: {way} {times[way][-1]:.3f} s per checkpoint", file=sys.stderr)
             for way in ("a", "b"):
                 found = largest_difference(results["ours"], results[way])
-                diffs[way] = (max(diffs[way][0], found[0]), max(diffs[way][1], found[1]))
+                diffs[way] = (*(max(d, f) for d, f in zip(diffs[way][:3], found[:3])), min(diffs[way][3], found[3]))
             del results
             shutil.rmtree(Path(tmp) / f"run-{r}", ignore_errors=True)
 
@@ -439,6 +444,10 @@ def main() -> int:
                 "<=", TARGET_DIFF),
         against(f"{shape}: largest difference of the head scores and loss gap, (a) and (b) vs ours",
                 max(diffs["a"][1], diffs["b"][1]), "", "<=", TARGET_DIFF),
+        row(f"{shape}: largest difference of the head patching in logits (normalised difference x the clean-corrupted "
+            "logit difference), (a) and (b) vs ours", max(diffs["a"][2], diffs["b"][2]), "logits"),
+        row(f"{shape}: smallest clean-corrupted logit difference the normalisation divides by",
+            min(diffs["a"][3], diffs["b"][3]), "logits"),
         against(f"{shape}: resident memory growth from checkpoint 2 to checkpoint {memory['n']} of the import + "
                 "probe pass", 100 * (rss_n - rss2) / rss2, "%", "<=", TARGET_RSS_GROWTH, "%"),
         row(f"{shape}: resident memory at checkpoint 2 of the import + probe pass", rss2, "MiB"),
