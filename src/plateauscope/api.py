@@ -70,7 +70,7 @@ def train_seeds(config: str | RunConfig, out: str | Path, seeds: list[int], *, p
 def analyze(run: str | Path | Run, *, every: int = 1, steps: list[int] | None = None, n_exact: int = DEFAULT_BUDGET,
             progress: bool = True, backend: str | None = None, edges: bool = True, full: bool = False,
             workers: int | None = None, probe: str = "induction", probe_options: dict[str, Any] | None = None,
-            device: str = "cpu", **settings: Any) -> dict[str, Any]:
+            probe_only: bool = False, device: str = "cpu", **settings: Any) -> dict[str, Any]:
     """Analyse a run's checkpoints into its cache (what the cache lacks) and return the run's summary
     of the analyses (the routing head, t_form by each rule, the lead, the circuit and edges). The
     expensive analyses run at the landmarks the cheap pass finds, then at the steps where it changes
@@ -80,10 +80,11 @@ def analyze(run: str | Path | Run, *, every: int = 1, steps: list[int] | None = 
     An imported run (``plateauscope import``) is analysed on ``probe`` (``induction`` or ``file.py:Class``, with
     ``probe_options`` such as ``{"segment_len": 8}``), as ``plateauscope analyze --probe`` does: the probe's pass
     (its record under the summary's ``probe`` key), then every analysis where the probe is a task too (only the
-    pass, ``{"probe": ...}``, where it is not)."""
+    pass, ``{"probe": ...}``, where it is not, or with ``probe_only``)."""
     path = run.path if isinstance(run, run_directory.Run) else Path(run)
     passed, summary = analyze_series(path, probe, probe_options, steps, every, device, progress=progress,
-                                     n_exact=n_exact, backend=backend, edges=edges, full=full, workers=workers,
+                                     probe_only=probe_only, n_exact=n_exact, backend=backend, edges=edges, full=full,
+                                     workers=workers,
                                      settings=AnalysisSettings(**settings) if settings else None)
     return (summary or {}) | ({"probe": passed.to_dict()} if passed is not None else {})
 

@@ -245,3 +245,21 @@ def test_a_pass_killed_midway_resumes_with_the_missing_steps_only_and_the_same_b
     assert computed == chosen[kill_after:]  # only the missing steps
     analyze_imported(whole, steps=chosen, progress=False)
     assert probe_pass_path(killed, "induction").read_bytes() == probe_pass_path(whole, "induction").read_bytes()
+
+
+def test_probe_only_runs_the_pass_alone_and_is_refused_on_a_run_trained_here(neox_series, tiny_run, tmp_path, capsys):
+    """``analyze --probe-only``: the probe's record and its per-step cache, no analysis of the probe's data (no
+    routing.json), and a report of the pass; on a run trained here, one line and exit code 2."""
+    from plateauscope.analysis.results import probe_pass_path, routing_summary_path
+    from plateauscope.cli import main as cli_main
+
+    source, steps = neox_series
+    run = import_series(source, tmp_path / "neox", steps=steps[-3:]).path
+    assert cli_main(["analyze", "--run", str(run), "--probe-only", "--probe-length", str(SEGMENT),
+                     "--no-progress"]) == 0
+    assert "probe induction on 3 checkpoints" in capsys.readouterr().out
+    assert probe_pass_path(run, "induction").exists() and not routing_summary_path(run).exists()
+    assert cli_main(["report", "--run", str(run)]) == 0
+    assert cli_main(["analyze", "--run", str(tiny_run), "--probe-only"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--probe-only" in err

@@ -208,20 +208,25 @@ def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[
 
 def analyze_series(run_dir: str | Path, probe: str = "induction", probe_options: dict[str, Any] | None = None,
                    steps: list[int] | None = None, every: int = 1, device: str = "cpu", progress: bool = True,
-                   **analysis: Any) -> tuple[ProbeSeriesResult | None, dict[str, Any] | None]:
+                   probe_only: bool = False, **analysis: Any) -> tuple[ProbeSeriesResult | None, dict[str, Any] | None]:
     """A run's whole analysis, trained here or imported: for an imported run, the probe's pass
     (:func:`plateauscope.analysis.probe_pass.analyze_imported`), then, where the probe is also a task, every analysis on
     the probe's data (:func:`analyze_run`, ``analysis``: its keyword arguments), the probe recorded for the report,
     the view and ``ps.Run``; for a run trained here, :func:`analyze_run` alone (``probe`` must be left as it is).
-    Returns ``(the probe's pass or None, the summary or None)``: None where a probe that is not a task has no more."""
+    ``probe_only``: an imported run's pass alone (a small part of the whole's cost: ``bench/imported_analysis.py``).
+    Returns ``(the probe's pass or None, the summary or None)``: None where a probe that is not a task has no more,
+    or with ``probe_only``."""
     options = probe_options or {}
     if not is_imported(run_dir):
+        if probe_only:
+            raise RunError(f"{run_dir}: the probe's pass alone is for an imported run (plateauscope import); this "
+                           "run's analyses read its own task")
         if probe != "induction" or options:
             raise RunError(f"{run_dir}: a probe is for an imported run (plateauscope import); this run's analyses read "
                            "its own task")
         return None, analyze_run(run_dir, steps, every, device=device, progress=progress, **analysis)
     passed = analyze_imported(run_dir, probe, steps, every, device, progress=progress, **options)
-    if not issubclass(probe_class(probe), Task):  # prompts and patterns only: its pass is all of it
+    if probe_only or not issubclass(probe_class(probe), Task):  # asked for, or prompts and patterns only: the pass
         return passed, None
     record_probe(run_dir, probe, options)  # the probe every later analysis and view reads
     return passed, analyze_run(run_dir, steps, every, device=device, progress=progress, **analysis)

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--bos", metavar="ID",
                    help="the induction probe's start token: a token id, or 'none' (default: the series' tokenizer's "
                         "BOS; none where it has none)")
+    p.add_argument("--probe-only", action="store_true",
+                   help="an imported run: the probe's pass alone (head scores, the loss gap's transition, head "
+                        "patching), not every analysis on its data; a small part of the whole's time")
     p.add_argument("--n-exact", type=int, default=DEFAULT_BUDGET,
                    help="budget of the expensive pass (exact patching, ablation, the circuits): the landmarks, then "
                         "the steps where the cheap signals change fastest, up to this many in all (default %(default)s)")
@@ -114,8 +117,10 @@ def main(argv: list[str] | None = None) -> int:
             passed, result = analyze_series(
                 args.run, args.probe, options, args.steps, args.every, args.device, progress=not args.no_progress,
                 n_exact=args.n_exact, settings=settings, backend=args.backend, edges=not args.no_edges, full=args.full,
-                wait=not args.no_wait, workers=args.workers)
+                wait=not args.no_wait, workers=args.workers, probe_only=args.probe_only)
             print(format_probe_series(passed))
+            if args.probe_only:
+                return
             if result is None:
                 print(f"--probe {args.probe} is a probe but not a plateauscope.Task (no evaluate): its pass above is "
                       "its analysis, and plateauscope report draws it; the patching sweep, ablation, circuit, stages "
@@ -128,6 +133,9 @@ def main(argv: list[str] | None = None) -> int:
             if result.get("refused"):  # what the family has none of: one line each, and exit code 2
                 raise CliError("; ".join(result["refused"].values()))
             return
+        elif args.probe_only:
+            raise CliError(f"--probe-only: {args.run} is not an imported series (plateauscope import); a run trained "
+                           "here is analysed on its own task")
         elif args.follow:
             if args.steps or args.every != 1 or args.full or args.workers is not None:
                 raise CliError("--follow analyses every checkpoint with the adaptive plan and the default workers: "
