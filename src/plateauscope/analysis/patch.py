@@ -67,7 +67,7 @@ from plateauscope.analysis.prefix import (
     forward_from,
     suffix_run,
 )
-from plateauscope.model.backend import Model, shares_prefixes
+from plateauscope.model.backend import Model, runs_from_layer
 
 PairMetric = Callable[[Float[Tensor, "N vocab"], PromptPairs], Float[Tensor, " N"]]
 """A patching metric: the prediction position's logits of N prompts -> one value per pair."""
@@ -118,10 +118,10 @@ def patch_sweep(
       keys and values of earlier positions from the corrupted run (causal attention: the patch
       cannot change them); only the prediction position is unembedded.
 
-    Patches sharing ``(l, s)`` (``s`` alone on a model that runs every block, a bridge of an imported
-    series) run ``max(1, max_batch // N)`` at a time (N = number of pairs):
-    the batch is replicated once per patch and, at each hooked layer, ``torch.where(mask,
-    clean, corrupt)`` writes each replica's clean entries. Returns ``metric`` (per pair, averaged
+    Patches sharing ``(l, s)`` (``s`` alone on a model that runs every block: not
+    :func:`~plateauscope.model.backend.runs_from_layer`) run ``max(1, max_batch // N)`` at a time
+    (N = number of pairs): the batch is replicated once per patch and, at each hooked layer,
+    ``torch.where(mask, clean, corrupt)`` writes each replica's clean entries. Returns ``metric`` (per pair, averaged
     over pairs) per patch in ``spec.shape``.
     """
     n, n_pos = pairs.corrupt.shape
@@ -139,8 +139,8 @@ def patch_sweep(
     by_layer = active.flatten(2).any(-1)  # [P, layer]
     by_pos = active.transpose(1, 2).flatten(2).any(-1)  # [P, pos]
     todo = by_layer.any(-1)
-    # first True; a model that runs every block anyway (no prefix sharing by layer) batches all layers together
-    start_layer = by_layer.float().argmax(-1) if shares_prefixes(model) else torch.zeros_like(todo, dtype=torch.long)
+    # first True; a model that runs every block anyway batches all layers together
+    start_layer = by_layer.float().argmax(-1) if runs_from_layer(model) else torch.zeros_like(todo, dtype=torch.long)
     start_pos = by_pos.float().argmax(-1)
     raw = torch.full((n_patch,), corrupt_metric, dtype=torch.float64, device=device)
     per_chunk = max(1, max_batch // n)

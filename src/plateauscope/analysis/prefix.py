@@ -14,10 +14,13 @@ same blocks through the bridge's hook points), with the keys and values of the p
 that position is unembedded.
 
 Both backends run this way (:func:`plateauscope.model.backend.shares_prefixes`, the one place the choice
-is made). A bridge of an imported series (:func:`plateauscope.model.backend.shares_hf_cache`) shares the
-positions only: the run of the positions from ``s`` on gets the earlier positions' keys and values as a
-Hugging Face cache (the bridge's ``past_key_values``) and runs every block through its own forward, so
-rotary positions, grouped-query attention and parallel blocks stay the model's own. Any other model (the tests' plain-torch reference) runs every position from layer 0
+is made). A bridge of an imported series runs its own forward, so that rotary positions, grouped-query
+attention and parallel blocks stay the model's own: from block ``l`` on the residual stream entering it,
+the blocks below passed through (:func:`plateauscope.model.backend.runs_from_layer`,
+:func:`~plateauscope.model.backend.run_causal_lm`), and, where the bridge keeps Hugging Face's cache
+(:func:`plateauscope.model.backend.shares_hf_cache`), over the positions from ``s`` on, the earlier
+positions' keys and values given as that cache (the bridge's ``past_key_values``); where it does not, over
+every position. Any other model (the tests' plain-torch reference) runs every position from layer 0
 with the same hooks (:func:`forward_from`, :func:`cached_run`, :func:`suffix_run`): exact, just
 slower. The hooks therefore see the positions from ``start`` (prefix sharing) or all of them (full
 forwards); they align on the last positions of the activation they get.
@@ -28,7 +31,6 @@ No metric and no sign of its own: the helpers return activations and last-positi
 
 from __future__ import annotations
 
-import warnings
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -40,7 +42,14 @@ from transformer_lens.cache.key_value_cache_entry import (
 )
 from transformer_lens.utilities import get_act_name
 
-from plateauscope.model.backend import Model, hooks_added, shares_hf_cache, shares_prefixes
+from plateauscope.model.backend import (
+    Model,
+    hooks_added,
+    run_causal_lm,
+    runs_from_layer,
+    shares_hf_cache,
+    shares_prefixes,
+)
 from plateauscope.model.hooked_forward import embed_at, run_blocks
 
 Hook = tuple[str, Callable]
@@ -55,10 +64,12 @@ def first_difference(clean: Int[Tensor, "N pos"], corrupt: Int[Tensor, "N pos"])
 @dataclass
 class RunCache:
     """Activations of one run at every position: the residual stream before each block, each
-    attention layer's keys and values (both empty lists on a model that does not share prefixes:
-    nothing reads them), and any other hooked activations by full hook name."""
+    attention layer's keys and values (empty lists where nothing reads them), and any other hooked
+    activations by full hook name."""
 
     resid_pre: list[Float[Tensor, "N pos d_model"]]
+    """The residual stream entering each block, where a run may start at a block
+    (:func:`~plateauscope.model.backend.runs_from_layer`), else empty."""
     keys: list[Float[Tensor, "N pos kv_head d_head"]]
     """Each layer's keys: TransformerLens's (prefix sharing), or the Hugging Face cache's
     (:func:`~plateauscope.model.backend.shares_hf_cache`, its ``[N, kv_head, pos, d_head]`` transposed)."""
@@ -69,7 +80,8 @@ class RunCache:
 
 
 def _names(model: Model, act_names: Iterable[str]) -> list[str]:
-    kinds = (("resid_pre", "k", "v") if shares_prefixes(model) else ()) + tuple(sorted(set(act_names)))
+    shared = ("resid_pre", "k", "v") if shares_prefixes(model) else ("resid_pre",) if runs_from_layer(model) else ()
+    kinds = shared + tuple(sorted(set(act_names)))
     return [get_act_name(a, layer) for a in kinds for layer in range(model.cfg.n_layers)]
 
 
@@ -130,11 +142,11 @@ def cached_run(model: Model, tokens: Int[Tensor, "N pos"], pred_pos: int,
     _check(model)
     cache: dict[str, Tensor] = {}
     hooks = savers(_names(model, act_names), cache) + list(hooks)
-    if shares_hf_cache(model):
-        last, keys, values = _hf_run(model, tokens, hooks, pred_pos)
-        return RunCache([], keys, values, _acts(model, cache, act_names), last)
     if shares_prefixes(model):
         last = run_from(model, embed_at(model, tokens), 0, None, pred_pos, hooks)
+    elif shares_hf_cache(model) or runs_from_layer(model):  # a bridge of another trainer's model: its own forward
+        last, keys, values = _hf_run(model, tokens, hooks, pred_pos)
+        return RunCache(_resid(model, cache), keys, values, _acts(model, cache, act_names), last)
     else:
         last = model.run_with_hooks(tokens, fwd_hooks=hooks)[:, pred_pos]
     return _as_run_cache(model, cache, last, act_names)
@@ -175,13 +187,20 @@ def forward_from(model: Model, tokens: Int[Tensor, "N pos"], base: RunCache, pre
 
     ``base`` is a run on prompts equal to ``tokens`` before ``start`` (and, when ``layer`` > 0, a run
     of ``tokens`` itself). Prefix sharing: the blocks from ``layer`` on over the positions from
-    ``start`` on, reading ``base``'s keys and values of the earlier positions. Otherwise the full
-    forward. The hooks see the positions from ``start`` or all of them (align on the last ones)."""
-    if shares_hf_cache(model) and start > 0:
-        past = _hf_past(model, base, start, repeat)
-        return _hf_run(model, tokens[:, start:].repeat(repeat, 1), fwd_hooks, pred_pos - start, past)[0]
+    ``start`` on, reading ``base``'s keys and values of the earlier positions. A bridge of another
+    trainer's model: its own forward from block ``layer`` where it may start there, over the positions
+    from ``start`` where it shares them through a Hugging Face cache. Otherwise the full forward.
+    The hooks see the positions from ``start`` or all of them (align on the last ones)."""
     if not shares_prefixes(model):
-        return model.run_with_hooks(tokens.repeat(repeat, 1), fwd_hooks=fwd_hooks)[:, pred_pos]
+        layer = layer if runs_from_layer(model) else 0
+        start = start if shares_hf_cache(model) else 0
+        if not (start or runs_from_layer(model)):  # any other model: the plain forward
+            return model.run_with_hooks(tokens.repeat(repeat, 1), fwd_hooks=fwd_hooks)[:, pred_pos]
+        resid = base.resid_pre[layer][:, start:].repeat(repeat, 1, 1) if layer else None
+        past = _hf_past(model, base, start, repeat) if start else None
+        # the cache after the run is not read: the blocks below ``layer`` left their entries unset
+        return run_causal_lm(model, tokens[:, start:].repeat(repeat, 1), pred_pos - start, fwd_hooks, past, layer,
+                             resid)[0]
     resid = (embed_at(model, tokens) if layer == 0 else base.resid_pre[layer])[:, start:]
     if repeat > 1:
         resid = resid.repeat(repeat, 1, 1)
@@ -199,7 +218,8 @@ def suffix_run(model: Model, tokens: Int[Tensor, "N pos"], prefix: RunCache, sta
         last, keys, values = _hf_run(model, tokens[:, start:], savers(_names(model, act_names), cache),
                                      pred_pos - start, _hf_past(model, prefix, start))
         acts = {n: torch.cat([prefix.acts[n][:, :start], a], dim=1) for n, a in _acts(model, cache, act_names).items()}
-        return RunCache([], keys, values, acts, last)
+        resid = [torch.cat([before[:, :start], r], dim=1) for before, r in zip(prefix.resid_pre, _resid(model, cache))]
+        return RunCache(resid, keys, values, acts, last)
     if not shares_prefixes(model):
         return cached_run(model, tokens, pred_pos, act_names)
     cache: dict[str, Tensor] = {}
@@ -219,16 +239,15 @@ def _acts(model: Model, cache: dict[str, Tensor], act_names: Iterable[str]) -> d
 
 def _hf_run(model: Model, tokens: Int[Tensor, "N pos"], hooks: list[Hook], pred_index: int, past=None
             ) -> tuple[Float[Tensor, "N vocab"], list[Tensor], list[Tensor]]:
-    """A bridge run with ``hooks`` after the positions ``past`` holds (a Hugging Face cache, or None): the
-    logits at ``pred_index`` (an index into ``tokens``' positions; only that one is unembedded), and each
-    layer's keys and values at every position (``past``'s and the new ones)."""
-    with warnings.catch_warnings():  # transformers renames the argument the bridge passes it
-        warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
-        logits, cache = model.run_with_hooks(tokens, fwd_hooks=hooks, return_type="logits_and_cache",
-                                             past_key_values=past,
-                                             logits_to_keep=torch.tensor([pred_index], device=tokens.device))
-    return (logits[:, 0], [layer.keys.transpose(1, 2) for layer in cache.layers],
-            [layer.values.transpose(1, 2) for layer in cache.layers])
+    """A bridge run (:func:`~plateauscope.model.backend.run_causal_lm`) with ``hooks`` after the positions
+    ``past`` holds (a Hugging Face cache, or None): the logits at ``pred_index`` (an index into ``tokens``'
+    positions; only that one is unembedded), and, where the model shares positions through the cache, each
+    layer's keys and values at every position (``past``'s and the new ones; else empty lists)."""
+    logits, cache = run_causal_lm(model, tokens, pred_index, hooks, past)
+    if not shares_hf_cache(model):
+        return logits, [], []
+    return (logits, [entry.keys.transpose(1, 2) for entry in cache.layers],
+            [entry.values.transpose(1, 2) for entry in cache.layers])
 
 
 def _hf_past(model: Model, base: RunCache, stop: int, repeat: int = 1):
@@ -241,11 +260,17 @@ def _hf_past(model: Model, base: RunCache, stop: int, repeat: int = 1):
     return DynamicCache(data, config=model.original_model.config)
 
 
+def _resid(model: Model, cache: dict[str, Tensor]) -> list[Tensor]:
+    """The residual stream entering each block from a run's recorded ``cache``, where a run may start at
+    a block (else nothing reads it: an empty list)."""
+    return [cache[get_act_name("resid_pre", i)] for i in range(model.cfg.n_layers)] if runs_from_layer(model) else []
+
+
 def _as_run_cache(model: Model, cache: dict[str, Tensor], last: Tensor, act_names: Iterable[str]
                   ) -> RunCache:
     L = range(model.cfg.n_layers)
     acts = _acts(model, cache, act_names)
     if not shares_prefixes(model):
-        return RunCache([], [], [], acts, last)
+        return RunCache(_resid(model, cache), [], [], acts, last)
     return RunCache([cache[get_act_name("resid_pre", i)] for i in L], [cache[get_act_name("k", i)] for i in L],
                     [cache[get_act_name("v", i)] for i in L], acts, last)

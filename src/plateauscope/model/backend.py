@@ -260,10 +260,10 @@ def shares_prefixes(model: torch.nn.Module) -> bool:
     True for a HookedTransformer with learned absolute positions (it runs them itself) and for a
     bridge of a model the toolkit builds (``hooked_forward`` runs them through the bridge's hook
     points: its own forward silently ignores a ``past_kv_cache``); not for a bridge of an imported series
-    (:func:`boot_causal_lm`: any architecture, in Hugging Face's layout), which runs its own forward and shares
-    prefixes by position only (:func:`shares_hf_cache`). Any other module (e.g. the tests'
-    plain-torch reference) runs full sequences from layer 0 and position 0 with the same hooks:
-    exact, just slower. The one place that choice is made.
+    (:func:`boot_causal_lm`: any architecture, in Hugging Face's layout), which runs its own forward, sharing
+    positions through Hugging Face's cache (:func:`shares_hf_cache`) and starting at a block
+    (:func:`runs_from_layer`). Any other module (e.g. the tests' plain-torch reference) runs full sequences from
+    layer 0 and position 0 with the same hooks: exact, just slower. The one place that choice is made.
     """
     from plateauscope.model.fused import unsupported_reason
 
@@ -318,6 +318,107 @@ def _hf_cache_is_exact(bridge: Model, atol: float = 1e-4) -> bool:
         except (TypeError, ValueError, RuntimeError, NotImplementedError, AttributeError):
             return False
     return suffix.shape[1] == 1 and bool((suffix - full[:, 4:5]).abs().max() <= atol * max(1.0, float(full.abs().max())))
+
+
+def runs_from_layer(model: torch.nn.Module) -> bool:
+    """Whether a forward of ``model`` may start at a block, on the residual stream entering it, and equal the full
+    forward: every model that shares prefixes (:func:`shares_prefixes`), and a bridge of another trainer's model
+    (:func:`boot_causal_lm`) whose own forward passed :func:`_from_layer_is_exact` when it was booted
+    (:func:`run_causal_lm`: the blocks below passed through, every other module its own). The one place that choice
+    is made; any other model runs every block."""
+    return shares_prefixes(model) or _FROM_LAYER_EXACT.get(model, False)
+
+
+_FROM_LAYER_EXACT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per booted bridge: whether a run started at a block equals the full forward (:func:`_from_layer_is_exact`)."""
+
+_BLOCK_OUTPUT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""Per booted bridge: how many elements its blocks return (0: a bare tensor), seen in a real call: it differs
+between families and Transformers versions (Bloom's blocks return ``(hidden_states, attentions)``)."""
+
+
+@contextmanager
+def blocks_from(model: Model, layer: int) -> Iterator[None]:
+    """Inside, the blocks of a bridge of another trainer's model below ``layer`` return their input unchanged, in
+    the structure the real block returns, and run no hooks. (The bridge's own ``start_at_layer`` runs them all and
+    discards what they produce.)"""
+    width = _BLOCK_OUTPUT.get(model, 0)
+
+    def passed_through(hidden_states: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        return (hidden_states,) + (None,) * (width - 1) if width else hidden_states
+
+    skipped = list(model.blocks)[:layer]
+    try:
+        for block in skipped:
+            # on the instance, past the bridge's __setattr__ (which would set the wrapped module's forward)
+            object.__setattr__(block, "forward", passed_through)
+        yield
+    finally:
+        for block in skipped:
+            vars(block).pop("forward", None)
+
+
+def run_causal_lm(model: Model, tokens: torch.Tensor, pred_index: int, hooks: Iterable[tuple[str, Callable]] = (),
+                  past: Any = None, layer: int = 0, resid: torch.Tensor | None = None) -> tuple[torch.Tensor, Any]:
+    """A run of a bridge of another trainer's model on ``tokens`` with ``hooks``, after the positions ``past`` holds
+    (a Hugging Face cache, or None): the logits ``[batch, vocab]`` at ``pred_index`` (an index into ``tokens``'
+    positions; only that one is unembedded) and the Hugging Face cache after the run. With ``resid`` ``[batch, pos,
+    d_model]``, the run starts at block ``layer``, whose input (``hook_resid_pre``, before ``hooks`` there) it is;
+    only the embedding runs below it (:func:`blocks_from`: their cache entries stay as ``past`` had them, and
+    nothing reads them), and the model's own forward computes positions, masks and rotary tables."""
+    from transformer_lens.utilities import get_act_name
+
+    enter = [] if resid is None else [(get_act_name("resid_pre", layer), lambda act, hook: resid)]  # first
+    with warnings.catch_warnings(), blocks_from(model, layer):  # transformers renames the argument the bridge passes
+        warnings.filterwarnings("ignore", message=".*past_key_values.*deprecated", category=FutureWarning)
+        logits, cache = model.run_with_hooks(tokens, fwd_hooks=enter + list(hooks), return_type="logits_and_cache",
+                                             past_key_values=past,
+                                             logits_to_keep=torch.tensor([pred_index], device=tokens.device))
+    return logits[:, 0], cache
+
+
+@torch.no_grad()
+def _from_layer_is_exact(bridge: Model, atol: float = 1e-4) -> bool:
+    """Whether :func:`run_causal_lm` from the last block gives the logits of the fifth of six tokens of the full
+    forward with the same residual stream put in at that block (an arbitrary one: at random initialisation a real
+    one is close to a normalised embedding, which would hide a norm or position added to it); also after a Hugging
+    Face cache of the first three, where the bridge shares positions through one; and, afterwards, the full
+    forward's own logits from the first block (the blocks are whole again). So the blocks take the residual stream
+    as their first input and return it first, and nothing else passes between them. Records the blocks' output
+    structure (:data:`_BLOCK_OUTPUT`). Checked once per model, when it is booted."""
+    from transformer_lens.utilities import get_act_name
+
+    weight = next(bridge.parameters())
+    tokens = torch.arange(12, device=weight.device).reshape(2, 6) % bridge.cfg.d_vocab
+    last = bridge.cfg.n_layers - 1
+    resid = torch.randn(2, 6, bridge.cfg.d_model, generator=torch.Generator().manual_seed(0)).to(weight) * 3 + 1
+    seen: dict[str, Any] = {}
+
+    def output(module: torch.nn.Module, args: Any, out: Any) -> None:
+        seen.setdefault("out", out)
+
+    def reference(after: int) -> torch.Tensor:  # the full forward, ``resid`` put in at the positions from ``after``
+        put = (get_act_name("resid_pre", last), lambda act, hook: torch.cat([act[:, :after], resid[:, after:]], 1))
+        with hooks_added(bridge, [put]):
+            return bridge(tokens)[:, 4]
+
+    handle = bridge.blocks[0].register_forward_hook(output)
+    try:
+        full = bridge(tokens)[:, 4]
+        _BLOCK_OUTPUT[bridge] = len(seen["out"]) if isinstance(seen["out"], tuple) else 0
+        pairs = [(run_causal_lm(bridge, tokens, 4, layer=last, resid=resid)[0], reference(0))]
+        if shares_hf_cache(bridge):
+            past = run_causal_lm(bridge, tokens[:, :3], 2)[1]
+            pairs.append((run_causal_lm(bridge, tokens[:, 3:], 1, past=past, layer=last, resid=resid[:, 3:])[0],
+                          reference(3)))
+        pairs.append((run_causal_lm(bridge, tokens, 4)[0], full))
+    except (TypeError, ValueError, RuntimeError, NotImplementedError, AttributeError, KeyError, IndexError):
+        return False
+    finally:
+        handle.remove()
+    return all(ours.shape == theirs.shape
+               and bool((ours - theirs).abs().max() <= atol * max(1.0, float(theirs.abs().max())))
+               for ours, theirs in pairs)
 
 
 _HOOK_POINTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -576,6 +677,7 @@ def boot_causal_lm(config_dir: str, device: str | torch.device = "cpu", tokenize
     _HF_PARAMETERS[bridge] = hf_tensors
     _HF_RENAME[bridge] = _checkpoint_renaming(hf_model, hf_tensors)
     _HF_CACHE_EXACT[bridge] = _hf_cache_is_exact(bridge.eval())
+    _FROM_LAYER_EXACT[bridge] = _from_layer_is_exact(bridge)
     return bridge
 
 

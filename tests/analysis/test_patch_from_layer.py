@@ -1,0 +1,149 @@
+"""Patches that start at their layer on bridges of imported models of every family the conformance matrix builds:
+the bridge's own forward from block ``l`` on the residual stream entering it, the blocks below passed through
+(``runs_from_layer``, ``run_causal_lm``), equals the full forward, and head patching equals TransformerLens's
+``patching``; where the boot-time self-check fails, the full forwards are taken and the results are the same."""
+
+from __future__ import annotations
+
+import os
+from copy import deepcopy
+from unittest import mock
+
+import pytest
+import torch
+from transformer_lens import patching as tl_patching
+from transformer_lens.model_bridge.generalized_components.block import BlockBridge
+
+from plateauscope.analysis.patch import patch
+from plateauscope.model.backend import (
+    boot_causal_lm,
+    load_causal_lm_state,
+    run_causal_lm,
+    runs_from_layer,
+    shares_hf_cache,
+)
+from plateauscope.tasks.probe import build_probe
+from tests.sources.families import FAMILIES, KV_HEADS, VOCAB
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+def _llama_gqa():
+    config = FAMILIES["llama"]()
+    config.num_key_value_heads = KV_HEADS  # grouped-query attention: two query heads per key/value head
+    return config
+
+
+CONFIGS = {**{name: FAMILIES[name] for name in ("gpt_neox", "gpt2", "mistral", "qwen2", "qwen3", "gemma2", "olmo",
+                                                 "olmo2", "phi", "gptj", "opt", "bloom", "mixtral")},
+           "llama_gqa": _llama_gqa}
+
+
+def _boot(name: str, folder) -> torch.nn.Module:
+    """A bridge booted from a random model's folder, its weights loaded as an imported series' are."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    hf = AutoModelForCausalLM.from_config(CONFIGS[name]())
+    hf.save_pretrained(folder)
+    return load_causal_lm_state(boot_causal_lm(str(folder)), hf.state_dict())
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def imported(request, tmp_path_factory):
+    return request.param, _boot(request.param, tmp_path_factory.mktemp(request.param))
+
+
+def _pairs():
+    return build_probe("induction", VOCAB, 64, segment_len=8).prompt_pairs(8, 0)
+
+
+def _expected_head_patching(model, pairs) -> torch.Tensor:
+    """TransformerLens's ``get_act_patch_attn_head_out_all_pos`` with the last position's logit difference."""
+    rows = torch.arange(len(pairs.clean))
+
+    def logit_diff(logits):
+        last = logits[:, pairs.pred_pos]
+        return (last[rows, pairs.clean_answer] - last[rows, pairs.corrupt_answer]).mean()
+
+    with torch.no_grad():
+        _, clean_cache = model.run_with_cache(pairs.clean)
+        return tl_patching.get_act_patch_attn_head_out_all_pos(model, pairs.corrupt, clean_cache, logit_diff).float()
+
+
+def _block_runs(model):
+    """Count the real forwards of each block (its Hugging Face module), passed-through ones excluded."""
+    counts = [0] * model.cfg.n_layers
+
+    def counter(layer):
+        def count(module, args, out):
+            counts[layer] += 1
+        return count
+
+    handles = [block.original_component.register_forward_hook(counter(i)) for i, block in enumerate(model.blocks)]
+    return counts, handles
+
+
+def test_a_run_from_each_layer_equals_the_full_forward(imported):
+    _, model = imported
+    assert runs_from_layer(model)
+    torch.manual_seed(1)
+    tokens = torch.randint(0, VOCAB, (3, 10))
+    pred, start = 8, 4
+    with torch.no_grad():
+        full, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_resid_pre"))
+        past = run_causal_lm(model, tokens[:, :start], start - 1)[1] if shares_hf_cache(model) else None
+        for layer in range(model.cfg.n_layers):
+            resid = cache[f"blocks.{layer}.hook_resid_pre"]
+            ours = run_causal_lm(model, tokens, pred, layer=layer, resid=resid)[0]
+            torch.testing.assert_close(ours, full[:, pred], atol=1e-5, rtol=0)
+            if past is not None:  # the positions from ``start`` after a Hugging Face cache of the earlier ones
+                later = run_causal_lm(model, tokens[:, start:], pred - start, past=deepcopy(past), layer=layer,
+                                      resid=resid[:, start:])[0]
+                torch.testing.assert_close(later, full[:, pred], atol=1e-5, rtol=0)
+        torch.testing.assert_close(model(tokens), full, atol=1e-6, rtol=0)  # the blocks are whole again
+
+
+def test_head_patching_starts_at_the_layer_and_equals_transformer_lens(imported):
+    _, model = imported
+    pairs = _pairs()
+    expected = _expected_head_patching(model, pairs)
+    counts, handles = _block_runs(model)
+    try:
+        ours = patch(model, pairs, "heads", max_batch=64)  # several chunks of patches
+    finally:
+        for handle in handles:
+            handle.remove()
+    torch.testing.assert_close(ours.raw, expected, atol=1e-5, rtol=0)
+    assert counts[0] < counts[-1]  # the patches of the last layer's heads did not run block 0
+
+
+def _read_only_input(self, args, kwargs):
+    """A block whose ``hook_resid_pre`` sees its input but cannot change what the block reads."""
+    self.hook_in(args[0] if args else kwargs["hidden_states"])
+    return args, kwargs
+
+
+@pytest.mark.parametrize("name, broken", [
+    ("gpt_neox", "a block refuses to be skipped"),  # an exception in the check
+    ("gpt2", "the block input cannot be replaced"),  # a wrong answer in the check
+])
+def test_where_the_self_check_fails_patching_runs_every_block_and_stays_exact(tmp_path, name, broken):
+    if broken == "a block refuses to be skipped":
+        breaks = mock.patch("plateauscope.model.backend.blocks_from", side_effect=NotImplementedError)
+    else:
+        breaks = mock.patch.object(BlockBridge, "_hook_input_hidden_states", _read_only_input)
+    with breaks:
+        model = _boot(name, tmp_path)
+    assert not runs_from_layer(model)
+    assert shares_hf_cache(model) == (name == "gpt_neox")  # the position sharing is checked on its own
+    pairs = _pairs()
+    expected = _expected_head_patching(model, pairs)
+    counts, handles = _block_runs(model)
+    try:
+        ours = patch(model, pairs, "heads", max_batch=64)
+    finally:
+        for handle in handles:
+            handle.remove()
+    torch.testing.assert_close(ours.raw, expected, atol=1e-5, rtol=0)
+    assert counts[0] == counts[-1]  # every forward ran every block
