@@ -75,7 +75,14 @@ from plateauscope.analysis.prefix import (
     savers,
 )
 from plateauscope.analysis.results import median
-from plateauscope.model.backend import Model, hooked_parameters, is_causal_lm, shares_prefixes
+from plateauscope.model.backend import (
+    Model,
+    hooked_parameters,
+    is_causal_lm,
+    runs_from_layer,
+    shares_hf_cache,
+    shares_prefixes,
+)
 from plateauscope.model.families import family_of, head_input, mlp_input, mlp_reads
 from plateauscope.model.fused import layer_norm
 from plateauscope.model.heads import head_label
@@ -379,7 +386,8 @@ class EdgeRuns:
     corrupt_base: RunCache | None = None
     """The corrupted run as a prefix-sharing base (its residual stream before each layer; the keys
     and values before ``start``, the clean run's, are the same): where a patched run of the corrupted
-    prompts starts above layer 0. None on a model that does not share prefixes."""
+    prompts starts above layer 0. None where a run cannot start at a block
+    (:func:`~plateauscope.model.backend.runs_from_layer`)."""
 
     @classmethod
     def of(cls, model: Model, pairs: PromptPairs, act_names: tuple[str, ...] | list[str] = ()) -> EdgeRuns:
@@ -387,19 +395,22 @@ class EdgeRuns:
         holds the ``act_names`` activations of every layer."""
         graph = EdgeGraph.of(model)
         pairs = replace(pairs, clean=pairs.clean.to(model.cfg.device), corrupt=pairs.corrupt.to(model.cfg.device))
-        sharing = shares_prefixes(model)
-        start = min(first_difference(pairs.clean, pairs.corrupt), pairs.pred_pos) if sharing else 0
+        # positions shared where the model shares them (its own cache, or Hugging Face's); the corrupted run's
+        # residual stream kept where a run may start at a block (forward_from makes the same two choices)
+        start = (min(first_difference(pairs.clean, pairs.corrupt), pairs.pred_pos)
+                 if shares_prefixes(model) or shares_hf_cache(model) else 0)
+        from_layer = runs_from_layer(model)
         clean: dict[int, Tensor] = {}
         corrupt: dict[int, Tensor] = {}  # no receiver is hooked in these two: plain forwards
         resid: dict[str, Tensor] = {}
-        names = [get_act_name("resid_pre", layer) for layer in range(graph.n_layers)] if sharing else []
+        names = [get_act_name("resid_pre", layer) for layer in range(graph.n_layers)] if from_layer else []
         with torch.no_grad():
             base = cached_run(model, pairs.clean, pairs.pred_pos, act_names, hooks=_sender_hooks(model, graph, clean))
             last = forward_from(model, pairs.corrupt, base, pairs.pred_pos,
                                 _sender_hooks(model, graph, corrupt) + savers(names, resid), start)
         clean_out, corrupt_out = (torch.stack([outs[i] for i in range(len(graph.senders))]) for outs in (clean, corrupt))
         corrupt_base = replace(base, resid_pre=[torch.cat([before[:, :start], resid[n]], 1)
-                                                for before, n in zip(base.resid_pre, names)]) if sharing else None
+                                                for before, n in zip(base.resid_pre, names)]) if from_layer else None
         return cls(model, pairs, graph, start, base, clean_out[:, :, start:], corrupt_out,
                    last_logit_diff(base.last_logits, pairs).item(), last_logit_diff(last, pairs).item(), corrupt_base)
 
