@@ -14,9 +14,12 @@ import torch
 from transformer_lens import patching as tl_patching
 from transformer_lens.model_bridge.generalized_components.block import BlockBridge
 
+from plateauscope.analysis.ablate import ablation_metrics, build_evalset
 from plateauscope.analysis.patch import patch
 from plateauscope.model.backend import (
     boot_causal_lm,
+    hooks_added,
+    logits_at,
     load_causal_lm_state,
     run_causal_lm,
     runs_from_layer,
@@ -147,3 +150,37 @@ def test_where_the_self_check_fails_patching_runs_every_block_and_stays_exact(tm
             handle.remove()
     torch.testing.assert_close(ours.raw, expected, atol=1e-5, rtol=0)
     assert counts[0] == counts[-1]  # every forward ran every block
+
+
+def test_head_ablations_start_at_their_layer_and_equal_hooks_on_full_forwards(imported):
+    """Zero ablation of each head (``ablation_metrics``, which starts each ablated run at the head's layer on the
+    unablated run's residual stream) against the task's evaluation with a hook that zeroes that head's ``hook_z``
+    on the bridge's full forward."""
+    _, model = imported
+    task = build_probe("induction", VOCAB, 64, segment_len=8)
+    evalset = build_evalset(task, 2)
+    L, H = model.cfg.n_layers, model.cfg.n_heads
+    masks = torch.cat([torch.zeros(1, L * H, dtype=torch.bool), torch.eye(L * H, dtype=torch.bool)]).view(-1, L, H)
+    counts, handles = _block_runs(model)
+    try:
+        ours = ablation_metrics(model, task, evalset, masks, "zero")
+    finally:
+        for handle in handles:
+            handle.remove()
+    key = task.progress.key
+    for index, mask in enumerate(masks):
+        hooks = [(f"blocks.{layer}.attn.hook_z",
+                  lambda z, hook, heads=mask[layer]: torch.where(heads[None, None, :, None], 0.0, z))
+                 for layer in range(L) if mask[layer].any()]
+        with hooks_added(model, hooks):
+            expected = task.evaluate(model, evalset)
+        assert abs(ours[index]["candidate_loss"] - expected[key]) <= 1e-5
+    assert counts[0] < counts[-1]  # the last layer's ablations did not run block 0
+
+
+def test_logits_at_positions_equal_those_of_the_full_forward(imported):
+    _, model = imported
+    torch.manual_seed(2)
+    tokens, positions = torch.randint(0, VOCAB, (3, 10)), torch.tensor([2, 5, 6, 9])
+    with torch.no_grad():
+        torch.testing.assert_close(logits_at(model, tokens, positions), model(tokens)[:, positions], atol=1e-5, rtol=0)

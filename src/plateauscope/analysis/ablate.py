@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,7 +39,14 @@ from transformer_lens.hook_points import HookPoint
 from transformer_lens.utilities import get_act_name
 
 from plateauscope.analysis.prefix import activations
-from plateauscope.model.backend import Model, hooks_added, shares_prefixes
+from plateauscope.model.backend import (
+    Model,
+    hooks_added,
+    is_causal_lm,
+    replayed_from,
+    runs_from_layer,
+    shares_prefixes,
+)
 from plateauscope.model.scoring import shared_prefix_logprobs
 from plateauscope.tasks.base import Task
 
@@ -272,13 +280,49 @@ def ablation_metrics_by_group(
                          "use mean or zero")
     progress = task.progress
     replacement = mean_head_outputs(model, task.eval_sequences(evalset), task.input_len) if kind == "mean" else None
+    return [{"candidate_loss": m[progress.key],  # no cue effect logged: NaN (null in the cache)
+             "delta_z": m.get(progress.cue_effect_key, math.nan) if progress.cue_effect_key else math.nan}
+            for m in _evaluated_ablations(model, task, evalset, masks, replacement)], None
+
+
+REPLAY_BYTES = 256 * 2**20
+"""At most this much of the unablated run's residual stream is kept for ablations that start at a block."""
+
+
+def _evaluated_ablations(model: Model, task: Task, evalset: Any, masks: Bool[Tensor, "C n_layers n_heads"],
+                         replacement: Tensor | None) -> list[dict[str, float]]:
+    """The task's ``evaluate`` with each mask's heads ablated. The unablated run goes first; on a bridge of
+    another trainer's model that may start at a block (:func:`~plateauscope.model.backend.runs_from_layer`), it
+    keeps the residual stream entering each block that some mask ablates first (within :data:`REPLAY_BYTES`,
+    lowest blocks first), and each such mask's run starts there on it (below, nothing differs): the same forwards
+    of the same inputs, in the same order."""
+    L = model.cfg.n_layers
+    ablated = masks.any(-1)  # [C, L]
+    first = torch.where(ablated.any(-1), ablated.float().argmax(-1), L).tolist()
+    starts = sorted(set(first) - {0, L}) if is_causal_lm(model) and runs_from_layer(model) else []
+    kept: dict[int, list[Tensor]] = {layer: [] for layer in starts}
+    size = [0]
+
+    def keep(layer: int) -> Callable:
+        def record(act: Tensor, hook: HookPoint) -> None:
+            if layer in kept:
+                kept[layer].append(act.detach().clone())
+                size[0] += act.numel() * act.element_size()
+                while size[0] > REPLAY_BYTES and kept:  # over budget: the highest block's runs start at 0
+                    size[0] -= sum(t.numel() * t.element_size() for t in kept.pop(max(kept)))
+        return record
+
+    with hooks_added(model, [(get_act_name("resid_pre", layer), keep(layer)) for layer in starts]):
+        base = task.evaluate(model, evalset)
     out = []
-    for mask in masks:
-        with hooks_added(model, _ablation_hooks(mask[None], replacement)):
-            m = task.evaluate(model, evalset)
-        out.append({"candidate_loss": m[progress.key],  # no cue effect logged: NaN (null in the cache)
-                    "delta_z": m.get(progress.cue_effect_key, math.nan) if progress.cue_effect_key else math.nan})
-    return out, None
+    for mask, layer in zip(masks, first):
+        if layer == L:  # nothing ablated
+            out.append(base)
+            continue
+        with (replayed_from(model, layer, kept[layer]) if layer in kept else nullcontext()), \
+                hooks_added(model, _ablation_hooks(mask[None], replacement)):
+            out.append(task.evaluate(model, evalset))
+    return out
 
 
 def ablation_metrics(

@@ -377,6 +377,36 @@ def run_causal_lm(model: Model, tokens: torch.Tensor, pred_index: int, hooks: It
     return logits[:, 0], cache
 
 
+def logits_at(model: Model, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    """The logits ``[batch, len(positions), vocab]`` of a forward of ``tokens`` at ``positions`` (one index tensor
+    for every row): a bridge of another trainer's model whose forward honours ``logits_to_keep``
+    (:func:`shares_hf_cache`, :func:`runs_from_layer`: checked when it was booted) unembeds only those; any other
+    model unembeds every position, and they are picked."""
+    if is_causal_lm(model) and (shares_hf_cache(model) or runs_from_layer(model)):
+        return model(tokens, logits_to_keep=positions.to(tokens.device))
+    return model(tokens)[:, positions.to(tokens.device)]
+
+
+@contextmanager
+def replayed_from(model: Model, layer: int, streams: Iterable[torch.Tensor]) -> Iterator[None]:
+    """Inside, each forward of a bridge of another trainer's model (:func:`runs_from_layer`) starts at block
+    ``layer``: the blocks below pass their input through (:func:`blocks_from`), and the residual stream entering
+    ``layer`` is the next of ``streams``, one per forward in order (what an earlier run of the same inputs saw
+    there). A forward whose stream is missing or of another shape is a RuntimeError."""
+    from transformer_lens.utilities import get_act_name
+
+    feed = iter(streams)
+
+    def put(act: torch.Tensor, hook: Any) -> torch.Tensor:
+        given = next(feed, None)
+        if given is None or given.shape != act.shape:
+            raise RuntimeError(f"no recorded residual stream of shape {tuple(act.shape)} for block {layer}")
+        return given.to(act)
+
+    with blocks_from(model, layer), hooks_added(model, [(get_act_name("resid_pre", layer), put)]):
+        yield
+
+
 @torch.no_grad()
 def _from_layer_is_exact(bridge: Model, atol: float = 1e-4) -> bool:
     """Whether :func:`run_causal_lm` from the last block gives the logits of the fifth of six tokens of the full

@@ -34,6 +34,7 @@ from jaxtyping import Bool, Int
 from torch import Tensor, nn
 
 from plateauscope.errors import ConfigError
+from plateauscope.model.backend import logits_at
 from plateauscope.model.config import JsonConfig, ModelConfig, TrainConfig
 from plateauscope.tasks.base import AttentionRule, ProgressMeasure, PromptPairs, ReferencePredictor, Task
 
@@ -226,7 +227,7 @@ class InductionTask(Task):
             device = next(model.parameters()).device
             logps, hits = [], []
             for chunk in seqs.split(batch_size):
-                logits = model(chunk[:, : self.input_len].to(device))[:, at].float().log_softmax(-1).cpu()
+                logits = logits_at(model, chunk[:, : self.input_len].to(device), at).float().log_softmax(-1).cpu()
                 target = chunk[:, at + 1]
                 logps.append(logits.gather(-1, target[..., None])[..., 0])
                 hits.append(logits.argmax(-1) == target)
