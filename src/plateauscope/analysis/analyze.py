@@ -115,6 +115,7 @@ from plateauscope.runs.imported import ImportedRun
 from plateauscope.runs.interventions import has_interventions
 from plateauscope.runs.metrics import compute_tau
 from plateauscope.runs.run import Run, RunError
+from plateauscope.runs.series import Fetch
 
 log = logging.getLogger(__name__)
 
@@ -240,7 +241,7 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
                 settings: AnalysisSettings | None = None, device: str = "cpu",
                 progress: bool = True, backend: str | None = None, edges: bool = True,
                 full: bool = False, expensive: bool = True, workers: int | None = None,
-                measures: bool = True) -> dict[str, Any]:
+                measures: bool = True, fetch: Fetch | None = None) -> dict[str, Any]:
     """Analyse the chosen checkpoints (only what the cache lacks for these settings); return the summary.
 
     ``steps`` / ``every``: which checkpoints (default: all). ``n_exact``: the budget of the expensive pass
@@ -252,14 +253,16 @@ def analyze_run(run_dir: str | Path, steps: list[int] | None = None, every: int 
     model and thread (None: :func:`default_workers`; the records are the same, up to the float rounding of
     the torch threads each one gets); the expensive pass's large batches run faster one checkpoint at a
     time on every thread. ``measures=False``: the cheap pass without the measures (each compares a step
-    with the run's last checkpoint, so a run still training gets them once it is complete). The keyword ``wait=False`` (:func:`plateauscope.analysis.results.writes_cache`)
+    with the run's last checkpoint, so a run still training gets them once it is complete). ``fetch``: an imported
+    run's checkpoints from the hub, fetched as each is read (:class:`plateauscope.runs.series.ImportedSeries`).
+    The keyword ``wait=False`` (:func:`plateauscope.analysis.results.writes_cache`)
     exits with one line, rather than waiting, when another process is writing the run's analysis cache."""
     settings = settings or AnalysisSettings()
     workers = default_workers(device) if workers is None else workers
     if workers < 1:
         raise ValueError(f"workers must be at least 1, got {workers}")
     resolve_backend(backend)  # an uninstalled one: one line, before anything runs
-    run = Run(run_dir)
+    run = Run(run_dir) if fetch is None else ImportedRun(run_dir, fetch)
     chosen = pick_steps(run.steps, every, steps)
     if not chosen:
         raise RunError(f"{run.path}: the run has no checkpoints")

@@ -46,7 +46,7 @@ from plateauscope.analysis.transition import co_occurrence, transition
 from plateauscope.model.heads import head_label
 from plateauscope.runs.imported import record_probe
 from plateauscope.runs.run import RunError
-from plateauscope.runs.series import ImportedSeries, is_imported
+from plateauscope.runs.series import Fetch, ImportedSeries, is_imported
 from plateauscope.tasks.base import Task
 from plateauscope.tasks.probe import (
     BUILTIN_PROBES,
@@ -140,14 +140,16 @@ def read_heads(built: Any, signals: ProbeSignals, margin: float) -> dict[str, li
 def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[int] | None = None, every: int = 1,
                      device: str = "cpu", patching: bool = True, progress: bool = True,
                      rule: ChangePointRule | None = None, n_pairs: int = 64, on_step: Callable[[int], None] | None = None,
-                     margin: float = MARGIN, **probe_options: Any) -> ProbeSeriesResult:
+                     margin: float = MARGIN, fetch: Fetch | None = None,
+                     **probe_options: Any) -> ProbeSeriesResult:
     """The probe's cheap pass over the chosen checkpoints of an imported run (module docstring);
     ``n_pairs``: the prompt pairs head patching runs on; ``margin``: the naming rule's
     (:mod:`plateauscope.analysis.head_naming`); ``probe_options``: the probe's own (the induction probe:
-    ``segment_len``, ``bos``); ``on_step(step)``: called after each step."""
+    ``segment_len``, ``bos``); ``on_step(step)``: called after each step; ``fetch``: a hub series' checkpoints,
+    fetched as each is read (a step already in the pass's cache is not read)."""
     rule = rule or ChangePointRule()
     cls = probe_class(probe)  # a probe file that lacks what a probe needs fails here, in one line
-    series = ImportedSeries(run_dir)
+    series = ImportedSeries(run_dir, fetch)
     chosen = pick_steps(series.steps, every, steps)
     cache = probe_steps_path(run_dir, cls.probe_name)
     key = settings_key({"probe": probe, "options": probe_options, "patching": patching, "n_pairs": n_pairs,
@@ -208,12 +210,15 @@ def analyze_imported(run_dir: str | Path, probe: str = "induction", steps: list[
 
 def analyze_series(run_dir: str | Path, probe: str = "induction", probe_options: dict[str, Any] | None = None,
                    steps: list[int] | None = None, every: int = 1, device: str = "cpu", progress: bool = True,
-                   probe_only: bool = False, **analysis: Any) -> tuple[ProbeSeriesResult | None, dict[str, Any] | None]:
+                   probe_only: bool = False, fetch: Fetch | None = None,
+                   **analysis: Any) -> tuple[ProbeSeriesResult | None, dict[str, Any] | None]:
     """A run's whole analysis, trained here or imported: for an imported run, the probe's pass
     (:func:`plateauscope.analysis.probe_pass.analyze_imported`), then, where the probe is also a task, every analysis on
     the probe's data (:func:`analyze_run`, ``analysis``: its keyword arguments), the probe recorded for the report,
     the view and ``ps.Run``; for a run trained here, :func:`analyze_run` alone (``probe`` must be left as it is).
     ``probe_only``: an imported run's pass alone (a small part of the whole's cost: ``bench/imported_analysis.py``).
+    ``fetch``: an imported run's checkpoints from the hub, fetched as each is read
+    (:class:`plateauscope.runs.series.ImportedSeries`).
     Returns ``(the probe's pass or None, the summary or None)``: None where a probe that is not a task has no more,
     or with ``probe_only``."""
     options = probe_options or {}
@@ -225,8 +230,8 @@ def analyze_series(run_dir: str | Path, probe: str = "induction", probe_options:
             raise RunError(f"{run_dir}: a probe is for an imported run (plateauscope import); this run's analyses read "
                            "its own task")
         return None, analyze_run(run_dir, steps, every, device=device, progress=progress, **analysis)
-    passed = analyze_imported(run_dir, probe, steps, every, device, progress=progress, **options)
+    passed = analyze_imported(run_dir, probe, steps, every, device, progress=progress, fetch=fetch, **options)
     if probe_only or not issubclass(probe_class(probe), Task):  # asked for, or prompts and patterns only: the pass
         return passed, None
     record_probe(run_dir, probe, options)  # the probe every later analysis and view reads
-    return passed, analyze_run(run_dir, steps, every, device=device, progress=progress, **analysis)
+    return passed, analyze_run(run_dir, steps, every, device=device, progress=progress, fetch=fetch, **analysis)

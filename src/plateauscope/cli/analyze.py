@@ -8,7 +8,7 @@ from pathlib import Path
 
 import plateauscope.analysis.analyze as _module
 from plateauscope.analysis.ablate import KINDS
-from plateauscope.analysis.analyze import MAX_WORKERS, AnalysisSettings, analyze_run
+from plateauscope.analysis.analyze import MAX_WORKERS, AnalysisSettings, analyze_run, default_workers
 from plateauscope.analysis.probe_pass import analyze_series
 from plateauscope.analysis.edges import CIRCUIT_PAIRS, FAITHFULNESS_TARGET
 from plateauscope.analysis.follow import POLL_S, follow
@@ -21,6 +21,7 @@ from plateauscope.cli.parser import OneLineParser
 from plateauscope.cli.text.analysis import format_summary
 from plateauscope.runs.run import Run
 from plateauscope.runs.series import is_imported
+from plateauscope.sources.hf_hub import HubFetcher, is_hub_series
 from plateauscope.views.pages import live_status
 
 
@@ -51,6 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--probe-only", action="store_true",
                    help="an imported run: the probe's pass alone (head scores, the loss gap's transition, head "
                         "patching), not every analysis on its data; a small part of the whole's time")
+    p.add_argument("--keep", type=int, metavar="N",
+                   help="a series imported from the hub (import hf:ORG/NAME): keep at most N of its revisions in the "
+                        "Hugging Face cache, the least recently read evicted before each fetch (default: keep all); "
+                        "each revision is fetched when it is read, and checked against its SHA-256")
     p.add_argument("--n-exact", type=int, default=DEFAULT_BUDGET,
                    help="budget of the expensive pass (exact patching, ablation, the circuits): the landmarks, then "
                         "the steps where the cheap signals change fastest, up to this many in all (default %(default)s)")
@@ -109,15 +114,22 @@ def main(argv: list[str] | None = None) -> int:
                                     circuit_ablation=args.circuit_ablation, smooth=args.smooth,
                                     edge_target=args.edge_target, circuit_pairs=args.circuit_pairs,
                                     n_exact_edges=args.n_exact_edges)
+        if args.keep is not None and not is_hub_series(args.run):
+            raise CliError(f"--keep: {args.run} is not a series imported from the hub "
+                           "(plateauscope import hf:ORG/NAME)")
         if is_imported(args.run):  # a series trained elsewhere: the probe's pass, then every analysis on its data
             if args.follow:
                 raise CliError(f"--follow: {args.run} is an imported series, not a run training here")
+            fetch = HubFetcher.for_run(args.run, args.keep, not args.no_progress) if is_hub_series(args.run) else None
+            workers = args.workers
+            if args.keep is not None:  # a revision that a worker may still be reading is never evicted
+                workers = min(workers or default_workers(args.device), args.keep)
             options = {**({} if args.probe_length is None else {"segment_len": args.probe_length}),
                        **({} if args.bos is None else {"bos": args.bos})}
             passed, result = analyze_series(
                 args.run, args.probe, options, args.steps, args.every, args.device, progress=not args.no_progress,
                 n_exact=args.n_exact, settings=settings, backend=args.backend, edges=not args.no_edges, full=args.full,
-                wait=not args.no_wait, workers=args.workers, probe_only=args.probe_only)
+                wait=not args.no_wait, workers=workers, probe_only=args.probe_only, fetch=fetch)
             print(format_probe_series(passed))
             if args.probe_only:
                 return

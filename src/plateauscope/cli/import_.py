@@ -7,7 +7,10 @@ state dicts of a GPT-2-style model (HookedTransformer's or tools.training's mode
 with the config's fields as cfg.json beside them; the step is the last number in the file's name), or
 hf-cache:ORG/NAME, the step revisions of a model in the local Hugging Face cache ($HF_HUB_CACHE, else
 $HF_HOME/hub; nothing is downloaded): Pythia's stepN and OLMo's stepN-tokensM (the step is N), every one
-cached or those --revisions names. Nothing is copied: RUN/series.json lists each file with its step,
+cached or those --revisions names; or hf:ORG/NAME, the step revisions on the Hugging Face hub ($HF_ENDPOINT),
+imported from the hub's listing without downloading weights (their sizes and SHA-256, the configs, the
+safetensors headers; the tokenizer copied into RUN/model/): analyze fetches each revision when it reads
+it (--keep N: at most N left in the cache). Nothing is copied: RUN/series.json lists each file with its step,
 SHA-256 (checked on every read), format, architecture and tokenizer. Every chosen checkpoint is read
 and checked first: a truncated file, a .pt that needs code to unpickle (refused, never loaded), a
 folder that mixes architectures, a revision the cache lacks, or an unsupported architecture (an
@@ -29,6 +32,7 @@ samples on the probe's sequences (not --per-head).
 
     plateauscope import runs/hf_trainer_out --out checkpoints/imported [--every 2 | --steps 0,100,200] [--log-spaced 30]
     plateauscope import hf-cache:EleutherAI/pythia-70m --out checkpoints/pythia [--revisions step0,step1000]
+    plateauscope import hf:EleutherAI/pythia-70m --out checkpoints/pythia [--revisions step0,step1000 | --log-spaced 20]
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ from plateauscope.analysis.probe_pass import ProbeSeriesResult
 from plateauscope.cli.common import run_cli
 from plateauscope.cli.parser import OneLineParser
 from plateauscope.sources.hf_cache import parse_revisions
+from plateauscope.sources.hf_hub import import_hub, is_hub_source
 from plateauscope.sources.importer import import_series
 from plateauscope.sources.selection import parse_steps
 from plateauscope.views.phrases import probe_head_lines, transition_lines
@@ -52,13 +57,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(prog="plateauscope import", description=__doc__.split("\n\n")[0],
                       formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__.split("\n\n", 1)[1])
     p.add_argument("source", metavar="SOURCE", help="the series: a checkpoint folder, nanoGPT .pt files, TransformerLens "
-                                                    "state dicts, or hf-cache:ORG/NAME (step revisions in the local "
-                                                    "Hugging Face cache)")
+                                                    "state dicts, hf-cache:ORG/NAME (step revisions in the local "
+                                                    "Hugging Face cache) or hf:ORG/NAME (step revisions on the hub, "
+                                                    "fetched by analyze)")
     p.add_argument("--out", type=Path, required=True, help="the run directory to write (new or empty)")
     p.add_argument("--every", type=int, default=1, help="import every N-th checkpoint (the last always)")
     p.add_argument("--steps", help="import these steps only, comma-separated (e.g. 0,100,200)")
-    p.add_argument("--revisions", help="with hf-cache:ORG/NAME: import these revisions only, comma-separated "
-                                       "(e.g. step0,step1000 or step1000-tokens4B)")
+    p.add_argument("--revisions", help="with hf-cache:ORG/NAME or hf:ORG/NAME: import these revisions only, "
+                                       "comma-separated (e.g. step0,step1000 or step1000-tokens4B)")
     p.add_argument("--log-spaced", type=int, metavar="N", help="about N checkpoints spaced evenly in log(step)")
     p.add_argument("--device", default="cpu", help="cpu or cuda: where the weights are checked (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -95,8 +101,8 @@ def main(argv: list[str] | None = None) -> int:
             bar.update(1)
 
         try:
-            result = import_series(args.source, args.out, args.every, steps, args.log_spaced, args.device, progress,
-                                   revisions)
+            reader = import_hub if is_hub_source(args.source) else import_series
+            result = reader(args.source, args.out, args.every, steps, args.log_spaced, args.device, progress, revisions)
         finally:
             if bar is not None:
                 bar.close()

@@ -50,7 +50,7 @@ from plateauscope.runs.files import (
 from plateauscope.runs.metrics import compute_tau, plateau_stretch
 from plateauscope.runs.references import ReferenceLadder, ladder_summary
 from plateauscope.runs.run import Run
-from plateauscope.runs.series import ImportedSeries
+from plateauscope.runs.series import Fetch, ImportedSeries
 from plateauscope.tasks.base import Task
 
 PROBE_FILE = "probe.json"
@@ -141,11 +141,11 @@ def record_probe(path: str | os.PathLike, probe: str, options: dict[str, Any]) -
 class ImportedRun(Run):
     """An imported run with the read-only interface of :class:`~plateauscope.runs.run.Run` (module docstring)."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, fetch: Fetch | None = None):
         self.path = Path(path)
         if not self.path.is_dir():
             raise RunError(f"{self.path}: no such run directory")
-        self.series = ImportedSeries(self.path)
+        self.series = ImportedSeries(self.path, fetch)  # fetch: a hub series' checkpoints, fetched when read
         self.choice = read_probe_choice(self.path)
         self.shape = model_shape(self.series)
         self._task: Task | None = None

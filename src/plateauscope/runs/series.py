@@ -11,6 +11,12 @@ Each checkpoint is checked against its SHA-256 when it is read (a file changed s
 one-line RunError naming it), then read without unpickling code: safetensors, or ``torch.load`` with
 ``weights_only=True``. :class:`ImportedSeries` builds one model (a TransformerLens 4 bridge) and loads
 every checkpoint's weights into it, so a long series runs in flat memory.
+
+A checkpoint of a series on the Hugging Face hub (``plateauscope import hf:ORG/NAME``) also names its
+repository, revision and commit; its file is where ``huggingface_hub``'s cache puts it, and may be absent
+(not fetched yet, or evicted). An :class:`ImportedSeries` given a ``fetch`` (:data:`Fetch`; the readers of
+series build one, :class:`plateauscope.sources.hf_hub.HubFetcher`) asks it for the file when the weights
+are read, so that a step whose analysis is cached is never fetched.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from pickle import UnpicklingError  # what torch.load(weights_only=True) raises for a file that needs code
@@ -67,6 +74,22 @@ class SeriesCheckpoint:
     """The Hugging Face architecture class, e.g. ``GPTNeoXForCausalLM``."""
     tokenizer: str | None = None
     """A folder holding the tokenizer's files, or None (the model reads token ids)."""
+    repo: str | None = None
+    """A checkpoint on the Hugging Face hub: its repository (``EleutherAI/pythia-70m``); None: a local file."""
+    revision: str | None = None
+    """The hub revision it was imported from (``step1000``)."""
+    commit: str | None = None
+    """The commit that revision named at the import: what is fetched (a branch moved since fetches the same bytes)."""
+
+    @property
+    def remote(self) -> bool:
+        """Whether the file is fetched from the hub (it may be absent from the disk until then)."""
+        return self.repo is not None
+
+
+Fetch = Callable[[SeriesCheckpoint], Path]
+"""Puts a remote checkpoint's file on the disk, checked against the manifest's SHA-256, and returns its path
+(a one-line error naming the revision and file where it cannot)."""
 
 
 def file_sha256(path: str | os.PathLike) -> str:
@@ -233,9 +256,10 @@ def transformer_lens_to_gpt2(state: dict[str, torch.Tensor], n_heads: int | None
 
 
 def write_series(out: str | os.PathLike, checkpoints: list[SeriesCheckpoint], hf_config: dict[str, Any],
-                 source: str, notes: list[str]) -> Path:
+                 source: str, notes: list[str], model_files: dict[str, bytes] | None = None) -> Path:
     """Write an imported run directory at ``out`` (which must not exist, or be an empty folder): built in a
-    temporary folder beside it and moved into place in one rename, so nothing is left half-written."""
+    temporary folder beside it and moved into place in one rename, so nothing is left half-written.
+    ``model_files``: small files written beside the config in ``RUN/model/`` (a hub series' tokenizer)."""
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise RunError(f"{out}: already exists; --out must be a new (or empty) folder")
@@ -245,6 +269,8 @@ def write_series(out: str | os.PathLike, checkpoints: list[SeriesCheckpoint], hf
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.", suffix=".tmp"))
     try:
         write_json_atomic(tmp / MODEL_CONFIG_DIR / "config.json", hf_config)
+        for name, data in (model_files or {}).items():
+            (tmp / MODEL_CONFIG_DIR / name).write_bytes(data)  # inside the folder renamed into place at the end
         manifest = {"format": SERIES_FORMAT, "source": str(source), "notes": notes,
                     "checkpoints": [asdict(c) for c in sorted(checkpoints, key=lambda c: c.step)]}
         write_json_atomic(tmp / SERIES_FILE, manifest)
@@ -265,8 +291,10 @@ def is_imported(run_dir: str | os.PathLike) -> bool:
 class ImportedSeries:
     """An imported run read back: its checkpoints by step, and one model the weights are loaded into."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, fetch: Fetch | None = None):
         self.path = Path(path)
+        self.fetch = fetch
+        """Where a remote checkpoint's file comes from when it is read (:data:`Fetch`); None: the disk only."""
         raw = read_json(self.path / SERIES_FILE)
         if not isinstance(raw, dict) or raw.get("format") != SERIES_FORMAT:
             raise RunError(f"{self.path / SERIES_FILE}: not a series manifest of this toolkit")
@@ -318,25 +346,42 @@ class ImportedSeries:
         """The external file of ``step``."""
         return Path(self.checkpoint(step).file)
 
+    def file(self, step: int) -> Path:
+        """The weights file of ``step`` on the disk: a remote checkpoint's through :attr:`fetch` (without one, a
+        file not fetched is a one-line RunError saying how to fetch it)."""
+        entry = self.checkpoint(step)
+        if not entry.remote:
+            return Path(entry.file)
+        if self.fetch is not None:
+            return self.fetch(entry)
+        if not Path(entry.file).is_file():
+            raise RunError(f"{entry.file}: step {step} (revision {entry.revision} of hf:{entry.repo}) is not in the "
+                           f"local Hugging Face cache; plateauscope analyze --run {self.path} fetches it")
+        return Path(entry.file)
+
     def state(self, step: int) -> dict[str, torch.Tensor]:
         """The weights of ``step`` (a Hugging Face state dict), checked against the manifest's SHA-256."""
         entry = self.checkpoint(step)
         config = self.hf_config if entry.format.startswith("transformer_lens") else None
+        file = self.file(step)
         try:
-            data = Path(entry.file).read_bytes()
+            data = file.read_bytes()
         except OSError as e:
-            raise RunError(f"{entry.file}: cannot be read ({_one_line(e)}), listed in {self.path / SERIES_FILE}") from None
+            raise RunError(f"{file}: cannot be read ({_one_line(e)}), listed in {self.path / SERIES_FILE}") from None
         if hashlib.sha256(data).hexdigest() != entry.sha256:
-            raise RunError(f"{entry.file}: changed since it was imported (its SHA-256 differs from "
+            raise RunError(f"{file}: changed since it was imported (its SHA-256 differs from "
                            f"{self.path / SERIES_FILE})")
-        return decode_weights(data, entry.format, entry.file, config)
+        return decode_weights(data, entry.format, file, config)
 
     def verify(self) -> list[tuple[str, str]]:
         """Every problem of the series' checkpoint files against the manifest, in one pass, as (file, what is
-        wrong): missing, truncated, or altered (another SHA-256 than at import)."""
+        wrong): missing, truncated, or altered (another SHA-256 than at import). A hub checkpoint not in the cache
+        is none (it is fetched when it is read)."""
         problems = []
         for step in self.steps:
             entry = self.checkpoint(step)
+            if entry.remote and not Path(entry.file).exists():
+                continue
             try:
                 data = Path(entry.file).read_bytes()
             except OSError:
