@@ -25,7 +25,7 @@ from plateauscope.model.backend import (
     runs_from_layer,
     shares_hf_cache,
 )
-from plateauscope.tasks.probe import build_probe
+from plateauscope.tasks.probe import build_probe, logits_and_patterns
 from tests.sources.families import FAMILIES, KV_HEADS, VOCAB
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -184,3 +184,18 @@ def test_logits_at_positions_equal_those_of_the_full_forward(imported):
     tokens, positions = torch.randint(0, VOCAB, (3, 10)), torch.tensor([2, 5, 6, 9])
     with torch.no_grad():
         torch.testing.assert_close(logits_at(model, tokens, positions), model(tokens)[:, positions], atol=1e-5, rtol=0)
+
+
+def test_patterns_of_rows_without_logits_equal_those_of_one_full_forward(imported):
+    """``logits_and_patterns`` with logits for the first rows only (a second forward of the rest, one position
+    unembedded) against ``run_with_cache`` of every row."""
+    _, model = imported
+    torch.manual_seed(3)
+    tokens = torch.randint(0, VOCAB, (6, 10))
+    with torch.no_grad():
+        full, cache = model.run_with_cache(tokens, names_filter=lambda n: n.endswith("hook_pattern"))
+    expected = torch.stack([cache[f"blocks.{layer}.attn.hook_pattern"] for layer in range(model.cfg.n_layers)], 1)
+    for rows in (0, 2):
+        logits, patterns = logits_and_patterns(model, tokens, rows)
+        torch.testing.assert_close(patterns, expected, atol=1e-5, rtol=0)
+        torch.testing.assert_close(logits, full[:rows], atol=1e-5, rtol=0)

@@ -377,12 +377,17 @@ def run_causal_lm(model: Model, tokens: torch.Tensor, pred_index: int, hooks: It
     return logits[:, 0], cache
 
 
+def keeps_logits(model: torch.nn.Module) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` and unembeds only those positions: a bridge of another
+    trainer's model that passed :func:`_hf_cache_is_exact` or :func:`_from_layer_is_exact` when it was booted."""
+    return is_causal_lm(model) and (shares_hf_cache(model) or runs_from_layer(model))
+
+
 def logits_at(model: Model, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
     """The logits ``[batch, len(positions), vocab]`` of a forward of ``tokens`` at ``positions`` (one index tensor
-    for every row): a bridge of another trainer's model whose forward honours ``logits_to_keep``
-    (:func:`shares_hf_cache`, :func:`runs_from_layer`: checked when it was booted) unembeds only those; any other
-    model unembeds every position, and they are picked."""
-    if is_causal_lm(model) and (shares_hf_cache(model) or runs_from_layer(model)):
+    for every row): only those are unembedded where the model keeps logits (:func:`keeps_logits`); any other model
+    unembeds every position, and they are picked."""
+    if keeps_logits(model):
         return model(tokens, logits_to_keep=positions.to(tokens.device))
     return model(tokens)[:, positions.to(tokens.device)]
 

@@ -21,6 +21,7 @@ sequences and their controls, :meth:`InductionProbe.signals`):
 
 from __future__ import annotations
 
+from functools import cached_property
 from typing import Any, ClassVar
 
 import torch
@@ -142,9 +143,8 @@ class InductionProbe(InductionTask, Probe):
     def signals(self, model: nn.Module) -> ProbeSignals:
         """The head scores, their nulls and the loss gap per sequence, from one forward of the scored sequences and
         their controls."""
-        tokens = self.scored_tokens()
-        controls = self.controls(tokens)["induction"]
-        logits, patterns = logits_and_patterns(model, torch.cat([tokens, controls]))
+        tokens, controls = self._scored_and_controls
+        logits, patterns = logits_and_patterns(model, torch.cat([tokens, controls]), len(tokens))
         scored, control = patterns[: len(tokens)], patterns[len(tokens):]
         out = ProbeSignals({}, {}, {}, self.copy_gaps(logits[: len(tokens)], tokens), self.lags())
         for name, detection in self.detection_patterns(tokens).items():
@@ -153,6 +153,12 @@ class InductionProbe(InductionTask, Probe):
             out.nulls[name] = (target_scores(control, detection) if name == "induction"
                                else chance_scores(detection)[:, None, None].expand_as(out.scores[name]))
         return out
+
+    @cached_property
+    def _scored_and_controls(self) -> tuple[Int[Tensor, "N seq"], Int[Tensor, "N seq"]]:
+        """The scored sequences and their controls, drawn once."""
+        tokens = self.scored_tokens()
+        return tokens, self.controls(tokens)["induction"]
 
     def copy_gaps(self, logits: Float[Tensor, "N seq vocab"], tokens: Int[Tensor, "N seq"]) -> Float[Tensor, " N"]:
         """Per sequence, the mean loss on the first copy minus that on the second (the predictions of tokens 2 .. L

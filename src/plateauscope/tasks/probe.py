@@ -45,6 +45,7 @@ from jaxtyping import Float, Int
 from torch import Tensor, nn
 from transformer_lens.utilities import get_act_name
 
+from plateauscope.model.backend import keeps_logits
 from plateauscope.tasks.base import PromptPairs, Task, TaskError
 from plateauscope.tasks.loading import _check_class, _import_file, _import_module
 
@@ -100,7 +101,7 @@ class Probe:
         detections = self.detection_patterns(tokens)
         if not detections:
             return {}
-        patterns = logits_and_patterns(model, tokens)[1]
+        patterns = logits_and_patterns(model, tokens, 0)[1]
         return {name: target_scores(patterns, det).nanmean(0) for name, det in detections.items()}
 
     def check_vocab(self, d_vocab: int) -> None:
@@ -139,7 +140,7 @@ class Probe:
         out = ProbeSignals({}, {}, {}, lags=self.lags())
         if detections:
             batch = torch.cat([tokens, *controls.values()])
-            patterns = logits_and_patterns(model, batch)[1]
+            patterns = logits_and_patterns(model, batch, 0)[1]
             scored = patterns[: len(tokens)]
             offsets = {name: len(tokens) * (i + 1) for i, name in enumerate(controls)}
             for name, detection in detections.items():
@@ -303,15 +304,27 @@ def token_id(tokenizer: Any, text: str) -> int:
 
 
 @torch.no_grad()
-def logits_and_patterns(model: nn.Module, tokens: Int[Tensor, "N seq"]
-                        ) -> tuple[Float[Tensor, "N seq vocab"], Float[Tensor, "N n_layers n_heads seq seq"]]:
-    """The logits and every layer's attention pattern on ``tokens``, from one forward."""
+def logits_and_patterns(model: nn.Module, tokens: Int[Tensor, "N seq"], logits_rows: int | None = None
+                        ) -> tuple[Float[Tensor, "n seq vocab"], Float[Tensor, "N n_layers n_heads seq seq"]]:
+    """The logits of the first ``logits_rows`` sequences (None: all) and every layer's attention pattern on
+    ``tokens``. One forward; where some sequences need no logits and the model keeps only the logits it is asked
+    for (:func:`~plateauscope.model.backend.keeps_logits`), a second forward of those that unembeds one position."""
     n_layers = model.cfg.n_layers
     names = {get_act_name("pattern", layer) for layer in range(n_layers)}
     device = next(model.parameters()).device
-    logits, cache = model.run_with_cache(tokens.to(device), names_filter=lambda name: name in names)
-    patterns = torch.stack([cache[get_act_name("pattern", layer)] for layer in range(n_layers)], dim=1)
-    return logits.float().cpu(), patterns.float().cpu()
+    n = len(tokens) if logits_rows is None else logits_rows
+
+    def run(rows: Tensor, **kwargs: Any) -> tuple[Tensor, Tensor]:
+        logits, cache = model.run_with_cache(rows.to(device), names_filter=lambda name: name in names, **kwargs)
+        return logits, torch.stack([cache[get_act_name("pattern", layer)] for layer in range(n_layers)], dim=1)
+
+    if n == len(tokens) or not keeps_logits(model):
+        logits, patterns = run(tokens)
+        return logits[:n].float().cpu(), patterns.float().cpu()
+    scored = [run(tokens[:n])] if n else []
+    last, rest = run(tokens[n:], logits_to_keep=1)
+    logits = scored[0][0] if n else last.new_empty(0, tokens.shape[1], last.shape[-1])
+    return logits.float().cpu(), torch.cat([p for _, p in scored] + [rest]).float().cpu()
 
 
 def target_scores(patterns: Float[Tensor, "N n_layers n_heads seq seq"],
