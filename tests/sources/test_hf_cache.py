@@ -116,7 +116,7 @@ def test_a_missing_revision_or_model_is_one_line_and_writes_nothing(cache, tmp_p
     have = ", ".join(f"step{s}" for s in chosen)
     _one_line_error(["hf-cache:EleutherAI/tiny-pythia", "--out", str(out), "--revisions", f"step{chosen[0]},step7"],
                     capsys, f"EleutherAI/tiny-pythia: revision step7 is not in the local Hugging Face cache ({repo}); "
-                            f"have: {have}")
+                            f"it has: {have}")
     _one_line_error(["hf-cache:EleutherAI/pythia-70m", "--out", str(out)], capsys,
                     f"EleutherAI/pythia-70m: not in the local Hugging Face cache ({root})")
     _one_line_error(["hf-cache:EleutherAI/tiny-pythia", "--out", str(out), "--revisions", "main"], capsys,

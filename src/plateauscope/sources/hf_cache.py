@@ -17,6 +17,7 @@ lists the ones it has.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 import re
 from pathlib import Path
 
@@ -28,6 +29,8 @@ PREFIX = "hf-cache:"
 STEP_REVISION = re.compile(r"^(?:[A-Za-z0-9_]+-)*step(\d+)(?:-tokens\d+[A-Za-z]*)?$")
 """A step revision's name: ``step1000`` (Pythia), ``step1000-tokens4B`` (OLMo), ``stage1-step1000-tokens4B``
 (OLMo 2); group 1 is the step."""
+LISTED = 10
+"""Revision names a message lists in full; a longer listing shows its ends and its length."""
 _REPO_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -98,32 +101,47 @@ def read_hf_cache(source: str, revisions: list[str] | None = None) -> list[Found
     if not have:
         raise SourceError(f"{name}: not in the local Hugging Face cache ({cache}); download its step revisions "
                           "first (e.g. huggingface-cli download --revision step1000), or set HF_HUB_CACHE")
+    where = f"in the local Hugging Face cache ({repo_folder})"
+    return [read_snapshot(name, revision, repo_folder / "snapshots" / have[revision], revision_step(revision) or 0)
+            for revision in choose_revisions(name, have, revisions, where)]
+
+
+def listing(names: list[str]) -> str:
+    """Revision names for a one-line message: all of them, or the ends of a long list and its length."""
+    if len(names) <= LISTED:
+        return ", ".join(names) or "none"
+    return f"{', '.join(names[:5])}, ..., {', '.join(names[-3:])} ({len(names)} in all)"
+
+
+def choose_revisions(label: str, have: Iterable[str], revisions: list[str] | None, where: str) -> list[str]:
+    """The step revisions to import, in step order: ``revisions`` (each among ``have`` and holding a step), else
+    every step revision of ``have``; two of one step are a SourceError. ``label`` names the model and ``where``
+    the place the revisions are looked for in the one-line errors (``on the hub (URL)``)."""
     steps_have = [r for r in _by_step_order(list(have)) if revision_step(r) is not None]
-    listing = ", ".join(steps_have) or "no step revisions (stepN or stepN-tokensM)"
     if revisions is None:
         wanted = steps_have
         if not wanted:
-            raise SourceError(f"{name}: no step revisions (stepN or stepN-tokensM) in the local Hugging Face cache "
-                              f"({repo_folder}); have: {', '.join(sorted(have))}")
+            raise SourceError(f"{label}: no step revisions (stepN or stepN-tokensM) {where}; it has: "
+                              f"{listing(sorted(have))}")
     else:
         wanted = list(dict.fromkeys(revisions))
         absent = [r for r in wanted if r not in have]
         if absent:
             one = len(absent) == 1
-            raise SourceError(f"{name}: revision{'' if one else 's'} {', '.join(absent)} {'is' if one else 'are'} not "
-                              f"in the local Hugging Face cache ({repo_folder}); have: {listing}")
+            raise SourceError(f"{label}: revision{'' if one else 's'} {', '.join(absent)} {'is' if one else 'are'} "
+                              f"not {where}; it has: {listing(steps_have)}")
         stepless = [r for r in wanted if revision_step(r) is None]
         if stepless:
-            raise SourceError(f"{name}: revision {stepless[0]} has no step in its name (stepN or stepN-tokensM)")
-    found: dict[int, tuple[str, FoundCheckpoint]] = {}
+            raise SourceError(f"{label}: revision {stepless[0]} has no step in its name (stepN or stepN-tokensM)")
+    by_step: dict[int, str] = {}
     for revision in wanted:
         step = revision_step(revision)
         assert step is not None
-        if step in found:
-            raise SourceError(f"{name}: revisions {found[step][0]} and {revision} are both step {step}; "
+        if step in by_step:
+            raise SourceError(f"{label}: revisions {by_step[step]} and {revision} are both step {step}; "
                               "name the ones to import with --revisions")
-        found[step] = (revision, read_snapshot(name, revision, repo_folder / "snapshots" / have[revision], step))
-    return [found[s][1] for s in sorted(found)]
+        by_step[step] = revision
+    return [by_step[s] for s in sorted(by_step)]
 
 
 def parse_revisions(text: str | None) -> list[str] | None:

@@ -39,7 +39,7 @@ from plateauscope.model.backend import BackendError, boot_causal_lm, check_causa
 from plateauscope.runs.files import MODEL_CONFIG_DIR, RunError
 from plateauscope.runs.series import ImportedSeries, SeriesCheckpoint, file_sha256, is_imported, write_series
 from plateauscope.sources.found import FoundCheckpoint, SourceError, read_source_json
-from plateauscope.sources.hf_cache import _REPO_ID, _by_step_order, hub_cache_dir, revision_step
+from plateauscope.sources.hf_cache import _REPO_ID, choose_revisions, hub_cache_dir, listing, revision_step
 from plateauscope.sources.hf_folder import TOKENIZER_FILES, WEIGHT_FILES
 from plateauscope.sources.importer import ImportResult, check_one_model
 from plateauscope.sources.selection import select_steps
@@ -48,8 +48,6 @@ PREFIX = "hf:"
 """How a source names a model on the Hugging Face hub: ``hf:EleutherAI/pythia-70m``."""
 TOKENIZER_COPIED = (*TOKENIZER_FILES, "merges.txt", "special_tokens_map.json", "added_tokens.json")
 """The tokenizer's files copied from the last revision into ``RUN/model/`` (those it has)."""
-LISTED = 10
-"""Revision names a message lists in full; a longer listing shows its ends and its length."""
 
 
 def is_hub_source(source: str | os.PathLike) -> bool:
@@ -69,13 +67,6 @@ def hub_offline() -> bool:
     from huggingface_hub import constants
 
     return os.environ.get("HF_HUB_OFFLINE", "").upper() in {"1", "ON", "YES", "TRUE"} or constants.is_offline_mode()
-
-
-def listing(names: list[str]) -> str:
-    """Revision names for a one-line message: all of them, or the ends of a long list and its length."""
-    if len(names) <= LISTED:
-        return ", ".join(names) or "none"
-    return f"{', '.join(names[:5])}, ..., {', '.join(names[-3:])} ({len(names)} in all)"
 
 
 @contextmanager
@@ -189,36 +180,6 @@ def read_revision(name: str, revision: str, commit: str) -> HubRevision:
     return HubRevision(revision, step, info.sha or commit, file, fmt, lfs.sha256, int(lfs.size), tuple(siblings))
 
 
-def choose_revisions(name: str, have: dict[str, str], revisions: list[str] | None) -> list[str]:
-    """The step revisions to import, in step order: ``revisions`` (each must be on the hub, and hold a step),
-    else every step revision; two of one step are a SourceError."""
-    steps_have = [r for r in _by_step_order(list(have)) if revision_step(r) is not None]
-    if revisions is None:
-        wanted = steps_have
-        if not wanted:
-            raise SourceError(f"hf:{name}: no step revisions (stepN or stepN-tokensM) on the hub; it has: "
-                              f"{listing(sorted(have))}")
-    else:
-        wanted = list(dict.fromkeys(revisions))
-        absent = [r for r in wanted if r not in have]
-        if absent:
-            one = len(absent) == 1
-            raise SourceError(f"hf:{name}: revision{'' if one else 's'} {', '.join(absent)} {'is' if one else 'are'} "
-                              f"not on the hub ({hub_endpoint()}); it has: {listing(steps_have)}")
-        stepless = [r for r in wanted if revision_step(r) is None]
-        if stepless:
-            raise SourceError(f"hf:{name}: revision {stepless[0]} has no step in its name (stepN or stepN-tokensM)")
-    by_step: dict[int, str] = {}
-    for revision in wanted:
-        step = revision_step(revision)
-        assert step is not None
-        if step in by_step:
-            raise SourceError(f"hf:{name}: revisions {by_step[step]} and {revision} are both step {step}; "
-                              "name the ones to import with --revisions")
-        by_step[step] = revision
-    return [by_step[s] for s in sorted(by_step)]
-
-
 def remote_shapes(name: str, rev: HubRevision) -> dict[str, tuple[int, ...]]:
     """The tensor names and shapes of a revision's safetensors file, from its header alone (Range requests);
     a header that is not one, or names more data than the listed size, is a one-line SourceError."""
@@ -249,7 +210,7 @@ def import_hub(source: str, out: str | Path, every: int = 1, steps: list[int] | 
         raise SourceError(f"hf:{name}: HF_HUB_OFFLINE is set, and import hf: reads the hub's listing; import the "
                           f"revisions already in the cache with hf-cache:{name}")
     have = hub_revisions(name)
-    wanted = {revision_step(r): r for r in choose_revisions(name, have, revisions)}
+    wanted = {revision_step(r): r for r in choose_revisions(f"hf:{name}", have, revisions, f"on the hub ({hub_endpoint()})")}
     chosen = select_steps(sorted(wanted), every, steps, log_spaced, f"hf:{name}")
     listed: list[HubRevision] = []
     found: list[FoundCheckpoint] = []
