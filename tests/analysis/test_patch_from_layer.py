@@ -26,7 +26,7 @@ from plateauscope.model.backend import (
     shares_hf_cache,
 )
 from plateauscope.tasks.probe import build_probe, logits_and_patterns
-from tests.sources.families import FAMILIES, KV_HEADS, VOCAB
+from tests.sources.families import FAMILIES, KV_HEADS, VOCAB, transformer_lens_patching
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -59,19 +59,6 @@ def imported(request, tmp_path_factory):
 
 def _pairs():
     return build_probe("induction", VOCAB, 64, segment_len=8).prompt_pairs(8, 0)
-
-
-def _expected_head_patching(model, pairs) -> torch.Tensor:
-    """TransformerLens's ``get_act_patch_attn_head_out_all_pos`` with the last position's logit difference."""
-    rows = torch.arange(len(pairs.clean))
-
-    def logit_diff(logits):
-        last = logits[:, pairs.pred_pos]
-        return (last[rows, pairs.clean_answer] - last[rows, pairs.corrupt_answer]).mean()
-
-    with torch.no_grad():
-        _, clean_cache = model.run_with_cache(pairs.clean)
-        return tl_patching.get_act_patch_attn_head_out_all_pos(model, pairs.corrupt, clean_cache, logit_diff).float()
 
 
 def _block_runs(model):
@@ -110,7 +97,7 @@ def test_a_run_from_each_layer_equals_the_full_forward(imported):
 def test_head_patching_starts_at_the_layer_and_equals_transformer_lens(imported):
     _, model = imported
     pairs = _pairs()
-    expected = _expected_head_patching(model, pairs)
+    expected = transformer_lens_patching(model, pairs, tl_patching.get_act_patch_attn_head_out_all_pos)
     counts, handles = _block_runs(model)
     try:
         ours = patch(model, pairs, "heads", max_batch=64)  # several chunks of patches
@@ -141,7 +128,7 @@ def test_where_the_self_check_fails_patching_runs_every_block_and_stays_exact(tm
     assert not runs_from_layer(model)
     assert shares_hf_cache(model) == (name == "gpt_neox")  # the position sharing is checked on its own
     pairs = _pairs()
-    expected = _expected_head_patching(model, pairs)
+    expected = transformer_lens_patching(model, pairs, tl_patching.get_act_patch_attn_head_out_all_pos)
     counts, handles = _block_runs(model)
     try:
         ours = patch(model, pairs, "heads", max_batch=64)

@@ -13,6 +13,7 @@ from transformer_lens import patching as tl_patching
 from plateauscope.analysis.patch import patch
 from plateauscope.model.backend import boot_causal_lm, load_causal_lm_state, shares_hf_cache
 from plateauscope.tasks.probe import build_probe
+from tests.sources.families import transformer_lens_patching
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 VOCAB = 64
@@ -53,15 +54,7 @@ def test_only_gpt_neox_shares_positions_through_the_cache(imported):
 def test_exact_patching_equals_transformer_lens(imported, target, reference):
     _, model = imported
     pairs = build_probe("induction", VOCAB, 64, segment_len=8).prompt_pairs(8, 0)
-    rows = torch.arange(len(pairs.clean))
-
-    def logit_diff(logits):
-        last = logits[:, pairs.pred_pos]
-        return (last[rows, pairs.clean_answer] - last[rows, pairs.corrupt_answer]).mean()
-
-    with torch.no_grad():
-        _, clean_cache = model.run_with_cache(pairs.clean)
-        expected = reference(model, pairs.corrupt, clean_cache, logit_diff)
+    expected = transformer_lens_patching(model, pairs, reference)
     ours = patch(model, pairs, target, max_batch=64)  # several chunks of patches
     assert ours.raw.shape == expected.shape
-    torch.testing.assert_close(ours.raw, expected.float(), atol=1e-5, rtol=0)
+    torch.testing.assert_close(ours.raw, expected, atol=1e-5, rtol=0)

@@ -95,3 +95,19 @@ FAMILIES: dict[str, Callable[[], Any]] = {
     "mixtral": _llama_like("MixtralConfig", num_key_value_heads=KV_HEADS, num_local_experts=2, num_experts_per_tok=1),
 }
 """Family -> a function returning its tiny config (the conformance matrix's rows)."""
+
+
+def transformer_lens_patching(model: Any, pairs: Any, reference: Callable) -> Any:
+    """TransformerLens's own patching (``reference``: a ``transformer_lens.patching.get_act_patch_*``) of the
+    corrupted prompts from the clean run's cache, with the prediction position's logit difference as the metric."""
+    import torch
+
+    rows = torch.arange(len(pairs.clean))
+
+    def logit_diff(logits):
+        last = logits[:, pairs.pred_pos]
+        return (last[rows, pairs.clean_answer] - last[rows, pairs.corrupt_answer]).mean()
+
+    with torch.no_grad():
+        _, clean_cache = model.run_with_cache(pairs.clean)
+        return reference(model, pairs.corrupt, clean_cache, logit_diff).float()
