@@ -143,3 +143,24 @@ def _processes_with(entry: str) -> list[int]:
         except OSError:  # gone, or not ours to read
             continue
     return out
+
+
+def kill_shard_midway(env: dict, analysing: subprocess.Popen, run: Path, index: int) -> bool:
+    """SIGKILL every process of shard ``index``'s job of a sharded ``analyze`` (``plateauscope.analysis.shards``) on
+    this cluster (``env``: its clients' environment), as the kernel's out-of-memory killer would, once the shard's
+    probe pass has written a record; False where the shard ended first."""
+    first = run / "analysis" / "shards" / str(index) / "analysis" / "probe_induction.jsonl"
+    deadline = time.monotonic() + 300
+    while not (first.exists() and first.read_text().count("\n") >= 1):
+        if analysing.poll() is not None or time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    ours = set(_processes_with(f"SLURM_CONF={env['SLURM_CONF']}"))
+    pids = ours & set(_processes_with(f"SLURM_ARRAY_TASK_ID={index}")) \
+        & set(_processes_with("SLURM_JOB_NAME=plateauscope-analyze"))
+    for pid in pids:
+        try:
+            os.kill(pid, 9)
+        except ProcessLookupError:
+            pass
+    return bool(pids)

@@ -3,7 +3,8 @@ worker threads for small models.
 
 Used by the local sweep executor (one training job per process), by the per-head LLC (checkpoints and
 heads spread over processes) and by the analysis (checkpoints spread over threads); each caller writes its
-files in the parent, so a killed pool loses work in flight, never a file.
+files in the parent, so a killed pool loses work in flight, never a file. Jobs on a cluster go through
+submitit (:func:`submitit_executor`: a sweep's runs, a series' analysis in shards).
 """
 
 from __future__ import annotations
@@ -14,9 +15,12 @@ import os
 import signal
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
+
+from plateauscope.errors import ConfigError
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -86,3 +90,16 @@ def thread_map(fn: Callable[[T], R], items: Sequence[T], workers: int) -> Iterat
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
         torch.set_num_threads(threads)
+
+
+def submitit_executor(folder: Path, cluster: str) -> Any:
+    """A submitit executor (``cluster``: ``local`` or ``slurm``), or a one-line ConfigError saying why not."""
+    flag = "slurm" if cluster == "slurm" else "submitit-local"
+    try:
+        import submitit
+    except ImportError:
+        raise ConfigError(f"--executor {flag} needs submitit: pip install 'plateauscope[cluster]'") from None
+    try:
+        return submitit.AutoExecutor(folder=folder, cluster=cluster)
+    except RuntimeError as e:  # "Could not detect srun": not on a Slurm cluster
+        raise ConfigError(f"--executor {flag}: {' '.join(str(e).split())}") from None

@@ -123,3 +123,14 @@ def train_llama_induction_series(out: Path, steps: int = 800, save_every: int = 
         loss.backward()
         opt.step()
     return saved
+
+
+SMALL_ANALYSIS = ["--probe-length", "6", "--n-examples", "16", "--ablation-groups", "2", "--n-exact", "2",
+                  "--circuit-pairs", "8", "--n-exact-edges", "8", "--no-progress", "--workers", "1", "--threads", "1"]
+"""``plateauscope analyze`` options of a whole analysis of a tiny series in seconds, on one thread (so that
+processes that share it make the same bytes)."""
+
+
+def analysis_files(run: Path) -> dict[str, bytes]:
+    """Every file of a run's analysis folder, by name, but its lock file."""
+    return {p.name: p.read_bytes() for p in sorted((run / "analysis").iterdir()) if p.is_file() and p.name != ".lock"}

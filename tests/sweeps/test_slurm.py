@@ -1,9 +1,9 @@
-"""Sweeps on a real Slurm cluster: one node on localhost (``tests/slurm_cluster.py``), submitit's
-``SlurmExecutor``, job arrays, ``scancel``.
+"""Sweeps, and an imported series analysed in shards, on a real Slurm cluster: one node on localhost
+(``tests/slurm_cluster.py``), submitit's ``SlurmExecutor``, job arrays, ``scancel``, a shard's processes killed.
 
-Checked against the serial executor's sweep of the same grid (the session's ``tiny_sweep``, one
+A sweep is checked against the serial executor's sweep of the same grid (the session's ``tiny_sweep``, one
 torch thread): every run's ``metrics.jsonl`` equal but for the wall clock, and every checkpoint
-byte-identical. The tests skip, loudly, only where Slurm and munge are not installed; ``.ci/run``
+byte-identical. A sharded analysis is checked against one process's, byte for byte. The tests skip, loudly, only where Slurm and munge are not installed; ``.ci/run``
 installs them.
 """
 
@@ -18,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from plateauscope.runs import run as rd
+from plateauscope.sources.importer import import_series
 from tests import slurm_cluster
+from tests.sources.series_builders import SMALL_ANALYSIS, analysis_files, tiny_neox_config, train_hf_series
 
 SWEEP = ["sweep", "--preset", "tiny", "--executor", "slurm", "--threads", "1", "--no-progress"]
 
@@ -117,3 +119,38 @@ def test_a_cancelled_job_is_one_line_and_the_next_call_resumes_it(cluster, tiny_
     assert sum(line.startswith("done") for line in again.stdout.splitlines()) == 1  # only the cancelled run
     assert "6 of 6 runs complete" in again.stdout
     same_as_serial(out, tiny_sweep)
+
+
+PER_STEP_FILES = ("probe_induction.jsonl", "probe_metrics.jsonl", "attention.jsonl", "attribution.jsonl", "edges.jsonl",
+                  "patterns.jsonl", "measures.jsonl")
+"""What a shard writes, one record per step each (the rest is computed after the merge, in one process)."""
+
+
+def test_four_slurm_shards_equal_one_process_with_a_killed_shard_resumed(cluster, tmp_path):
+    source = tmp_path / "trainer"
+    train_hf_series(source, tiny_neox_config(), steps=120, save_every=10, lr=5e-3)
+    reference = import_series(source, tmp_path / "one_process").path
+    args = [sys.executable, "-m", "plateauscope", "analyze", *SMALL_ANALYSIS]
+    alone = subprocess.run([*args, "--run", str(reference)], capture_output=True, text=True, env=cluster, timeout=600)
+    assert alone.returncode == 0, alone.stdout + alone.stderr
+    for attempt in range(5):  # a shard that ended before it could be killed: again, afresh
+        run = import_series(source, tmp_path / f"sharded{attempt}").path
+        analysing = subprocess.Popen([*args, "--run", str(run), "--executor", "slurm", "--shards", "4"],
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=cluster)
+        killed = slurm_cluster.kill_shard_midway(cluster, analysing, run, 2)
+        stdout, stderr = analysing.communicate(timeout=600)
+        if killed:
+            break
+    assert analysing.returncode == 0, stdout + stderr
+    assert "shard 3 of 4 (steps 70-90): its job ended without a result" in stderr, stderr
+    shards = {line.split(":")[0]: line for line in stdout.splitlines() if line.startswith("shard ")}
+    assert sorted(shards) == [f"shard {k} of 4" for k in range(1, 5)], stdout
+    assert "found from an earlier try" in shards["shard 3 of 4"], stdout  # it resumed from its folder
+
+    def count(line: str, what: str) -> int:
+        return int(line.split(f" {what}")[0].rsplit(" ", 1)[1]) if what in line else 0
+
+    # nothing analysed twice: what the shards wrote and found is each step's record once
+    written = sum(count(line, "records written") + count(line, "found from") for line in shards.values())
+    assert written == len(PER_STEP_FILES) * 13
+    assert analysis_files(run) == analysis_files(reference)

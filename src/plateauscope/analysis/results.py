@@ -26,14 +26,13 @@ from typing import Any
 import numpy as np
 from tqdm.auto import tqdm
 
-from plateauscope.runs.files import ANALYSIS_DIR, LOCK_FILE, ROUTING_FILE, writer_lock
+from plateauscope.runs.files import ANALYSIS_DIR, LOCK_FILE, ROUTING_FILE, append_lines_atomic, writer_lock
 from plateauscope.runs.run import (
     Run,
     RunError,
     read_json,
     read_jsonl,
     write_json_atomic,
-    write_text_atomic,
 )
 
 log = logging.getLogger(__name__)
@@ -70,6 +69,8 @@ PROBE_PASS_FILE = "probe_{name}.json"
 PROBE_STEPS_FILE = "probe_{name}.jsonl"
 """The probe's pass, one record per step as it is measured (a killed pass resumes from it)."""
 """The one change-point rule applied to every signal of a run: each signal's change point and the order."""
+SHARDS_DIR = "shards"
+"""The shards of an analysis in shards (``plateauscope.analysis.shards``), one run directory each, until merged."""
 LEGACY_ROUTING_FILE = "selector.json"
 """What :data:`ROUTING_FILE` was called before; read when the new file is absent."""
 REPORT_FILE = "report.html"
@@ -185,12 +186,7 @@ def settings_key(settings: Mapping[str, Any]) -> dict[str, Any]:
 
 def append_records(path: Path, records: Iterable[dict[str, Any]]) -> None:
     """Append ``records`` to a JSON-lines file, atomically (the whole file is rewritten in one rename)."""
-    path = Path(path)
-    old = path.read_text() if path.exists() else ""
-    if old and not old.endswith("\n"):
-        old = old.rsplit("\n", 1)[0] + "\n" if "\n" in old else ""  # drop a torn last line
-    new = "".join(json.dumps(strict_json(r), allow_nan=False) + "\n" for r in records)
-    write_text_atomic(path, old + new)
+    append_lines_atomic(Path(path), [json.dumps(strict_json(r), allow_nan=False) for r in records])
 
 
 def load_records(path: Path, settings: Mapping[str, Any] | None = None) -> list[dict[str, Any]]:

@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 from pathlib import Path
+
+import torch
 
 import plateauscope.analysis.analyze as _module
 from plateauscope.analysis.ablate import KINDS
 from plateauscope.analysis.analyze import MAX_WORKERS, AnalysisSettings, analyze_run, default_workers
-from plateauscope.analysis.probe_pass import analyze_series
 from plateauscope.analysis.edges import CIRCUIT_PAIRS, FAITHFULNESS_TARGET
 from plateauscope.analysis.follow import POLL_S, follow
 from plateauscope.analysis.landmarks import DEFAULT_BUDGET
 from plateauscope.analysis.probe_pass import analyze_series
 from plateauscope.analysis.results import analysis_dir
+from plateauscope.analysis.shards import SHARD_EXECUTORS, run_shards, shard_executor
 from plateauscope.cli.common import CliError, add_backend_arg, run_cli
 from plateauscope.cli.import_ import format_probe_series
 from plateauscope.cli.parser import OneLineParser
@@ -32,6 +35,15 @@ def write_pages(run_dir: Path, live: str | None = None) -> None:
 
     write_report(run_dir, live=live)
     write_view(run_dir, live=live)
+
+
+def format_shard(outcome: dict, shards: int) -> str:
+    """One line per shard of ``analyze --executor``: what it wrote and what an earlier try had."""
+    head = f"shard {outcome['index'] + 1} of {shards}"
+    if "error" in outcome:
+        return f"{head}: failed ({outcome['error'][:200]}); log: {outcome['log']}"
+    earlier = f", {outcome['resumed']} found from an earlier try" if outcome["resumed"] else ""
+    return f"{head}: {outcome['steps']} steps, {outcome['written']} records written{earlier}"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -81,6 +93,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int,
                    help="checkpoints of the cheap pass analysed side by side, each on its own thread and model "
                         f"(default: one per torch thread on the CPU, at most {MAX_WORKERS}; one on a GPU)")
+    p.add_argument("--threads", type=int,
+                   help="torch threads of this process, and of each shard's job with --executor (default: torch's; "
+                        "a shard's: 1)")
+    p.add_argument("--executor", choices=tuple(SHARD_EXECUTORS),
+                   help="an imported series: analyse its checkpoints in --shards jobs on Slurm (a job array) or in "
+                        "submitit's local processes, merge their records, then the rest here (default: all here)")
+    p.add_argument("--shards", type=int, help="with --executor: the jobs the checkpoints are split over")
+    p.add_argument("--retries", type=int, default=1,
+                   help="with --executor: times a shard whose job died is submitted again, resuming (default 1)")
+    p.add_argument("--slurm-partition", help="with --executor slurm: the partition")
+    p.add_argument("--timeout-min", type=int, default=240,
+                   help="with --executor: each shard's time limit in minutes (default 240)")
     add_backend_arg(p)
     p.add_argument("--follow", action="store_true",
                    help="analyse the run while it trains: each new checkpoint's cheap pass, the report and the view "
@@ -110,6 +134,17 @@ def main(argv: list[str] | None = None) -> int:
             raise CliError(f"--n-exact-edges must be at least 0, got {args.n_exact_edges}")
         if args.workers is not None and args.workers < 1:
             raise CliError(f"--workers must be at least 1, got {args.workers}")
+        for flag, value, least in (("--threads", args.threads, 1), ("--shards", args.shards, 1),
+                                   ("--retries", args.retries, 0), ("--timeout-min", args.timeout_min, 1)):
+            if value is not None and value < least:
+                raise CliError(f"{flag} must be at least {least}, got {value}")
+        if (args.executor is None) != (args.shards is None):
+            raise CliError("--executor and --shards go together: --executor slurm --shards N")
+        if args.executor and not is_imported(args.run):
+            raise CliError(f"--executor: {args.run} is not an imported series (plateauscope import); a run trained "
+                           "here is analysed in one process")
+        if args.threads is not None:
+            torch.set_num_threads(args.threads)
         settings = AnalysisSettings(args.n_examples, args.seed, args.ablation_groups,
                                     circuit_ablation=args.circuit_ablation, smooth=args.smooth,
                                     edge_target=args.edge_target, circuit_pairs=args.circuit_pairs,
@@ -126,6 +161,13 @@ def main(argv: list[str] | None = None) -> int:
                 workers = min(workers or default_workers(args.device), args.keep)
             options = {**({} if args.probe_length is None else {"segment_len": args.probe_length}),
                        **({} if args.bos is None else {"bos": args.bos})}
+            if args.executor:  # the per-step passes in shards, merged into the cache; the rest below, here
+                fetch_for = functools.partial(HubFetcher.for_run, keep=args.keep) if fetch is not None else None
+                run_shards(args.run, args.shards, shard_executor(args.run, args.executor), args.probe, options,
+                           args.steps, args.every, settings, args.threads or 1, args.retries, fetch_for, args.device,
+                           not args.no_edges, args.probe_only,
+                           {"partition": args.slurm_partition, "timeout_min": args.timeout_min},
+                           on_shard=lambda outcome: print(format_shard(outcome, args.shards)), wait=not args.no_wait)
             passed, result = analyze_series(
                 args.run, args.probe, options, args.steps, args.every, args.device, progress=not args.no_progress,
                 n_exact=args.n_exact, settings=settings, backend=args.backend, edges=not args.no_edges, full=args.full,

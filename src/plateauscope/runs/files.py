@@ -82,6 +82,8 @@ SERIES_FORMAT = "plateauscope-series-v1"
 """The ``format`` tag of :data:`SERIES_FILE`."""
 MODEL_CONFIG_DIR = "model"
 """Folder of an imported run holding the series' Hugging Face ``config.json`` (one model per series)."""
+SUBMITIT_DIR = ".submitit"
+"""submitit's folder of job files and logs, in a sweep's directory and in a sharded analysis's shards folder."""
 CHECKPOINT_FORMAT = "plateauscope-checkpoint-v1"
 """The ``format`` tag in every checkpoint's safetensors metadata."""
 READABLE_CHECKPOINT_FORMATS: tuple[str, ...] = (CHECKPOINT_FORMAT, "synass-lens-checkpoint-v1")
@@ -132,6 +134,15 @@ def disk_error(path: Path, e: OSError) -> Exception:
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` atomically (a temporary file, then one rename)."""
     atomic_write(path, lambda tmp: Path(tmp).write_text(text))
+
+
+def append_lines_atomic(path: Path, lines: list[str]) -> None:
+    """Append whole lines (each without its newline) to a text file atomically: the file rewritten in one
+    rename, a torn last line (a file cut short) dropped."""
+    old = path.read_text() if path.exists() else ""
+    if old and not old.endswith("\n"):
+        old = old.rsplit("\n", 1)[0] + "\n" if "\n" in old else ""
+    write_text_atomic(path, old + "".join(line + "\n" for line in lines))
 
 
 def write_json_atomic(path: Path, obj: Any) -> None:

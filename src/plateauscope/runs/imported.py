@@ -42,10 +42,10 @@ from plateauscope.runs.files import (
     MODEL_CONFIG_DIR,
     RunError,
     _one_line,
+    append_lines_atomic,
     read_json,
     read_jsonl,
     write_json_atomic,
-    write_text_atomic,
 )
 from plateauscope.runs.metrics import compute_tau, plateau_stretch
 from plateauscope.runs.references import ReferenceLadder, ladder_summary
@@ -194,26 +194,23 @@ class ImportedRun(Run):
     def evaluate(self, steps: list[int], device: str = "cpu",
                  on_step: Callable[[int], None] | None = None) -> list[dict]:
         """The probe's evaluation (its task's ``evaluate``, less :data:`NOT_TRAINING_KEYS`) at each of ``steps``
-        that has none for this probe, appended to ``RUN/analysis/probe_metrics.jsonl``; return :meth:`metrics`."""
+        that has none for this probe, appended to ``RUN/analysis/probe_metrics.jsonl`` as each is made (a killed
+        evaluation resumes from there); return :meth:`metrics`."""
         have = {r["step"] for r in self.metrics()}
         todo = [s for s in steps if s not in have]
         if todo:
             task, tc, fingerprint = self.task(), self.config.train, self.task_fingerprint()
             evalset = task.build_evalset(tc.eval_groups, tc.tracked_groups, tc.seed)
             ladder = ReferenceLadder.build(task, evalset)  # the probe's references, where it has them
-            model, records = None, []
+            file, model = self.path / ANALYSIS_DIR / PROBE_METRICS_FILE, None
             for step in todo:
                 model = self.model(step, device, reuse=model)
                 values = {k: v for k, v in task.evaluate(model, evalset).items() if k not in NOT_TRAINING_KEYS}
                 values.update(ladder.kl(model, task) if ladder is not None else {})
-                records.append({"step": step, **values, "task": fingerprint})
+                record = {"step": step, **values, "task": fingerprint}
+                append_lines_atomic(file, [json.dumps(_finite(record), allow_nan=False)])
                 if on_step is not None:
                     on_step(step)
-            file = self.path / ANALYSIS_DIR / PROBE_METRICS_FILE
-            old = file.read_text() if file.exists() else ""
-            if old and not old.endswith("\n"):  # a torn last line: dropped
-                old = old.rsplit("\n", 1)[0] + "\n" if "\n" in old else ""
-            write_text_atomic(file, old + "".join(json.dumps(_finite(r), allow_nan=False) + "\n" for r in records))
         return self.metrics()
 
     @property

@@ -293,9 +293,12 @@ class HubFetcher:
         """Commits it deleted from the cache."""
 
     @classmethod
-    def for_run(cls, run_dir: str | Path, keep: int | None = None, progress: bool = False) -> HubFetcher:
-        """The fetcher of an imported run's hub checkpoints."""
-        return cls(list(ImportedSeries(run_dir).checkpoints.values()), keep, progress)
+    def for_run(cls, run_dir: str | Path, keep: int | None = None, progress: bool = False,
+                steps: list[int] | None = None) -> HubFetcher:
+        """The fetcher of an imported run's hub checkpoints; ``steps``: only these steps' revisions are ever evicted
+        (a shard's own, :mod:`plateauscope.analysis.shards`: the other shards read theirs from the same cache)."""
+        found = ImportedSeries(run_dir).checkpoints
+        return cls([c for step, c in found.items() if steps is None or step in steps], keep, progress)
 
     def cached(self, entry: SeriesCheckpoint) -> Path | None:
         """Where the cache holds ``entry``'s file, or None."""

@@ -13,11 +13,11 @@ import torch
 from tqdm.auto import tqdm
 
 from plateauscope.errors import ConfigError
-from plateauscope.processes import available_cores, spawn_pool
+from plateauscope.processes import available_cores, spawn_pool, submitit_executor
 from plateauscope.runs import run as rd
+from plateauscope.runs.files import SUBMITIT_DIR
 from plateauscope.sweeps.spec import (
     EXECUTORS,
-    SUBMITIT_DIR,
     Job,
     Point,
     SweepSpec,
@@ -84,19 +84,6 @@ def _run_local(jobs: list[Job], workers: int, bar: tqdm) -> list[dict]:
                 outcomes += _died(futures[future], e)
             bar.update(1)
     return outcomes
-
-
-def submitit_executor(folder: Path, cluster: str) -> Any:
-    """A submitit executor (``cluster``: ``local`` or ``slurm``), or a one-line ConfigError saying why not."""
-    flag = "slurm" if cluster == "slurm" else "submitit-local"
-    try:
-        import submitit
-    except ImportError:
-        raise ConfigError(f"--executor {flag} needs submitit: pip install 'plateauscope[cluster]'") from None
-    try:
-        return submitit.AutoExecutor(folder=folder, cluster=cluster)
-    except RuntimeError as e:  # "Could not detect srun": not on a Slurm cluster
-        raise ConfigError(f"--executor {flag}: {' '.join(str(e).split())}") from None
 
 
 def _run_submitit(executor: Any, jobs: list[Job], workers: int, threads: int, slurm: dict[str, Any],

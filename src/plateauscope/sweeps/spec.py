@@ -49,7 +49,6 @@ from plateauscope.runs.config import RunConfig
 from plateauscope.runs.interventions import INTERVENTION_OPTIONS, has_interventions, top_head
 from plateauscope.runs.presets import get_preset
 
-SUBMITIT_DIR = ".submitit"
 EXECUTORS: tuple[str, ...] = ("local", "serial", "submitit-local", "slurm")
 
 # How each option appears in a run directory's name, and in which order (others: alphabetical, before seed).
