@@ -10,6 +10,8 @@ submitit (:func:`submitit_executor`: a sweep's runs, a series' analysis in shard
 from __future__ import annotations
 
 import concurrent.futures as cf
+import ctypes
+import ctypes.util
 import multiprocessing
 import os
 import signal
@@ -24,6 +26,16 @@ from plateauscope.errors import ConfigError
 
 T = TypeVar("T")
 R = TypeVar("R")
+
+
+def release_freed_memory() -> None:
+    """Give the memory of freed tensors back to the system (glibc's ``malloc_trim``; elsewhere nothing). glibc keeps
+    freed blocks in its heaps, so a process that ran large batches keeps its high-water mark, and fragmentation adds
+    to it at each step of a long analysis (``bench/imported_analysis.py`` measures the peak)."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
 
 
 def available_cores() -> int:

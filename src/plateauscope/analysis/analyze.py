@@ -110,7 +110,7 @@ from plateauscope.analysis.summary import summarize
 from plateauscope.errors import AnalysisFailure
 from plateauscope.model.backend import resolve_backend
 from plateauscope.model.families import family_of
-from plateauscope.processes import thread_map
+from plateauscope.processes import release_freed_memory, thread_map
 from plateauscope.runs.imported import ImportedRun
 from plateauscope.runs.interventions import has_interventions
 from plateauscope.runs.metrics import compute_tau
@@ -492,3 +492,4 @@ class SeriesAnalysis:
                 append_records(self.folder / CACHE_FILES[name],
                                [{"step": step, "settings": self.key(name),
                                  **fresh[name]}])
+            release_freed_memory()  # a step's batches, freed, back to the system: the peak stays one step's

@@ -97,10 +97,11 @@ CIRCUIT_PAIRS = 64
 runs costs a forward of these; the ranking it searches comes from all the pairs)."""
 MAX_BATCH = 4096
 """Sequences per forward pass when several patches run side by side (copies of the prompt set)."""
-PASS_BYTES = 256 * 2**20
-"""At most this much for the senders' differences that a pass of side-by-side patches holds (one per patch, sender,
-sequence, position and width): an imported model's width and prompt lengths would make :data:`MAX_BATCH` copies
-take many gigabytes."""
+PASS_BYTES = 128 * 2**20
+"""At most this much for the senders' outputs and their differences that a pass of side-by-side patches holds (two per
+patch, sender, sequence, position and width): an imported model's width and prompt lengths would make
+:data:`MAX_BATCH` copies take many gigabytes. The pass's own activations grow with it (``bench/imported_analysis.py``
+measures the peak)."""
 
 
 
@@ -467,7 +468,7 @@ def _patch_edges_from(runs: EdgeRuns, tokens: Int[Tensor, "N pos"], source: Floa
     """:func:`patch_edges` of runs that change nothing below ``layer`` (> 0: of the corrupted prompts)."""
     graph = runs.graph
     n = tokens.shape[0]
-    per_patch = len(graph.senders) * source[0].numel() * source.element_size()  # its share of ``diff`` below
+    per_patch = 2 * len(graph.senders) * source[0].numel() * source.element_size()  # its share of ``current`` and ``diff``
     per_pass = max(1, min(MAX_BATCH // n, PASS_BYTES // per_patch))
     if patched.shape[0] > per_pass:
         return torch.cat([_patch_edges_from(runs, tokens, source, chunk, layer) for chunk in patched.split(per_pass)])
