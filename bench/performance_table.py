@@ -3,7 +3,8 @@
     .venv/bin/python bench/performance_table.py [--check]
 
 The table sits between the page's ``<!-- performance-table:start -->`` and ``:end -->`` markers: one row per
-measure that has a target, and each projection to full size (a measure named ``projected ...``), from the newest
+measure that has a target, each projection to full size (a measure named ``projected ...``) and each part's cost
+(``part: ...``), from the newest
 saved result that measured it (by date, then by commit), with its value, the target, whether it was met, and the
 machine (a short tag of its CPU) and commit. Any other measure without a target, and an older machine's value, stay in the result files (``bench/results/*.json``, one per bench and
 machine, each with the whole machine record), which the page links. ``--check`` exits 1 if the page differs
@@ -36,20 +37,27 @@ def machine_tag(machine: dict) -> str:
     return f"{family} {width}".strip()
 
 
+def _untargeted(r: dict) -> str | None:
+    """What a measure without a target that the table lists is: a projection to full size (a measure named
+    ``projected ...``) or the cost of one part of a whole (``part: ...``); None for the others."""
+    if r["measure"].split(": ")[-1].startswith("projected"):
+        return "projection"
+    return "cost" if r["measure"].startswith("part: ") else None
+
+
 def table(results_dir: Path = RESULTS) -> str:
-    """The markdown table: each measure with a target or projected to full size, from the newest result that
+    """The markdown table: each measure with a target, projected to full size or a part's cost, from the newest result that
     measured it, by bench."""
     newest: dict[tuple[str, str], tuple[tuple[str, str], dict, dict]] = {}
     for path in sorted(results_dir.glob("*.json")):
         result = json.loads(path.read_text())
         for r in result["rows"]:
             key, when = (result["bench"], r["measure"]), (result["date"], result["commit"])
-            if (r.get("target") or r["measure"].split(": ")[-1].startswith("projected")) and \
-                    (key not in newest or when > newest[key][0]):
+            if (r.get("target") or _untargeted(r)) and (key not in newest or when > newest[key][0]):
                 newest[key] = (when, result, r)
     lines = ["| bench | measure | value | target | met | machine, commit |", "| --- | --- | --- | --- | --- | --- |"]
     for (bench, _), (_, result, r) in sorted(newest.items(), key=lambda kv: kv[0]):
-        met = "projection" if not r.get("target") else "met" if r.get("met") else "**not met**"
+        met = _untargeted(r) if not r.get("target") else "met" if r.get("met") else "**not met**"
         lines.append(f"| `{bench}` | {r['measure']} | {_value(r['value'])} {r['unit']} | {r.get('target') or '-'} | {met} | "
                      f"{machine_tag(result['machine'])}, {result['commit']} |")
     return "\n".join(lines)
