@@ -124,7 +124,8 @@ def main() -> int:
         rows += [against(f"plateauscope import + analyze vs the user's probe loop, {args.checkpoints} checkpoints of a "
                          "0.41M-parameter GPT-NeoX", whole / theirs, "x", "<=", TARGET_RATIO),
                  row("plateauscope import + analyze", whole, "s"), row("the user's probe loop", theirs, "s"),
-                 against("peak resident memory of import + analyze", whole_rss / 1024, "GB", "<=", TARGET_RSS_GB)]
+                 against("peak resident memory of import + analyze", whole_rss * 2**20 / 1e9, "GB", "<=",
+                         TARGET_RSS_GB)]
         parts, spent = str(Path(tmp) / "parts"), {}
         for name, code in PARTS.items():
             spent[name], rss = timed_process(code, SOURCE=str(source), RUN=parts)

@@ -38,6 +38,21 @@ def release_freed_memory() -> None:
         libc.malloc_trim(0)
 
 
+MALLOC_ARENAS = 1
+"""glibc heaps (``M_ARENA_MAX``) of a ``plateauscope`` command: the analysis's worker threads would otherwise each
+allocate from a heap of their own, and memory freed in one is not reused by another (``bench/imported_analysis.py``
+measures the peak)."""
+
+
+def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> None:
+    """At most ``arenas`` glibc heaps for this process (``mallopt``; elsewhere nothing). A ``MALLOC_ARENA_MAX`` in the
+    environment wins."""
+    name = ctypes.util.find_library("c")
+    libc = ctypes.CDLL(name) if name else None
+    if libc is not None and hasattr(libc, "mallopt") and "MALLOC_ARENA_MAX" not in os.environ:
+        libc.mallopt(-8, arenas)  # M_ARENA_MAX
+
+
 def available_cores() -> int:
     """CPU cores this process may use."""
     try:

@@ -236,3 +236,26 @@ def test_a_series_without_a_fetcher_names_what_to_run(hub, tmp_path):
     fetched = ImportedSeries(tmp_path / "run", fetcher)
     assert set(fetched.state(40)) == set(fetched.state(0))
     assert fetcher.missing() == ["step40", "step80", "step120"] and fetcher.evicted == [commits[40]]
+
+
+def test_shards_fetch_their_own_revisions_and_equal_one_process(hub, tmp_path, capsys):
+    """``analyze --executor submitit-local --shards 2 --keep 1``: each shard fetches its share from the hub; the
+    probe's records equal one process's byte for byte, and the cache holds at most shards x keep + 1 revisions."""
+    pytest.importorskip("submitit")
+    _, _, repo_folder = hub
+    runs = {name: tmp_path / name for name in ("alone", "sharded")}
+    for run in runs.values():
+        code, _, err = _cli(capsys, "import", f"hf:{REPO}", "--out", str(run), "--no-progress")
+        assert code == 0, err
+    code, _, err = _analyze(capsys, runs["alone"], "--keep", "1", "--threads", "1", "--workers", "1")
+    assert code == 0, err
+    HubFetcher.for_run(runs["alone"]).forget(*_weights_cached(repo_folder))  # the shards fetch every revision again
+    assert _weights_cached(repo_folder) == []
+    code, out, err = _analyze(capsys, runs["sharded"], "--keep", "1", "--threads", "1", "--executor", "submitit-local",
+                              "--shards", "2")
+    assert code == 0, err
+    assert sorted(line.split(":")[0] for line in out.splitlines() if line.startswith("shard ")) == \
+        ["shard 1 of 2", "shard 2 of 2"]
+    for name in ("probe_induction.jsonl", "probe_induction.json"):
+        assert (runs["sharded"] / ANALYSIS_DIR / name).read_bytes() == (runs["alone"] / ANALYSIS_DIR / name).read_bytes()
+    assert 1 <= len(_weights_cached(repo_folder)) <= 2 * 1 + 1

@@ -67,6 +67,9 @@ def main(argv: list[str] | None = None) -> int:
     verb, rest = argv[0], argv[1:]
     if not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & set(os.environ):  # read when torch loads OpenMP: before any verb
         os.environ["GOMP_SPINCOUNT"] = SPIN_COUNT
+    from plateauscope.processes import limit_malloc_arenas
+
+    limit_malloc_arenas()
     if verb not in VERBS:
         print(f"error: unknown verb {verb!r}; choose one of {', '.join(VERBS)} (plateauscope --help)", file=sys.stderr)
         return 2
