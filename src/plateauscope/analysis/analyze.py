@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -308,6 +309,8 @@ class SeriesAnalysis:
         self.held: queue.SimpleQueue[torch.nn.Module | None] = queue.SimpleQueue()
         for _ in range(workers):
             self.held.put(None)
+        self.edge_pass = threading.Lock()
+        """Held by the worker running the edges' attribution (at most one: ``bench/imported_analysis.py``'s peak)."""
         self.refused: dict[str, str] = {}
         """Analysis -> why the model's family has none (one line each); the other analyses run."""
         if edges and isinstance(run, ImportedRun):  # the family decides; its model, weights not yet loaded
@@ -470,10 +473,12 @@ class SeriesAnalysis:
                     doing = "attention and measures"
                     fresh["attention"], fresh["measures"] = attention_and_measures(model, self.task, self.inputs)
                 if {"attribution", "edges"} <= set(missing(step)):
-                    # one clean forward and one corrupted forward and backward give both
+                    # one clean forward and one corrupted forward and backward give both; one worker at a time,
+                    # the other's analyses beside it (its graph holds the most memory of the cheap pass)
                     doing = "edges and attribution"
-                    fresh["edges"], fresh["attribution"] = edge_and_attribution_records(
-                        model, self.pairs, self.settings.patch_targets)
+                    with self.edge_pass:
+                        fresh["edges"], fresh["attribution"] = edge_and_attribution_records(
+                            model, self.pairs, self.settings.patch_targets)
                 for name in missing(step):
                     doing = name
                     fresh[name] = self.compute(name, step, model, fresh, before)
