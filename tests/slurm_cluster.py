@@ -59,6 +59,9 @@ def config(folder: Path, host: str) -> str:
         "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/none",
         "AccountingStorageType=accounting_storage/none", "MailProg=/bin/true", "MinJobAge=3600",
         "ReturnToService=2", "SchedulerParameters=sched_interval=1",
+        # a cancelled job's processes are killed 1 s after Slurm's SIGTERM, which submitit's jobs ignore (30 s
+        # by default: a tiny run would finish and write its result in between)
+        "KillWait=1",
         f"NodeName={host} CPUs=2 RealMemory=4000 State=UNKNOWN",
         f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP", ""])
 

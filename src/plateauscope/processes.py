@@ -15,6 +15,7 @@ import ctypes.util
 import multiprocessing
 import os
 import signal
+import subprocess
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -127,6 +128,15 @@ def submitit_executor(folder: Path, cluster: str) -> Any:
     except ImportError:
         raise ConfigError(f"--executor {flag} needs submitit: pip install 'plateauscope[cluster]'") from None
     try:
-        return submitit.AutoExecutor(folder=folder, cluster=cluster)
+        executor = submitit.AutoExecutor(folder=folder, cluster=cluster)
     except RuntimeError as e:  # "Could not detect srun": not on a Slurm cluster
         raise ConfigError(f"--executor {flag}: {' '.join(str(e).split())}") from None
+    if cluster == "slurm":  # a controller that does not answer: one line here, not sbatch's lines at submission
+        try:
+            answer = subprocess.run(["sinfo", "-h", "-o", "%P"], capture_output=True, text=True, timeout=60)
+            why = None if answer.returncode == 0 else (answer.stderr.strip().splitlines() or ["no answer"])[-1]
+        except (OSError, subprocess.TimeoutExpired) as e:
+            why = " ".join(str(e).split())
+        if why is not None:
+            raise ConfigError(f"--executor slurm: no Slurm controller answers (sinfo: {why})")
+    return executor

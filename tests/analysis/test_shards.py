@@ -4,6 +4,7 @@ a shard killed and submitted again, is in ``tests/sweeps/test_slurm.py``."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -27,9 +28,9 @@ def series(tmp_path_factory):
     return source, reference
 
 
-def analyze(run, *more: str) -> subprocess.CompletedProcess:
+def analyze(run, *more: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "plateauscope", "analyze", "--run", str(run), *SMALL_ANALYSIS, *more],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=env)
 
 
 def test_steps_split_into_contiguous_shares_of_nearly_equal_size():
@@ -87,3 +88,14 @@ def test_a_run_trained_here_is_not_sharded(ci_run):
     done = subprocess.run([sys.executable, "-m", "plateauscope", "analyze", "--run", str(run), "--executor", "slurm",
                            "--shards", "2"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and "not an imported series" in done.stderr, done.stderr
+
+
+def test_slurm_without_a_controller_is_one_line_and_leaves_nothing(series, tmp_path):
+    source, _ = series
+    run = import_series(source, tmp_path / "nowhere").path
+    env = {**os.environ, "SLURM_CONF": str(tmp_path / "no-such-slurm.conf")}
+    done = analyze(run, "--executor", "slurm", "--shards", "2", env=env)
+    says = ("no Slurm controller answers", "are you indeed on a slurm cluster")  # srun there or not
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert any(s in done.stderr for s in says), done.stderr
+    assert not (analysis_dir(run) / "shards").exists()

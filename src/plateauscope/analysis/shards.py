@@ -197,6 +197,8 @@ def run_shards(run_dir: str | Path, shards: int, executor: Any, probe: str = "in
         try:
             handles = executor.map_array(analyze_shard, todo)
         except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
+            if not any(shard_records(Path(job.folder))[0] for job in jobs):  # nothing analysed yet: nothing left
+                shutil.rmtree(analysis_dir(run_dir) / SHARDS_DIR, ignore_errors=True)
             raise ConfigError(f"{executor.cluster} submission failed: {_one_line(e)}") from None
         failed = []
         for shard, handle in _as_they_end(list(zip(todo, handles))):
