@@ -18,6 +18,8 @@ import json
 import sys
 from pathlib import Path
 
+from plateauscope.runs.machine import lowered_kernels
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 PAGE = ROOT / "docs" / "pages" / "performance.md"
@@ -29,12 +31,14 @@ def _value(v: float) -> str:
 
 
 def machine_tag(machine: dict) -> str:
-    """A short name for a machine record: its CPU's maker and family, and its widest vector extension."""
+    """A short name for a machine record: its CPU's maker and family, and its widest vector extension
+    (and torch's kernels where they were set below it)."""
     cpu = machine["cpu"]
     family = "EPYC" if "EPYC" in cpu else "Xeon" if "Xeon" in cpu else cpu.split()[0]
     isa = set(machine["isa"])
     width = "AMX" if "amx_tile" in isa else "AVX-512" if "avx512f" in isa else "AVX2" if "avx2" in isa else ""
-    return f"{family} {width}".strip()
+    lowered = lowered_kernels(machine)
+    return f"{family} {width}".strip() + (f", torch kernels {lowered}" if lowered else "")
 
 
 def _untargeted(r: dict) -> str | None:

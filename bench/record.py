@@ -19,7 +19,7 @@ import subprocess
 from pathlib import Path
 
 from plateauscope.runs.files import write_json_atomic
-from plateauscope.runs.machine import machine_record
+from plateauscope.runs.machine import lowered_kernels, machine_record
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -64,8 +64,11 @@ def arguments(args: argparse.Namespace, **more) -> dict:
 
 
 def machine_slug(machine: dict) -> str:
-    """A file-name part for a machine record: its CPU and instruction sets."""
-    return re.sub(r"[^a-z0-9]+", "-", f"{machine['cpu']} {' '.join(machine['isa'])}".lower()).strip("-")
+    """A file-name part for a machine record: its CPU and instruction sets (and torch's kernels where
+    they were set below the CPU's best)."""
+    lowered = lowered_kernels(machine)
+    name = f"{machine['cpu']} {' '.join(machine['isa'])}" + (f" kernels {lowered}" if lowered else "")
+    return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")
 
 
 def save(bench: str, rows: list[dict], settings: dict | None = None, part: str | None = None) -> Path:

@@ -3,6 +3,9 @@ the `ci` preset's plateau and drop, and the CLI's one-line errors."""
 
 import json
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -12,7 +15,7 @@ from plateauscope.cli.train import main
 from plateauscope.model.backend import build_model, hooked_parameters, hooked_state_dict, installed_transformer_lens
 from plateauscope.model.fused import fused_logits
 from plateauscope.runs import run as rd
-from plateauscope.runs.machine import machine_record
+from plateauscope.runs.machine import lowered_kernels, machine_record
 from plateauscope.runs.presets import get_preset
 from plateauscope.runs.run import Run, RunError
 from plateauscope.tasks.loading import build_task
@@ -245,16 +248,30 @@ def test_summary_lists_the_machine_and_a_resume_elsewhere_warns(tmp_path, caplog
     assert "not bit-identical" not in caplog.text
     # Another machine trained it so far (its record edited into the resume state): one warning line.
     train(cfg, tmp_path / "s", device="cpu", progress=False, stop_at_step=12)
-    other = {**here, "cpu": "Some Other CPU", "isa": ["avx2"]}
+    other = {**here, "cpu": "Some Other CPU", "isa": ["avx2"], "kernels": "AVX2"}
     state = torch.load(tmp_path / "s" / rd.RESUME_FILE, weights_only=True)
     rd.save_resume_state(tmp_path / "s" / rd.RESUME_FILE, {**state, "machines": [other]})
     caplog.clear()
     with caplog.at_level("WARNING"):
         summary = train(cfg, tmp_path / "s", resume=True, device="cpu", progress=False)
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
-    assert len(warnings) == 1 and "Some Other CPU [avx2]" in warnings[0] and "not bit-identical" in warnings[0]
+    assert len(warnings) == 1 and "Some Other CPU [avx2; torch kernels AVX2]" in warnings[0] and "not bit-identical" in warnings[0]
     assert "\n" not in warnings[0]
     assert summary["machines"] == [other, here]
+
+
+def test_the_machine_record_names_torchs_kernels_and_when_they_were_set_below_the_cpus_best():
+    # ATEN_CPU_CAPABILITY picks torch's kernels at import: a fresh interpreter with it set to the scalar
+    # ones records them, and they are below any CPU with AVX2 (every x86 CPU this project runs on).
+    code = "import json; from plateauscope.runs.machine import lowered_kernels, machine_record; print(json.dumps(machine_record()))"
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "default"}
+    lowered = json.loads(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                                        check=True).stdout)
+    assert lowered["kernels"] == "DEFAULT" and lowered["isa"] == machine_record()["isa"]
+    assert lowered_kernels(lowered) == ("DEFAULT" if "avx2" in lowered["isa"] else None)
+    assert lowered_kernels({"isa": ["avx2", "avx512f"], "kernels": "AVX2"}) == "AVX2"
+    assert lowered_kernels({"isa": ["avx2", "avx512f"], "kernels": "AVX512"}) is None
+    assert lowered_kernels({"isa": ["avx2"]}) is None  # a record written before the kernels were kept
 
 
 def test_hooks_see_every_step_and_evaluation_and_change_nothing(tmp_path):

@@ -39,14 +39,25 @@ def _cpu() -> tuple[str, tuple[str, ...]]:
 
 
 def machine_record(device: torch.device | str = "cpu") -> dict:
-    """What the numbers of a training process depend on: the CPU and its instruction sets, the torch
-    thread count and version, the device (a GPU's name when one trains) and the installed
-    TransformerLens (its evaluation forwards differ between majors in the last bits)."""
+    """What the numbers of a training process depend on: the CPU and its instruction sets, the
+    instruction set torch's own kernels run (``torch.backends.cpu.get_cpu_capability()``: the CPU's best,
+    unless ``ATEN_CPU_CAPABILITY`` lowers it), the torch thread count and version, the device (a GPU's
+    name when one trains) and the installed TransformerLens (its evaluation forwards differ between
+    majors in the last bits)."""
     cpu, isa = _cpu()
     device = torch.device(device)
-    return {"cpu": cpu, "isa": list(isa), "threads": torch.get_num_threads(), "torch": str(torch.__version__),
+    return {"cpu": cpu, "isa": list(isa), "kernels": torch.backends.cpu.get_cpu_capability(),
+            "threads": torch.get_num_threads(), "torch": str(torch.__version__),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else device.type,
             "transformer_lens": installed_transformer_lens()}
+
+
+def lowered_kernels(record: dict) -> str | None:
+    """The instruction set of torch's kernels where it is below the CPU's best (``ATEN_CPU_CAPABILITY``
+    set lower: the float path of a CPU without the wider extension), else None."""
+    isa, kernels = set(record.get("isa") or ()), record.get("kernels")
+    best = "AVX512" if "avx512f" in isa else "AVX2" if "avx2" in isa else None
+    return kernels if kernels and best and kernels != best else None
 
 
 def same_machine(before: dict, here: dict) -> bool:
@@ -56,8 +67,9 @@ def same_machine(before: dict, here: dict) -> bool:
 
 
 def describe(record: dict) -> str:
-    """One line: ``Intel(R) Xeon(R) ... [avx2 fma avx512f], 2 threads, torch 2.13.0+cpu, cpu`` (and
-    ``, TransformerLens 4.3.0`` when recorded)."""
+    """One line: ``Intel(R) Xeon(R) ... [avx2 fma avx512f; torch kernels AVX512], 2 threads, torch
+    2.13.0+cpu, cpu`` (the kernels and ``, TransformerLens 4.3.0`` when recorded)."""
     lens = f", TransformerLens {record['transformer_lens']}" if record.get("transformer_lens") else ""
-    return (f"{record.get('cpu')} [{' '.join(record.get('isa') or [])}], {record.get('threads')} threads, "
+    kernels = f"; torch kernels {record['kernels']}" if record.get("kernels") else ""
+    return (f"{record.get('cpu')} [{' '.join(record.get('isa') or [])}{kernels}], {record.get('threads')} threads, "
             f"torch {record.get('torch')}, {record.get('device')}{lens}")
