@@ -51,16 +51,18 @@ def _untargeted(r: dict) -> str | None:
 
 def table(results_dir: Path = RESULTS) -> str:
     """The markdown table: each measure with a target, projected to full size or a part's cost, from the newest result that
-    measured it, by bench."""
-    newest: dict[tuple[str, str], tuple[tuple[str, str], dict, dict]] = {}
+    measured it, by bench (a result with torch's kernels set below the CPU's best is a float path of its own: its rows
+    stand beside the others)."""
+    newest: dict[tuple[str, str, str], tuple[tuple[str, str], dict, dict]] = {}
     for path in sorted(results_dir.glob("*.json")):
         result = json.loads(path.read_text())
         for r in result["rows"]:
-            key, when = (result["bench"], r["measure"]), (result["date"], result["commit"])
+            key = (result["bench"], r["measure"], lowered_kernels(result["machine"]) or "")
+            when = (result["date"], result["commit"])
             if (r.get("target") or _untargeted(r)) and (key not in newest or when > newest[key][0]):
                 newest[key] = (when, result, r)
     lines = ["| bench | measure | value | target | met | machine, commit |", "| --- | --- | --- | --- | --- | --- |"]
-    for (bench, _), (_, result, r) in sorted(newest.items(), key=lambda kv: kv[0]):
+    for (bench, _, _), (_, result, r) in sorted(newest.items(), key=lambda kv: kv[0]):
         met = _untargeted(r) if not r.get("target") else "met" if r.get("met") else "**not met**"
         lines.append(f"| `{bench}` | {r['measure']} | {_value(r['value'])} {r['unit']} | {r.get('target') or '-'} | {met} | "
                      f"{machine_tag(result['machine'])}, {result['commit']} |")

@@ -97,6 +97,13 @@ def test_the_performance_table_renders_the_newest_value_of_each_target(tmp_path)
     out = perf.render(page, tmp_path)
     assert "old" not in out and out.count("| `ab` |") == 1  # one row a target; none for a measure without one
     assert "| `ab` | ci train, current / abc | 1.02 x | <= 1.05 | met | EPYC AVX-512, abc1234 |" in out
+    # A result with torch's kernels set below the CPU's best (ATEN_CPU_CAPABILITY) is a float path of its own: its
+    # rows stand beside the newest native ones, and say so.
+    lowered = {**machine, "kernels": "AVX2"}
+    (tmp_path / "ab-c.json").write_text(json.dumps({"bench": "ab", "commit": "0000002", "date": "2026-12-02",
+                                                    "machine": lowered, "rows": older}))
+    out = perf.render(page, tmp_path)
+    assert out.count("| `ab` |") == 2 and "| 1.2 x | <= 1.05 | **not met** | EPYC AVX-512, torch kernels AVX2, 0000002 |" in out
     with pytest.raises(ValueError, match="markers"):
         perf.render("# no markers\n", tmp_path)
 
