@@ -15,11 +15,13 @@ from plateauscope.analysis.analyze import AnalysisSettings
 from plateauscope.analysis.landmarks import DEFAULT_BUDGET
 from plateauscope.analysis.probe_pass import analyze_series
 from plateauscope.analysis.records import Analysis, read_analysis
+from plateauscope.analysis.shards import run_shards, shard_executor
 from plateauscope.errors import ConfigError
 from plateauscope.runs import imported as imported_run
 from plateauscope.runs import run as run_directory
 from plateauscope.runs.config import RunConfig
 from plateauscope.runs.presets import run_config
+from plateauscope.sources.hf_hub import analysis_fetch
 from plateauscope.tasks.base import Task
 from plateauscope.tasks.loading import build_task, task_class
 from plateauscope.training.ensemble import train_ensemble
@@ -70,7 +72,9 @@ def train_seeds(config: str | RunConfig, out: str | Path, seeds: list[int], *, p
 def analyze(run: str | Path | Run, *, every: int = 1, steps: list[int] | None = None, n_exact: int = DEFAULT_BUDGET,
             progress: bool = True, backend: str | None = None, edges: bool = True, full: bool = False,
             workers: int | None = None, probe: str = "induction", probe_options: dict[str, Any] | None = None,
-            probe_only: bool = False, device: str = "cpu", **settings: Any) -> dict[str, Any]:
+            probe_only: bool = False, device: str = "cpu", keep: int | None = None, executor: str | None = None,
+            shards: int | None = None, threads: int = 1, retries: int = 1, slurm: dict[str, Any] | None = None,
+            **settings: Any) -> dict[str, Any]:
     """Analyse a run's checkpoints into its cache (what the cache lacks) and return the run's summary
     of the analyses (the routing head, t_form by each rule, the lead, the circuit and edges). The
     expensive analyses run at the landmarks the cheap pass finds, then at the steps where it changes
@@ -80,12 +84,22 @@ def analyze(run: str | Path | Run, *, every: int = 1, steps: list[int] | None = 
     An imported run (``plateauscope import``) is analysed on ``probe`` (``induction`` or ``file.py:Class``, with
     ``probe_options`` such as ``{"segment_len": 8}``), as ``plateauscope analyze --probe`` does: the probe's pass
     (its record under the summary's ``probe`` key), then every analysis where the probe is a task too (only the
-    pass, ``{"probe": ...}``, where it is not, or with ``probe_only``)."""
+    pass, ``{"probe": ...}``, where it is not, or with ``probe_only``). A series imported from the hub is fetched
+    as it is read, ``keep`` revisions left in the cache (``analyze --keep``). ``executor`` (``slurm`` or
+    ``submitit-local``) with ``shards``: the per-step passes in that many jobs of ``threads`` CPUs each, a dead
+    job submitted again up to ``retries`` times, ``slurm`` its options (``partition``, ``timeout_min``), as
+    ``analyze --executor`` does (:mod:`plateauscope.analysis.shards`)."""
     path = run.path if isinstance(run, run_directory.Run) else Path(run)
+    if (executor is None) != (shards is None):
+        raise ConfigError("analyze: executor and shards go together, e.g. executor='slurm', shards=8")
+    analysis_settings = AnalysisSettings(**settings) if settings else None
+    fetch, fetch_for = analysis_fetch(path, keep, progress)
+    if executor is not None:
+        run_shards(path, shards, shard_executor(path, executor), probe, probe_options, steps, every, analysis_settings,
+                   threads, retries, fetch_for, device, edges, probe_only, slurm)
     passed, summary = analyze_series(path, probe, probe_options, steps, every, device, progress=progress,
                                      probe_only=probe_only, n_exact=n_exact, backend=backend, edges=edges, full=full,
-                                     workers=workers,
-                                     settings=AnalysisSettings(**settings) if settings else None)
+                                     workers=workers, settings=analysis_settings, fetch=fetch)
     return (summary or {}) | ({"probe": passed.to_dict()} if passed is not None else {})
 
 

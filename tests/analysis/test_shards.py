@@ -10,8 +10,10 @@ import sys
 
 import pytest
 
+import plateauscope as ps
 from plateauscope.analysis.results import analysis_dir
 from plateauscope.analysis.shards import merge_shards, prepare_shard, split_steps
+from plateauscope.errors import ConfigError
 from plateauscope.sources.importer import import_series
 from tests.sources.series_builders import SMALL_ANALYSIS, analysis_files, tiny_neox_config, train_hf_series
 
@@ -50,6 +52,28 @@ def test_three_local_shards_equal_one_process_byte_for_byte(series, tmp_path):
     assert sum(int(line.split(" steps")[0].rsplit(" ", 1)[1]) for line in lines) == 13
     assert analysis_files(run) == analysis_files(reference)
     assert not (analysis_dir(run) / "shards").exists()  # merged, then removed
+
+
+API_SHARDS = """
+import sys, torch
+import plateauscope as ps
+torch.set_num_threads(1)
+ps.analyze(sys.argv[1], executor="submitit-local", shards=2, threads=1, probe_options={"segment_len": 6},
+           n_examples=16, ablation_groups=2, n_exact=2, circuit_pairs=8, n_exact_edges=8, progress=False, workers=1)
+"""
+
+
+def test_the_api_shards_as_the_command_does(series, tmp_path):
+    """``ps.analyze(..., executor=, shards=)`` (in a process of its own: the shards are pickled, which the test
+    session's type-checking wrappers are not) equals the one-process command byte for byte; shards without an
+    executor is one line."""
+    source, reference = series
+    run = import_series(source, tmp_path / "api").path
+    done = subprocess.run([sys.executable, "-c", API_SHARDS, str(run)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert analysis_files(run) == analysis_files(reference)
+    with pytest.raises(ConfigError, match="executor and shards go together"):
+        ps.analyze(run, shards=2)
 
 
 def test_the_merge_adds_only_what_the_cache_lacks(series, tmp_path):

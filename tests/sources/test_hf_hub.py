@@ -11,11 +11,13 @@ import sys
 
 import pytest
 
+import plateauscope as ps
 from plateauscope.analysis.results import load_records, probe_steps_path
 from plateauscope.cli import main as cli_main
 from plateauscope.runs.files import ANALYSIS_DIR, MODEL_CONFIG_DIR, SERIES_FILE, RunError
 from plateauscope.runs.series import ImportedSeries
 from plateauscope.sources.hf_hub import HubFetcher, import_hub, is_hub_series, listing
+from plateauscope.sources.found import SourceError
 from plateauscope.sources.importer import import_series
 from tests.sources.hub_server import Hub, serve
 from tests.sources.series_builders import save_word_tokenizer
@@ -207,6 +209,24 @@ def test_keep_holds_the_cache_to_its_last_revisions(hub, tmp_path, capsys):
     assert (tmp_path / "run" / ANALYSIS_DIR).is_dir() and len(_records(tmp_path / "run")) == 4
     code, _, err = _cli(capsys, "analyze", "--run", str(tmp_path / "run"), "--keep", "0", "--probe-only")
     _one_line(code, err, "--keep must be at least 1")
+
+
+def test_the_api_fetches_a_hub_series_as_the_command_does(hub, neox_series, tmp_path, capsys):
+    """``ps.analyze(run, keep=1)`` on a hub series fetches each revision as the command does: the same records, the
+    cache held to one revision; ``keep`` on a series on the disk is one line."""
+    _, commits, repo_folder = hub
+    for name in ("cli", "api"):
+        import_hub(f"hf:{REPO}", tmp_path / name)
+    code, _, err = _analyze(capsys, tmp_path / "cli", "--keep", "1")
+    assert code == 0, err
+    HubFetcher.for_run(tmp_path / "cli").forget(*_weights_cached(repo_folder))  # the API fetches every revision again
+    ps.analyze(tmp_path / "api", keep=1, probe_only=True, progress=False)
+    assert _weights_cached(repo_folder) == [commits[120]]
+    for name in ("probe_induction.jsonl", "probe_induction.json"):
+        assert (tmp_path / "api" / ANALYSIS_DIR / name).read_bytes() == (tmp_path / "cli" / ANALYSIS_DIR / name).read_bytes()
+    local = import_series(neox_series[0], tmp_path / "local").path
+    with pytest.raises(SourceError, match="is not a series imported from the hub"):
+        ps.analyze(local, keep=1, probe_only=True, progress=False)
 
 
 def test_offline_reads_the_cache_and_names_every_revision_it_lacks(hub, tmp_path, capsys, monkeypatch):

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from plateauscope.analysis.analyze import analyze_run
+from plateauscope.analysis.analyze import analyze_run, default_workers
 from plateauscope.analysis.changepoint import ChangePointRule
 from plateauscope.analysis.head_naming import LEVEL, MARGIN, HeadCall, name_heads, named
 from plateauscope.analysis.patch import patch
@@ -218,7 +218,8 @@ def analyze_series(run_dir: str | Path, probe: str = "induction", probe_options:
     the view and ``ps.Run``; for a run trained here, :func:`analyze_run` alone (``probe`` must be left as it is).
     ``probe_only``: an imported run's pass alone (a small part of the whole's cost: ``bench/imported_analysis.py``).
     ``fetch``: an imported run's checkpoints from the hub, fetched as each is read
-    (:class:`plateauscope.runs.series.ImportedSeries`).
+    (:class:`plateauscope.runs.series.ImportedSeries`); where it keeps at most ``keep`` revisions, at most that many
+    workers read checkpoints at once.
     Returns ``(the probe's pass or None, the summary or None)``: None where a probe that is not a task has no more,
     or with ``probe_only``."""
     options = probe_options or {}
@@ -230,6 +231,9 @@ def analyze_series(run_dir: str | Path, probe: str = "induction", probe_options:
             raise RunError(f"{run_dir}: a probe is for an imported run (plateauscope import); this run's analyses read "
                            "its own task")
         return None, analyze_run(run_dir, steps, every, device=device, progress=progress, **analysis)
+    keep = getattr(fetch, "keep", None)
+    if keep is not None:  # a revision that a worker may still be reading is never evicted: at most keep workers
+        analysis["workers"] = min(analysis.get("workers") or default_workers(device), keep)
     passed = analyze_imported(run_dir, probe, steps, every, device, progress=progress, fetch=fetch, **options)
     if probe_only or not issubclass(probe_class(probe), Task):  # asked for, or prompts and patterns only: the pass
         return passed, None

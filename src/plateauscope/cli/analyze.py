@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 from pathlib import Path
 
@@ -11,7 +10,7 @@ import torch
 
 import plateauscope.analysis.analyze as _module
 from plateauscope.analysis.ablate import KINDS
-from plateauscope.analysis.analyze import MAX_WORKERS, AnalysisSettings, analyze_run, default_workers
+from plateauscope.analysis.analyze import MAX_WORKERS, AnalysisSettings, analyze_run
 from plateauscope.analysis.edges import CIRCUIT_PAIRS, FAITHFULNESS_TARGET
 from plateauscope.analysis.follow import POLL_S, follow
 from plateauscope.analysis.landmarks import DEFAULT_BUDGET
@@ -24,7 +23,7 @@ from plateauscope.cli.parser import OneLineParser
 from plateauscope.cli.text.analysis import format_summary
 from plateauscope.runs.run import Run
 from plateauscope.runs.series import is_imported
-from plateauscope.sources.hf_hub import HubFetcher, is_hub_series
+from plateauscope.sources.hf_hub import analysis_fetch
 from plateauscope.views.pages import live_status
 
 
@@ -149,20 +148,13 @@ def main(argv: list[str] | None = None) -> int:
                                     circuit_ablation=args.circuit_ablation, smooth=args.smooth,
                                     edge_target=args.edge_target, circuit_pairs=args.circuit_pairs,
                                     n_exact_edges=args.n_exact_edges)
-        if args.keep is not None and not is_hub_series(args.run):
-            raise CliError(f"--keep: {args.run} is not a series imported from the hub "
-                           "(plateauscope import hf:ORG/NAME)")
+        fetch, fetch_for = analysis_fetch(args.run, args.keep, not args.no_progress)
         if is_imported(args.run):  # a series trained elsewhere: the probe's pass, then every analysis on its data
             if args.follow:
                 raise CliError(f"--follow: {args.run} is an imported series, not a run training here")
-            fetch = HubFetcher.for_run(args.run, args.keep, not args.no_progress) if is_hub_series(args.run) else None
-            workers = args.workers
-            if args.keep is not None:  # a revision that a worker may still be reading is never evicted
-                workers = min(workers or default_workers(args.device), args.keep)
             options = {**({} if args.probe_length is None else {"segment_len": args.probe_length}),
                        **({} if args.bos is None else {"bos": args.bos})}
             if args.executor:  # the per-step passes in shards, merged into the cache; the rest below, here
-                fetch_for = functools.partial(HubFetcher.for_run, keep=args.keep) if fetch is not None else None
                 run_shards(args.run, args.shards, shard_executor(args.run, args.executor), args.probe, options,
                            args.steps, args.every, settings, args.threads or 1, args.retries, fetch_for, args.device,
                            not args.no_edges, args.probe_only,
@@ -171,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             passed, result = analyze_series(
                 args.run, args.probe, options, args.steps, args.every, args.device, progress=not args.no_progress,
                 n_exact=args.n_exact, settings=settings, backend=args.backend, edges=not args.no_edges, full=args.full,
-                wait=not args.no_wait, workers=workers, probe_only=args.probe_only, fetch=fetch)
+                wait=not args.no_wait, workers=args.workers, probe_only=args.probe_only, fetch=fetch)
             print(format_probe_series(passed))
             if args.probe_only:
                 return

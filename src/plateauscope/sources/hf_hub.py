@@ -23,6 +23,7 @@ differ from the listing, a full disk) is a one-line SourceError; nothing partial
 from __future__ import annotations
 
 import errno
+import functools
 import json
 import os
 import tempfile
@@ -269,6 +270,19 @@ def import_hub(source: str, out: str | Path, every: int = 1, steps: list[int] | 
 def is_hub_series(run_dir: str | Path) -> bool:
     """Whether ``run_dir`` is an imported run whose checkpoints come from the hub (``import hf:``)."""
     return is_imported(run_dir) and any(c.remote for c in ImportedSeries(run_dir).checkpoints.values())
+
+
+def analysis_fetch(run_dir: str | Path, keep: int | None = None, progress: bool = False
+                   ) -> tuple[HubFetcher | None, Callable[..., HubFetcher] | None]:
+    """How an analysis reads an imported series' weights: for a series imported from the hub, its fetcher (``keep``:
+    the revisions left in the cache) and the factory a shard builds its own from (``steps=``: it evicts only its
+    share's, :mod:`plateauscope.analysis.shards`); ``(None, None)`` for a series on the disk, where ``keep`` is a
+    one-line SourceError."""
+    if not is_hub_series(run_dir):
+        if keep is not None:
+            raise SourceError(f"--keep: {run_dir} is not a series imported from the hub (plateauscope import hf:ORG/NAME)")
+        return None, None
+    return HubFetcher.for_run(run_dir, keep, progress), functools.partial(HubFetcher.for_run, keep=keep)
 
 
 class HubFetcher:
