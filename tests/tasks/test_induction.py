@@ -83,6 +83,16 @@ def test_handbuilt_model_copies(handbuilt):
     assert metrics["repeat_loss"] < 1e-3 and metrics["accuracy"] == 1.0 and metrics["delta_cue"] > 2.0
 
 
+def test_what_an_ablation_reads_equals_the_whole_evaluation(handbuilt):
+    """``evaluate_progress`` (what an ablation reads) is ``evaluate`` without the training loss's forward: the
+    same numbers, bit for bit, for the same forwards of the same inputs."""
+    task, model = handbuilt
+    evalset = task.build_evalset(32, 32, 0)
+    whole, read = task.evaluate(model, evalset), task.evaluate_progress(model, evalset)
+    assert "loss" in whole and read == {k: v for k, v in whole.items() if k != "loss"}
+    assert {task.progress.key, task.progress.cue_effect_key} <= set(read)
+
+
 def test_toolkit_names_the_built_heads(handbuilt):
     task, model = handbuilt
     res = attention_to_z(model, task, n_examples=64)

@@ -291,11 +291,11 @@ REPLAY_BYTES = 256 * 2**20
 
 def _evaluated_ablations(model: Model, task: Task, evalset: Any, masks: Bool[Tensor, "C n_layers n_heads"],
                          replacement: Tensor | None) -> list[dict[str, float]]:
-    """The task's ``evaluate`` with each mask's heads ablated. The unablated run goes first; on a bridge of
-    another trainer's model that may start at a block (:func:`~plateauscope.model.backend.runs_from_layer`), it
-    keeps the residual stream entering each block that some mask ablates first (within :data:`REPLAY_BYTES`,
-    lowest blocks first), and each such mask's run starts there on it (below, nothing differs): the same forwards
-    of the same inputs, in the same order."""
+    """The task's ``evaluate_progress`` (what an ablation reads of its ``evaluate``) with each mask's heads
+    ablated. The unablated run goes first; on a bridge of another trainer's model that may start at a block
+    (:func:`~plateauscope.model.backend.runs_from_layer`), it keeps the residual stream entering each block that
+    some mask ablates first (within :data:`REPLAY_BYTES`, lowest blocks first), and each such mask's run starts
+    there on it (below, nothing differs): the same forwards of the same inputs, in the same order."""
     L = model.cfg.n_layers
     ablated = masks.any(-1)  # [C, L]
     first = torch.where(ablated.any(-1), ablated.float().argmax(-1), L).tolist()
@@ -313,7 +313,7 @@ def _evaluated_ablations(model: Model, task: Task, evalset: Any, masks: Bool[Ten
         return record
 
     with hooks_added(model, [(get_act_name("resid_pre", layer), keep(layer)) for layer in starts]):
-        base = task.evaluate(model, evalset)
+        base = task.evaluate_progress(model, evalset)
     out = []
     for mask, layer in zip(masks, first):
         if layer == L:  # nothing ablated
@@ -321,7 +321,7 @@ def _evaluated_ablations(model: Model, task: Task, evalset: Any, masks: Bool[Ten
             continue
         with (replayed_from(model, layer, kept[layer]) if layer in kept else nullcontext()), \
                 hooks_added(model, _ablation_hooks(mask[None], replacement)):
-            out.append(task.evaluate(model, evalset))
+            out.append(task.evaluate_progress(model, evalset))
     return out
 
 

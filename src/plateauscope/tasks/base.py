@@ -284,6 +284,12 @@ class Task(ABC):
         """Every logged metric of ``model`` on ``evalset`` (plain floats and lists), including
         ``loss``, ``accuracy`` and the progress measure's fields."""
 
+    def evaluate_progress(self, model: nn.Module, evalset: Any) -> dict:
+        """What an ablation reads of :meth:`evaluate`: at least the progress measure and its cue effect
+        (``progress.key``, ``progress.cue_effect_key``). Default: the whole :meth:`evaluate`; a task whose
+        evaluation runs forwards that those do not need may skip them here."""
+        return self.evaluate(model, evalset)
+
     # ---- the held-out split (optional) ---------------------------------------------------
 
     def train_indices(self) -> Int[Tensor, " D_train"] | None:

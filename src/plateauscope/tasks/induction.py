@@ -218,9 +218,11 @@ class InductionTask(Task):
         return EvalSequences(repeats, unrelated, mixed)
 
     @torch.inference_mode()
-    def evaluate(self, model: nn.Module, evalset: EvalSequences, batch_size: int = 512) -> dict:
+    def evaluate(self, model: nn.Module, evalset: EvalSequences, batch_size: int = 512,
+                 training_loss: bool = True) -> dict:
         """``repeat_loss``, ``accuracy`` (every repeated token the argmax) and ``token_accuracy`` on
-        repeat sequences, ``delta_cue``, and ``loss`` (the training loss on sequences as drawn)."""
+        repeat sequences, ``delta_cue``, and ``loss`` (the training loss on sequences as drawn; not with
+        ``training_loss=False``, which saves its forward)."""
         pos = torch.tensor(self.loss_positions)
 
         def logp_at(seqs: Tensor, at: Tensor) -> tuple[Tensor, Tensor]:
@@ -235,15 +237,19 @@ class InductionTask(Task):
 
         rep_logp, rep_hit = logp_at(evalset.repeats, pos)
         unrelated_logp, _ = logp_at(evalset.unrelated, pos)
-        mixed_logp, _ = logp_at(evalset.mixed, pos)
         repeat_loss = -rep_logp.mean().item()
+        loss = {"loss": -logp_at(evalset.mixed, pos)[0].mean().item()} if training_loss else {}
         return {
-            "loss": -mixed_logp.mean().item(),
+            **loss,
             "repeat_loss": repeat_loss,
             "delta_cue": -unrelated_logp.mean().item() - repeat_loss,
             "accuracy": rep_hit.all(-1).float().mean().item(),
             "token_accuracy": rep_hit.float().mean().item(),
         }
+
+    def evaluate_progress(self, model: nn.Module, evalset: EvalSequences) -> dict:
+        """:meth:`evaluate` without the training loss (two forwards of the three)."""
+        return self.evaluate(model, evalset, training_loss=False)
 
     def reference_predictors(self) -> list[ReferencePredictor]:
         """Uniform over the V random tokens; the in-context unigram (the tokens of the context so far, by
