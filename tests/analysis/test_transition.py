@@ -67,6 +67,19 @@ def test_heads_that_rise_with_the_gap_co_occur_and_heads_that_rise_later_do_not(
     assert not apart.same_window and apart.lag_interval[0] > 200
 
 
+def test_a_rise_that_falls_back_says_so_and_one_that_holds_does_not():
+    """A logistic rise to 4 that then falls to -1 (a transient bump): the phase change is read, with a note that the
+    rise does not hold, naming the last value; the same rise held to the end has no such note."""
+    steps = np.arange(0, 1001, 20)
+    bump = logistic(steps, 400, 20) - logistic(steps, 700, 20, height=5.0)
+    t = transition(steps.tolist(), per_sequence(steps, bump, sd=0.1), n_boot=50)
+    assert t.phase_change is not None and abs(t.phase_change.step - 400) <= 20
+    note = [n for n in t.notes if n.startswith("the rise does not hold")]
+    assert len(note) == 1 and "at the last checkpoint, step 1000" in note[0] and "falls to -1" in note[0], t.notes
+    held = transition(steps.tolist(), per_sequence(steps, logistic(steps, 400, 20), sd=0.1), n_boot=50)
+    assert not any(n.startswith("the rise does not hold") for n in held.notes)
+
+
 def test_a_falling_curve_has_no_rise():
     steps = list(range(10))
     assert rise_points(steps, np.linspace(1, 0, 10)) is None

@@ -16,7 +16,8 @@ levels are ``low``, the least value before the curve's peak, and ``high``, the p
 Each has a 95% interval: the percentile bootstrap over the probe's sequences (:data:`N_BOOTSTRAP` resamples, the
 same resamples at every checkpoint), widened to the checkpoints on either side of the point (between two
 checkpoints the curve is not observed, so no interval is narrower than the checkpoints' spacing there). A rise no
-larger than :data:`SIGNIFICANT_RISE` standard errors of a checkpoint's mean is no transition.
+larger than :data:`SIGNIFICANT_RISE` standard errors of a checkpoint's mean is no transition; one whose curve ends
+below its half-rise level is read, with a note that it does not hold (:func:`fall_back_note`).
 
 :func:`co_occurrence` reads the named heads' scores the same way: their half-rise, and its lag behind the gap's
 half-rise with its interval (the same resamples), and whether it lies between the gap's onset and end.
@@ -193,7 +194,20 @@ def transition(steps: list[int], per_sequence: Float[np.ndarray, "S N"], signal:
         onset_landmark = _landmark(onset_crossing(steps, curve, onset), draws["onset"], n)
     return Transition(signal, found["low"], found["high"], onset_landmark, _landmark(found["half"], draws["half"], n),
                       _landmark(found["steepest"], draws["steepest"], n), _landmark(found["end"], draws["end"], n),
-                      baseline, onset.to_dict() if onset is not None else None, n, [note] if note else [])
+                      baseline, onset.to_dict() if onset is not None else None, n,
+                      [note for note in (note, fall_back_note(steps, curve, found)) if note])
+
+
+def fall_back_note(steps: list[int], curve: Float[np.ndarray, " S"], found: dict[str, Any]) -> str | None:
+    """A note where the rise does not hold: the curve's last value lies below its half-rise level (a peak that
+    falls back is no lasting change), else None."""
+    known = np.flatnonzero(~np.isnan(curve))
+    last, half = float(curve[known[-1]]), found["low"] + HALF * (found["high"] - found["low"])
+    if last >= half:
+        return None
+    return (f"the rise does not hold: after its peak ({found['high']:.3g} at step {steps[int(np.nanargmax(curve))]}) "
+            f"the curve falls to {last:.3g} at the last checkpoint, step {steps[known[-1]]}, below its half-rise "
+            f"level ({half:.3g})")
 
 
 @dataclass

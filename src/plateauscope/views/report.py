@@ -620,8 +620,9 @@ def imported_measure_rows(records: list[dict[str, Any]], moved: dict[str, Any] |
             parts = [f"{name} {landmark_text(transition[part])}" for part, name in
                      (("onset", "onset"), ("phase_change", "phase change (half-rise)"), ("end", "end"))
                      if transition.get(part)]
-            text = text.split(";")[0] + (f"; {', '.join(parts)} (the probe's pass)" if parts
-                                         else f"; no transition ({'; '.join(transition['notes']) or 'no rise'})")
+            notes = "; ".join(transition["notes"])
+            text = text.split(";")[0] + (f"; {', '.join(parts)} (the probe's pass){'; ' + notes if notes else ''}"
+                                         if parts else f"; no transition ({notes or 'no rise'})")
         rows.append((key, text))
     return rows
 
