@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures as cf
 import ctypes
 import ctypes.util
+import functools
 import multiprocessing
 import os
 import signal
@@ -29,12 +30,18 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 
+@functools.cache
+def _libc() -> ctypes.CDLL | None:
+    """The C library, loaded once (``find_library`` runs ``ldconfig``: not at every step of an analysis)."""
+    name = ctypes.util.find_library("c")
+    return ctypes.CDLL(name) if name else None
+
+
 def release_freed_memory() -> None:
     """Give the memory of freed tensors back to the system (glibc's ``malloc_trim``; elsewhere nothing). glibc keeps
     freed blocks in its heaps, so a process that ran large batches keeps its high-water mark, and fragmentation adds
     to it at each step of a long analysis (``bench/imported_analysis.py`` measures the peak)."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
+    libc = _libc()
     if libc is not None and hasattr(libc, "malloc_trim"):
         libc.malloc_trim(0)
 
@@ -48,8 +55,7 @@ measures the peak)."""
 def limit_malloc_arenas(arenas: int = MALLOC_ARENAS) -> None:
     """At most ``arenas`` glibc heaps for this process (``mallopt``; elsewhere nothing). A ``MALLOC_ARENA_MAX`` in the
     environment wins."""
-    name = ctypes.util.find_library("c")
-    libc = ctypes.CDLL(name) if name else None
+    libc = _libc()
     if libc is not None and hasattr(libc, "mallopt") and "MALLOC_ARENA_MAX" not in os.environ:
         libc.mallopt(-8, arenas)  # M_ARENA_MAX
 
