@@ -15,7 +15,14 @@ temporary folder.
 
 Targets (issue 72): the whole ``analyze`` within 10x the user's loop, peak resident memory <= 1.5 GB.
 
+``--shape pythia-70m`` (or another of ``bench/import_series.py``'s shapes) measures, instead, what one checkpoint of
+the whole analysis costs at that shape, for the manual's projection: a two-checkpoint series (a seeded init, then
+two optimiser steps), imported, with the probe's pass and evaluation; then, in one process and on one model, each
+cheap analysis at the last checkpoint (what every checkpoint costs) and each analysis of the expensive pass (what a
+landmark costs), as ``analyze`` computes them. No target: saved as the part ``landmark-<shape>``.
+
     HF_HUB_OFFLINE=1 python bench/imported_analysis.py [--checkpoints 50]
+    HF_HUB_OFFLINE=1 python bench/imported_analysis.py --shape pythia-70m
 """
 
 from __future__ import annotations
@@ -105,11 +112,66 @@ def timed_process(code: str, **names: str) -> tuple[float, float]:
     return seconds, usage.ru_maxrss / 1024
 
 
+def step_costs(shape: str) -> list[dict]:
+    """Seconds of each analysis at one checkpoint of a series of ``shape`` (module docstring)."""
+    from import_series import SHAPES
+    from import_series import write_series as write_shaped
+
+    from plateauscope.analysis.analyze import CHEAP, EXPENSIVE, AnalysisSettings, SeriesAnalysis
+    from plateauscope.analysis.edges import edge_and_attribution_records
+    from plateauscope.analysis.measures import attention_and_measures, measure_inputs
+    from plateauscope.analysis.probe_pass import analyze_imported
+    from plateauscope.runs.run import Run
+    from plateauscope.sources.importer import import_series
+
+    if shape not in SHAPES:
+        sys.exit(f"--shape: {shape!r} is none of {', '.join(SHAPES)}")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        steps = write_shaped(Path(tmp) / "source", shape, 2, 2)
+        run_dir = Path(tmp) / "run"
+        import_series(Path(tmp) / "source", run_dir)
+        analyze_imported(run_dir, progress=False)
+        run = Run(run_dir)
+        run.evaluate(run.steps, "cpu")
+        analysis = SeriesAnalysis(run, AnalysisSettings(), "cpu", None, 1, True, False)
+        model = run.model(steps[-1], "cpu")
+        analysis.inputs = measure_inputs(run, analysis.settings.n_examples, analysis.settings.seed, "cpu", None, model)
+        before, fresh = {name: {} for name in (*CHEAP, *EXPENSIVE)}, {}
+        task, pairs, targets = analysis.task, analysis.pairs, analysis.settings.patch_targets
+        shared = {  # what the cheap pass computes together (SeriesAnalysis.run_pass)
+            "attention and measures": lambda: attention_and_measures(model, task, analysis.inputs),
+            "edges and attribution": lambda: edge_and_attribution_records(model, pairs, targets)}
+        parts = [("every checkpoint (cheap pass)", "attention and measures"),
+                 ("every checkpoint (cheap pass)", "edges and attribution"),
+                 ("every checkpoint (cheap pass)", "patterns"), *(("a landmark (expensive pass)", n) for n in EXPENSIVE)]
+        totals: dict[str, float] = {}
+        for what, name in parts:
+            start = time.perf_counter()
+            if name in shared:
+                for made, record in zip(name.split(" and "), shared[name]()):
+                    fresh[made] = record
+            else:
+                fresh[name] = analysis.compute(name, steps[-1], model, fresh, before)
+            spent = time.perf_counter() - start
+            totals[what] = totals.get(what, 0.0) + spent
+            print(f"{name}: {spent:.1f} s", file=sys.stderr)
+            rows.append(row(f"{shape}: {what}, {name}", spent, "s"))
+        rows += [row(f"{shape}: {what}, all of it", total, "s") for what, total in totals.items()]
+    return rows
+
+
 def main() -> int:
     """Build the series; time the user's loop, the whole command and each part; save the rows."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checkpoints", type=int, default=50)
+    p.add_argument("--shape", help="time one checkpoint's analyses at this shape instead (module docstring)")
     args = p.parse_args()
+    if args.shape:
+        rows = step_costs(args.shape)
+        print_rows(rows)
+        print(f"saved {save('imported_analysis', rows, arguments(args), part=f'landmark-{args.shape}')}")
+        return 0
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         source = Path(tmp) / "trainer_out"

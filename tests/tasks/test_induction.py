@@ -84,11 +84,11 @@ def test_handbuilt_model_copies(handbuilt):
 
 
 def test_what_an_ablation_reads_equals_the_whole_evaluation(handbuilt):
-    """``evaluate_progress`` (what an ablation reads) is ``evaluate`` without the training loss's forward: the
+    """``evaluate_without_loss`` (what an ablation reads) is ``evaluate`` without the training loss's forward: the
     same numbers, bit for bit, for the same forwards of the same inputs."""
     task, model = handbuilt
     evalset = task.build_evalset(32, 32, 0)
-    whole, read = task.evaluate(model, evalset), task.evaluate_progress(model, evalset)
+    whole, read = task.evaluate(model, evalset), task.evaluate_without_loss(model, evalset)
     assert "loss" in whole and read == {k: v for k, v in whole.items() if k != "loss"}
     assert {task.progress.key, task.progress.cue_effect_key} <= set(read)
 

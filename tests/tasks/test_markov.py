@@ -189,6 +189,15 @@ def test_a_model_that_is_a_reference_has_kl_zero_to_it():
         assert all(v > 1e-3 for key, v in kls.items() if key != f"kl_{name}"), (name, kls)
 
 
+def test_evaluation_without_loss_is_the_evaluation_less_its_loss():
+    """The base task's default: the whole evaluation, its training loss dropped (what an imported run records)."""
+    task = MarkovTask.generate(SMALL)
+    ev = task.build_evalset(48, 8, 0)
+    model = ReferenceModel(task, "bigram")
+    whole, without = task.evaluate(model, ev), task.evaluate_without_loss(model, ev)
+    assert "loss" in whole and without == {k: v for k, v in whole.items() if k != "loss"}
+
+
 def test_evaluate_reads_the_references():
     """The bigram 'model' has excess loss 0 and the unigram's is the evaluation set's own
     unigram-bigram gap (pure Python); the shuffle keeps every count, so the unigram's delta_cue is 0,

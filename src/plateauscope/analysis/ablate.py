@@ -291,7 +291,7 @@ REPLAY_BYTES = 256 * 2**20
 
 def _evaluated_ablations(model: Model, task: Task, evalset: Any, masks: Bool[Tensor, "C n_layers n_heads"],
                          replacement: Tensor | None) -> list[dict[str, float]]:
-    """The task's ``evaluate_progress`` (what an ablation reads of its ``evaluate``) with each mask's heads
+    """The task's ``evaluate_without_loss`` (what an ablation reads of its ``evaluate``) with each mask's heads
     ablated. The unablated run goes first; on a bridge of another trainer's model that may start at a block
     (:func:`~plateauscope.model.backend.runs_from_layer`), it keeps the residual stream entering each block that
     some mask ablates first (within :data:`REPLAY_BYTES`, lowest blocks first), and each such mask's run starts
@@ -313,7 +313,7 @@ def _evaluated_ablations(model: Model, task: Task, evalset: Any, masks: Bool[Ten
         return record
 
     with hooks_added(model, [(get_act_name("resid_pre", layer), keep(layer)) for layer in starts]):
-        base = task.evaluate_progress(model, evalset)
+        base = task.evaluate_without_loss(model, evalset)
     out = []
     for mask, layer in zip(masks, first):
         if layer == L:  # nothing ablated
@@ -321,7 +321,7 @@ def _evaluated_ablations(model: Model, task: Task, evalset: Any, masks: Bool[Ten
             continue
         with (replayed_from(model, layer, kept[layer]) if layer in kept else nullcontext()), \
                 hooks_added(model, _ablation_hooks(mask[None], replacement)):
-            out.append(task.evaluate_progress(model, evalset))
+            out.append(task.evaluate_without_loss(model, evalset))
     return out
 
 

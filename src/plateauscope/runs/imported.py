@@ -61,9 +61,6 @@ EVAL_SEQUENCES = 64
 """Probe sequences each evaluation scores (the probe's ``eval_groups`` and ``tracked_groups``)."""
 UNBOUNDED_CONTEXT = 2048
 """The context of a model whose positions have no limit in its config (ALiBi: Bloom): what the probes may use."""
-NOT_TRAINING_KEYS = ("loss",)
-"""Fields of the task's evaluation dropped from an imported run's metrics: ``loss`` is the training loss in a
-run trained here (its figures say so); on a probe it would be the probe's, so it is left out."""
 
 
 def _finite(record: dict[str, Any]) -> dict[str, Any]:
@@ -193,7 +190,8 @@ class ImportedRun(Run):
 
     def evaluate(self, steps: list[int], device: str = "cpu",
                  on_step: Callable[[int], None] | None = None) -> list[dict]:
-        """The probe's evaluation (its task's ``evaluate``, less :data:`NOT_TRAINING_KEYS`) at each of ``steps``
+        """The probe's evaluation (its task's ``evaluate_without_loss``: ``loss`` is the training loss in a run trained
+        here, and on a probe it would be the probe's, so it is left out, unrun) at each of ``steps``
         that has none for this probe, appended to ``RUN/analysis/probe_metrics.jsonl`` as each is made (a killed
         evaluation resumes from there); return :meth:`metrics`."""
         have = {r["step"] for r in self.metrics()}
@@ -205,7 +203,7 @@ class ImportedRun(Run):
             file, model = self.path / ANALYSIS_DIR / PROBE_METRICS_FILE, None
             for step in todo:
                 model = self.model(step, device, reuse=model)
-                values = {k: v for k, v in task.evaluate(model, evalset).items() if k not in NOT_TRAINING_KEYS}
+                values = task.evaluate_without_loss(model, evalset)
                 values.update(ladder.kl(model, task) if ladder is not None else {})
                 record = {"step": step, **values, "task": fingerprint}
                 append_lines_atomic(file, [json.dumps(_finite(record), allow_nan=False)])

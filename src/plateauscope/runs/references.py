@@ -27,6 +27,7 @@ import torch
 from jaxtyping import Float, Int
 from torch import Tensor, nn
 
+from plateauscope.model.backend import logits_at
 from plateauscope.tasks.base import Task, TaskError
 
 REFERENCE_SEQUENCES = 256
@@ -87,7 +88,7 @@ class ReferenceLadder:
         pos = torch.tensor(task.loss_positions)
         cross = torch.zeros(len(self.names), dtype=torch.float64)
         for chunk, probs in zip(self.sequences.split(batch_size), self.probs.split(batch_size, dim=1)):
-            logq = model(chunk[:, : task.input_len].to(device))[:, pos].float().log_softmax(-1).cpu()
+            logq = logits_at(model, chunk[:, : task.input_len].to(device), pos).float().log_softmax(-1).cpu()
             # sum_v r log q, where r > 0 only (a zero of the model where r = 0 costs nothing)
             terms = torch.where(probs > 0, probs * logq, torch.zeros(()))
             cross += terms.sum((-1, -2)).double().sum(-1)

@@ -284,11 +284,12 @@ class Task(ABC):
         """Every logged metric of ``model`` on ``evalset`` (plain floats and lists), including
         ``loss``, ``accuracy`` and the progress measure's fields."""
 
-    def evaluate_progress(self, model: nn.Module, evalset: Any) -> dict:
-        """What an ablation reads of :meth:`evaluate`: at least the progress measure and its cue effect
-        (``progress.key``, ``progress.cue_effect_key``). Default: the whole :meth:`evaluate`; a task whose
-        evaluation runs forwards that those do not need may skip them here."""
-        return self.evaluate(model, evalset)
+    def evaluate_without_loss(self, model: nn.Module, evalset: Any) -> dict:
+        """:meth:`evaluate` less its training loss (``loss``): what an ablation reads (the progress measure and
+        its cue effect) and what an imported run's probe records (another trainer's model has no training loss
+        here). Default: the whole :meth:`evaluate`, its ``loss`` dropped; a task whose training loss takes a
+        forward of its own skips it here."""
+        return {k: v for k, v in self.evaluate(model, evalset).items() if k != "loss"}
 
     # ---- the held-out split (optional) ---------------------------------------------------
 

@@ -247,7 +247,7 @@ class InductionTask(Task):
             "token_accuracy": rep_hit.float().mean().item(),
         }
 
-    def evaluate_progress(self, model: nn.Module, evalset: EvalSequences) -> dict:
+    def evaluate_without_loss(self, model: nn.Module, evalset: EvalSequences) -> dict:
         """:meth:`evaluate` without the training loss (two forwards of the three)."""
         return self.evaluate(model, evalset, training_loss=False)
 
