@@ -156,8 +156,8 @@ def step_costs(shape: str) -> list[dict]:
             spent = time.perf_counter() - start
             totals[what] = totals.get(what, 0.0) + spent
             print(f"{name}: {spent:.1f} s", file=sys.stderr)
-            rows.append(row(f"{shape}: {what}, {name}", spent, "s"))
-        rows += [row(f"{shape}: {what}, all of it", total, "s") for what, total in totals.items()]
+            rows.append(row(f"part: {shape}, {what}: {name}", spent, "s"))
+        rows += [row(f"part: {shape}, {what}: all of it", total, "s") for what, total in totals.items()]
     return rows
 
 
